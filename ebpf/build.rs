@@ -1,0 +1,60 @@
+//! Builds the XDP datapath with clang (`-target bpf`, BTF maps) and generates
+//! the C-side layout constants that `src/abi.rs` checks its twins against.
+
+use std::{env, path::PathBuf, process::Command};
+
+use anyhow::{bail, Context, Result};
+
+fn run(cmd: &mut Command) -> Result<Vec<u8>> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("spawning {cmd:?} (is clang installed? see .ci/run)"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out.stdout)
+}
+
+fn main() -> Result<()> {
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let include = manifest.join("include");
+    let clang = env::var("CLANG").unwrap_or_else(|_| "clang".into());
+
+    for rel in ["include/xdpcni.h", "src/xdpcni.bpf.c", "build/layout.c"] {
+        println!("cargo:rerun-if-changed={}", manifest.join(rel).display());
+    }
+    println!("cargo:rerun-if-env-changed=CLANG");
+
+    // BPF needs the multiarch asm/ headers of the build host.
+    let multiarch = run(Command::new("gcc").arg("-print-multiarch"))
+        .map(|o| String::from_utf8_lossy(&o).trim().to_string())
+        .unwrap_or_else(|_| "x86_64-linux-gnu".into());
+
+    let obj = out_dir.join("xdpcni.bpf.o");
+    run(Command::new(&clang)
+        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+        .arg("-I")
+        .arg(&include)
+        .arg(format!("-I/usr/include/{multiarch}"))
+        .arg("-c")
+        .arg(manifest.join("src/xdpcni.bpf.c"))
+        .arg("-o")
+        .arg(&obj))?;
+
+    let layout_bin = out_dir.join("layout");
+    run(Command::new(&clang)
+        .args(["-O0", "-Wall", "-Werror"])
+        .arg("-I")
+        .arg(&include)
+        .arg(manifest.join("build/layout.c"))
+        .arg("-o")
+        .arg(&layout_bin))?;
+    let layout = run(&mut Command::new(&layout_bin))?;
+    std::fs::write(out_dir.join("c_layout.rs"), layout)?;
+    Ok(())
+}

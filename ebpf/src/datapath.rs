@@ -1,0 +1,801 @@
+//! Loading, pinning, attaching and feeding the XDP datapath.
+//!
+//! Pin layout under a directory on bpffs (default `/sys/fs/bpf/xdpcni`):
+//!
+//! ```text
+//! endpoints tx_ports cpu_map nat_ports stats   maps, pinned by name by aya
+//! progs/xdpcni_from_pod progs/xdpcni_cpumap    the programs in use
+//! links/<ifindex>.native | .generic            one XDP bpf_link per host veth
+//! ```
+//!
+//! Everything that carries traffic is pinned, so the process that loaded it
+//! can exit (or crash) without detaching anything, and the next one reopens
+//! the same objects: [`Datapath::open`] reuses pinned programs whose tag
+//! matches the embedded object and swaps links atomically when it does not.
+
+use std::{
+    fmt, fs,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    str::FromStr,
+};
+
+use aya::{
+    maps::{CpuMap, DevMapHash, HashMap, Map, MapData, MapError, PerCpuHashMap},
+    programs::{
+        links::{FdLink, PinnedLink},
+        Xdp, XdpMode,
+    },
+    Ebpf, EbpfLoader,
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    abi::{EndpointInfo, EndpointKey, NatPortKey, StatsKey, StatsValue, Verdict, MAX_CPUS},
+    sys, Error, Result, DATAPATH_OBJECT,
+};
+
+/// Name of the program attached to pod host veths.
+pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
+/// Name of the cpumap second-stage program.
+pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";
+/// Default pin directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdpcni";
+
+const MAP_ENDPOINTS: &str = "endpoints";
+const MAP_TX_PORTS: &str = "tx_ports";
+const MAP_CPU_MAP: &str = "cpu_map";
+const MAP_NAT_PORTS: &str = "nat_ports";
+const MAP_STATS: &str = "stats";
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// How the program runs on a host veth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttachMode {
+    /// Driver mode: veth runs it on `xdp_frame`s (needs GRO or XDP on the peer,
+    /// and tx checksum offload off in the pod for TCP; see KERNEL-NOTES).
+    Native,
+    /// skb mode: runs in the stack on the skb, keeps checksum state, but drops
+    /// redirected skbs larger than the target MTU (pod TSO must be off).
+    Generic,
+}
+
+impl AttachMode {
+    const fn xdp_mode(self) -> XdpMode {
+        match self {
+            Self::Native => XdpMode::Driver,
+            Self::Generic => XdpMode::Skb,
+        }
+    }
+
+    /// `native` or `generic`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+
+    const fn other(self) -> Self {
+        match self {
+            Self::Native => Self::Generic,
+            Self::Generic => Self::Native,
+        }
+    }
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AttachMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "native" => Ok(Self::Native),
+            "generic" => Ok(Self::Generic),
+            other => Err(Error::Invalid {
+                what: "XDP mode",
+                why: format!("{other:?} is neither \"native\" nor \"generic\""),
+            }),
+        }
+    }
+}
+
+/// An XDP program attached to a host veth through a pinned link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    /// The host veth.
+    pub ifindex: u32,
+    /// Native or generic.
+    pub mode: AttachMode,
+    /// The kernel id of the attached program.
+    pub prog_id: u32,
+    /// The kernel id of the bpf_link.
+    pub link_id: u32,
+    /// Whether this call changed anything (new attach or program swap).
+    pub changed: bool,
+}
+
+/// Per-verdict totals of one host veth, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    rows: Vec<(Verdict, StatsValue)>,
+}
+
+impl Counters {
+    /// Packets counted with `verdict`.
+    pub fn packets(&self, verdict: Verdict) -> u64 {
+        self.get(verdict).packets
+    }
+
+    /// Packets and bytes counted with `verdict`.
+    pub fn get(&self, verdict: Verdict) -> StatsValue {
+        self.rows
+            .iter()
+            .find(|(v, _)| *v == verdict)
+            .map(|(_, s)| *s)
+            .unwrap_or_default()
+    }
+
+    /// Every non-zero verdict.
+    pub fn iter(&self) -> impl Iterator<Item = (Verdict, StatsValue)> + '_ {
+        self.rows.iter().copied()
+    }
+
+    /// Packets passed to the kernel, for any reason.
+    pub fn passed(&self) -> u64 {
+        self.rows
+            .iter()
+            .filter(|(v, _)| v.label().starts_with("pass_"))
+            .map(|(_, s)| s.packets)
+            .sum()
+    }
+}
+
+/// L4 protocol of a NAT'd port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum L4Proto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl L4Proto {
+    const fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+        }
+    }
+}
+
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
+fn ensure_bpffs(dir: &Path) -> Result<()> {
+    let probe = if dir.exists() {
+        dir
+    } else {
+        dir.parent().unwrap_or(dir)
+    };
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(probe.as_os_str()))
+        .map_err(|e| Error::Invalid {
+            what: "pin directory",
+            why: e.to_string(),
+        })?;
+    // SAFETY: statfs is plain old data; zeroed is a valid initial value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid NUL-terminated path and st a valid out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(Error::io("statfs", probe, std::io::Error::last_os_error()));
+    }
+    #[allow(clippy::unnecessary_cast)]
+    if st.f_type as i64 != BPF_FS_MAGIC {
+        return Err(Error::NotBpffs(probe.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// The pinned maps alone: what a short-lived process (the CNI plugin) needs to
+/// register endpoints without loading programs.
+pub struct Maps {
+    endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
+    tx_ports: DevMapHash<MapData>,
+    cpu_map: CpuMap<MapData>,
+    nat_ports: HashMap<MapData, NatPortKey, u32>,
+    stats: PerCpuHashMap<MapData, StatsKey, StatsValue>,
+}
+
+fn typed<T: TryFrom<Map, Error = MapError>>(name: &'static str, map: Option<Map>) -> Result<T> {
+    let map = map.ok_or(Error::Missing { kind: "map", name })?;
+    T::try_from(map).map_err(|e| Error::map(format!("map {name}"), e))
+}
+
+impl Maps {
+    /// Opens the maps pinned under `pin_dir` by a [`Datapath`].
+    pub fn open_pinned(pin_dir: &Path) -> Result<Self> {
+        let open = |name: &'static str| -> Result<Option<Map>> {
+            let data = MapData::from_pin(pin_dir.join(name))
+                .map_err(|e| Error::map(format!("opening pinned map {name}"), e))?;
+            Map::from_map_data(data)
+                .map(Some)
+                .map_err(|e| Error::map(format!("map {name}"), e))
+        };
+        Ok(Self {
+            endpoints: typed(MAP_ENDPOINTS, open(MAP_ENDPOINTS)?)?,
+            tx_ports: typed(MAP_TX_PORTS, open(MAP_TX_PORTS)?)?,
+            cpu_map: typed(MAP_CPU_MAP, open(MAP_CPU_MAP)?)?,
+            nat_ports: typed(MAP_NAT_PORTS, open(MAP_NAT_PORTS)?)?,
+            stats: typed(MAP_STATS, open(MAP_STATS)?)?,
+        })
+    }
+
+    fn take(ebpf: &mut Ebpf) -> Result<Self> {
+        Ok(Self {
+            endpoints: typed(MAP_ENDPOINTS, ebpf.take_map(MAP_ENDPOINTS))?,
+            tx_ports: typed(MAP_TX_PORTS, ebpf.take_map(MAP_TX_PORTS))?,
+            cpu_map: typed(MAP_CPU_MAP, ebpf.take_map(MAP_CPU_MAP))?,
+            nat_ports: typed(MAP_NAT_PORTS, ebpf.take_map(MAP_NAT_PORTS))?,
+            stats: typed(MAP_STATS, ebpf.take_map(MAP_STATS))?,
+        })
+    }
+
+    /// Inserts or replaces the endpoint record of `addr`.
+    pub fn upsert_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()> {
+        if info.cpu_mask != 0 && info.cpu_mask >> MAX_CPUS.min(63) > 1 {
+            return Err(Error::Invalid {
+                what: "cpu_mask",
+                why: format!("{:#x} names CPUs beyond {}", info.cpu_mask, MAX_CPUS - 1),
+            });
+        }
+        self.endpoints
+            .insert(EndpointKey::from(addr), info, 0)
+            .map_err(|e| {
+                let op = format!("inserting endpoint {addr}");
+                if is_full(&e) {
+                    Error::MapFull {
+                        map: MAP_ENDPOINTS,
+                        capacity: crate::abi::c_layout::XDPCNI_MAX_ENDPOINTS,
+                        op,
+                    }
+                } else {
+                    Error::map(op, e)
+                }
+            })
+    }
+
+    /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
+    pub fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
+        match self.endpoints.remove(&EndpointKey::from(addr)) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(Error::map(format!("removing endpoint {addr}"), e)),
+        }
+    }
+
+    /// The endpoint record of `addr`, if any.
+    pub fn endpoint(&self, addr: IpAddr) -> Result<Option<EndpointInfo>> {
+        match self.endpoints.get(&EndpointKey::from(addr), 0) {
+            Ok(info) => Ok(Some(info)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::map(format!("reading endpoint {addr}"), e)),
+        }
+    }
+
+    /// Every endpoint record.
+    pub fn endpoints(&self) -> Result<Vec<(IpAddr, EndpointInfo)>> {
+        let mut out = Vec::new();
+        for kv in self.endpoints.iter() {
+            let (k, v) = kv.map_err(|e| Error::map("listing endpoints", e))?;
+            if let Some(ip) = k.ip() {
+                out.push((ip, v));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes host veth `ifindex` a redirect target (devmap entry).
+    pub fn add_tx_port(&mut self, ifindex: u32) -> Result<()> {
+        self.tx_ports
+            .insert(ifindex, ifindex, None, 0)
+            .map_err(|e| Error::XdpMap {
+                op: format!("adding tx port {ifindex}"),
+                source: Box::new(e),
+            })
+    }
+
+    /// Removes host veth `ifindex` from the redirect targets.
+    pub fn remove_tx_port(&mut self, ifindex: u32) -> Result<bool> {
+        match self.tx_ports.remove(ifindex) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(Error::map(format!("removing tx port {ifindex}"), e)),
+        }
+    }
+
+    /// Whether `ifindex` is a redirect target.
+    pub fn has_tx_port(&self, ifindex: u32) -> Result<bool> {
+        match self.tx_ports.get(ifindex, 0) {
+            Ok(_) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(Error::map(format!("reading tx port {ifindex}"), e)),
+        }
+    }
+
+    /// The queue size of cpumap CPU `cpu`, or `None` when it is not enabled.
+    pub fn cpu_queue_size(&self, cpu: u32) -> Result<Option<u32>> {
+        match self.cpu_map.get(cpu, 0) {
+            Ok(v) if v.queue_size > 0 => Ok(Some(v.queue_size)),
+            Ok(_) | Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::map(format!("reading cpumap entry {cpu}"), e)),
+        }
+    }
+
+    /// Sends replies from `(addr, proto, port)` to the kernel, which may NAT them.
+    pub fn add_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<()> {
+        let key = nat_key(addr, proto, port);
+        self.nat_ports.insert(key, 1, 0).map_err(|e| {
+            let op = format!("adding NAT port {addr} {proto:?}/{port}");
+            if is_full(&e) {
+                Error::MapFull {
+                    map: MAP_NAT_PORTS,
+                    capacity: crate::abi::c_layout::XDPCNI_MAX_NAT_PORTS,
+                    op,
+                }
+            } else {
+                Error::map(op, e)
+            }
+        })
+    }
+
+    /// Undoes [`Maps::add_nat_port`].
+    pub fn remove_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<bool> {
+        match self.nat_ports.remove(&nat_key(addr, proto, port)) {
+            Ok(()) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(false)
+            }
+            Err(e) => Err(Error::map(format!("removing NAT port {addr}/{port}"), e)),
+        }
+    }
+
+    /// Counters of host veth `ifindex`.
+    pub fn counters(&self, ifindex: u32) -> Result<Counters> {
+        let mut rows = Vec::new();
+        for &verdict in Verdict::ALL {
+            let key = StatsKey {
+                ifindex,
+                verdict: verdict as u32,
+            };
+            match self.stats.get(&key, 0) {
+                Ok(per_cpu) => {
+                    let sum = per_cpu.iter().fold(StatsValue::default(), |a, v| StatsValue {
+                        packets: a.packets + v.packets,
+                        bytes: a.bytes + v.bytes,
+                    });
+                    rows.push((verdict, sum));
+                }
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::map(format!("reading counters of {ifindex}"), e)),
+            }
+        }
+        Ok(Counters { rows })
+    }
+
+    /// Forgets the counters of `ifindex` (its veth is gone).
+    pub fn remove_counters(&mut self, ifindex: u32) -> Result<()> {
+        for &verdict in Verdict::ALL {
+            let key = StatsKey {
+                ifindex,
+                verdict: verdict as u32,
+            };
+            match self.stats.remove(&key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(MapError::SyscallError(s))
+                    if s.io_error.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(Error::map(format!("removing counters of {ifindex}"), e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn nat_key(addr: IpAddr, proto: L4Proto, port: u16) -> NatPortKey {
+    let ep = EndpointKey::from(addr);
+    NatPortKey {
+        family: ep.family,
+        proto: proto.number(),
+        port: port.to_be(),
+        addr: ep.addr,
+    }
+}
+
+/// The loaded datapath: programs, pinned links and maps.
+pub struct Datapath {
+    pin_dir: PathBuf,
+    from_pod: Xdp,
+    cpumap: Xdp,
+    maps: Maps,
+    upgraded: bool,
+}
+
+impl Datapath {
+    /// Loads the datapath into `pin_dir`, or takes over the one pinned there.
+    ///
+    /// Maps are reused from their pins. A pinned program whose tag equals the
+    /// embedded one is reused as is, so nothing attached changes; a different
+    /// one is replaced and every pinned link is swapped to the new program
+    /// atomically (`bpf_link_update`), without a detach.
+    pub fn open(pin_dir: &Path) -> Result<Self> {
+        ensure_bpffs(pin_dir)?;
+        for dir in [pin_dir.to_path_buf(), pin_dir.join("progs"), pin_dir.join("links")] {
+            fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+        }
+        ensure_bpffs(pin_dir)?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(DATAPATH_OBJECT)
+            .map_err(|e| Error::Load(Box::new(e)))?;
+        let maps = Maps::take(&mut ebpf)?;
+        let (from_pod, a) = Self::adopt_program(&mut ebpf, pin_dir, FROM_POD_PROGRAM)?;
+        let (cpumap, b) = Self::adopt_program(&mut ebpf, pin_dir, CPUMAP_PROGRAM)?;
+        let mut dp = Self {
+            pin_dir: pin_dir.to_path_buf(),
+            from_pod,
+            cpumap,
+            maps,
+            upgraded: a || b,
+        };
+        if dp.upgraded {
+            dp.swap_all_links()?;
+            dp.refresh_cpumap_programs()?;
+        }
+        Ok(dp)
+    }
+
+    /// Loads `name` from the object and returns the program to use: the
+    /// pinned one if it has the same tag, else the new one (now pinned).
+    fn adopt_program(ebpf: &mut Ebpf, pin_dir: &Path, name: &'static str) -> Result<(Xdp, bool)> {
+        let pin = pin_dir.join("progs").join(name);
+        let prog: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or(Error::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|e| Error::program(format!("program {name}"), e))?;
+        let attach_type = if name == CPUMAP_PROGRAM {
+            aya_obj::programs::XdpAttachType::CpuMap
+        } else {
+            aya_obj::programs::XdpAttachType::Interface
+        };
+        prog.load()
+            .map_err(|e| Error::program(format!("loading {name}"), e))?;
+        let new_tag = prog
+            .info()
+            .map_err(|e| Error::program(format!("info of {name}"), e))?
+            .tag();
+        let mut replaced = false;
+        if pin.exists() {
+            let pinned = Xdp::from_pin(&pin, attach_type)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?;
+            let old_tag = pinned
+                .info()
+                .map_err(|e| Error::program(format!("info of {}", pin.display()), e))?
+                .tag();
+            if old_tag == new_tag {
+                debug!(program = name, "reusing pinned program");
+                return Ok((pinned, false));
+            }
+            info!(program = name, old_tag, new_tag, "replacing pinned program");
+            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            replaced = true;
+        }
+        prog.pin(&pin).map_err(|e| Error::Link {
+            op: "pinning program",
+            path: pin.clone(),
+            message: e.to_string(),
+        })?;
+        let pinned = Xdp::from_pin(&pin, attach_type)
+            .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?;
+        Ok((pinned, replaced))
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Whether [`Datapath::open`] replaced pinned programs with new code.
+    pub fn upgraded(&self) -> bool {
+        self.upgraded
+    }
+
+    /// The maps.
+    pub fn maps(&self) -> &Maps {
+        &self.maps
+    }
+
+    /// The maps, to update.
+    pub fn maps_mut(&mut self) -> &mut Maps {
+        &mut self.maps
+    }
+
+    /// The program that runs on pod host veths, e.g. for `test_run`.
+    pub fn from_pod_program(&self) -> &Xdp {
+        &self.from_pod
+    }
+
+    /// Kernel id of the program that runs on host veths.
+    pub fn from_pod_program_id(&self) -> Result<u32> {
+        Ok(self
+            .from_pod
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .id())
+    }
+
+    fn link_pin(&self, ifindex: u32, mode: AttachMode) -> PathBuf {
+        self.pin_dir
+            .join("links")
+            .join(format!("{ifindex}.{}", mode.as_str()))
+    }
+
+    /// Attaches the datapath to host veth `ifindex` (resolved in the calling
+    /// thread's network namespace) in `mode`, through a pinned link.
+    ///
+    /// Idempotent: a live link in the same mode running the current program is
+    /// left alone; one running another program is swapped atomically; one in
+    /// the other mode is replaced (the kernel allows one mode at a time).
+    pub fn attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment> {
+        let want = self.from_pod_program_id()?;
+        let other = self.link_pin(ifindex, mode.other());
+        if other.exists() {
+            fs::remove_file(&other).map_err(|e| Error::io("unpinning", &other, e))?;
+        }
+        let pin = self.link_pin(ifindex, mode);
+        if pin.exists() {
+            match sys::pinned_xdp_link(&pin) {
+                Ok(state) if state.ifindex == ifindex => {
+                    if state.prog_id == want {
+                        return Ok(Attachment {
+                            ifindex,
+                            mode,
+                            prog_id: want,
+                            link_id: state.link_id,
+                            changed: false,
+                        });
+                    }
+                    self.swap_link(&pin)?;
+                    return Ok(Attachment {
+                        ifindex,
+                        mode,
+                        prog_id: want,
+                        link_id: state.link_id,
+                        changed: true,
+                    });
+                }
+                Ok(state) => {
+                    debug!(?state, pin = %pin.display(), "removing defunct link pin");
+                }
+                Err(e) => warn!(error = %e, pin = %pin.display(), "unreadable link pin"),
+            }
+            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+        }
+
+        let id = self
+            .from_pod
+            .attach_to_if_index(ifindex, mode.xdp_mode())
+            .map_err(|e| Error::program(format!("attaching {mode} XDP to ifindex {ifindex}"), e))?;
+        let link = self
+            .from_pod
+            .take_link(id)
+            .map_err(|e| Error::program("taking link", e))?;
+        let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
+            op: "converting to an fd link (kernel without bpf_link for XDP?)",
+            path: pin.clone(),
+            message: e.to_string(),
+        })?;
+        fd_link.pin(&pin).map_err(|e| Error::Link {
+            op: "pinning link",
+            path: pin.clone(),
+            message: e.to_string(),
+        })?;
+        let state = sys::pinned_xdp_link(&pin).map_err(|e| Error::Link {
+            op: "reading link",
+            path: pin.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(Attachment {
+            ifindex,
+            mode,
+            prog_id: state.prog_id,
+            link_id: state.link_id,
+            changed: true,
+        })
+    }
+
+    fn swap_link(&mut self, pin: &Path) -> Result<()> {
+        let link = PinnedLink::from_pin(pin).map_err(|e| Error::Link {
+            op: "opening link",
+            path: pin.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let xdp_link = aya::programs::xdp::XdpLink::try_from(FdLink::from(link)).map_err(|e| {
+            Error::Link {
+                op: "opening link",
+                path: pin.to_path_buf(),
+                message: e.to_string(),
+            }
+        })?;
+        let id = self
+            .from_pod
+            .attach_to_link(xdp_link)
+            .map_err(|e| Error::program(format!("swapping program of {}", pin.display()), e))?;
+        // The pin keeps the link; dropping our fd detaches nothing.
+        drop(self.from_pod.take_link(id));
+        info!(pin = %pin.display(), "swapped program atomically");
+        Ok(())
+    }
+
+    fn swap_all_links(&mut self) -> Result<()> {
+        for (ifindex, _mode, pin) in self.link_pins()? {
+            match sys::pinned_xdp_link(&pin) {
+                Ok(s) if s.ifindex == ifindex => self.swap_link(&pin)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn refresh_cpumap_programs(&mut self) -> Result<()> {
+        for cpu in 0..self.maps.cpu_map.len() {
+            if let Some(qsize) = self.maps.cpu_queue_size(cpu)? {
+                self.enable_cpu(cpu, qsize)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The attachment of `ifindex`, if a live pinned link exists.
+    pub fn attachment(&self, ifindex: u32) -> Result<Option<Attachment>> {
+        for mode in [AttachMode::Native, AttachMode::Generic] {
+            let pin = self.link_pin(ifindex, mode);
+            if !pin.exists() {
+                continue;
+            }
+            if let Ok(s) = sys::pinned_xdp_link(&pin) {
+                if s.ifindex == ifindex {
+                    return Ok(Some(Attachment {
+                        ifindex,
+                        mode,
+                        prog_id: s.prog_id,
+                        link_id: s.link_id,
+                        changed: false,
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Detaches the datapath from `ifindex`; `Ok(false)` if it was not attached.
+    pub fn detach(&mut self, ifindex: u32) -> Result<bool> {
+        detach_pins(&self.pin_dir, ifindex)
+    }
+
+    fn link_pins(&self) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
+        link_pins(&self.pin_dir)
+    }
+
+    /// Removes link pins whose device is gone (a pinned link outlives its
+    /// veth); returns the ifindexes cleaned.
+    pub fn gc_links(&mut self) -> Result<Vec<u32>> {
+        let mut removed = Vec::new();
+        for (ifindex, _mode, pin) in self.link_pins()? {
+            let live = matches!(sys::pinned_xdp_link(&pin), Ok(s) if s.ifindex == ifindex);
+            if !live {
+                fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+                removed.push(ifindex);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Enables cpumap delivery on `cpu` with a queue of `queue_size` frames,
+    /// running the second-stage program there.
+    pub fn enable_cpu(&mut self, cpu: u32, queue_size: u32) -> Result<()> {
+        if cpu >= self.maps.cpu_map.len() {
+            return Err(Error::Invalid {
+                what: "cpu",
+                why: format!("{cpu} is beyond the cpumap ({})", self.maps.cpu_map.len()),
+            });
+        }
+        let fd = self
+            .cpumap
+            .fd()
+            .map_err(|e| Error::program("cpumap program fd", e))?;
+        self.maps
+            .cpu_map
+            .set(cpu, queue_size, Some(fd), 0)
+            .map_err(|e| Error::XdpMap {
+                op: format!("enabling cpumap CPU {cpu}"),
+                source: Box::new(e),
+            })
+    }
+
+    /// Disables cpumap delivery on `cpu`.
+    pub fn disable_cpu(&mut self, cpu: u32) -> Result<()> {
+        // The kernel frees a cpumap entry written with queue size 0
+        // (cpu_map_update_elem); aya 0.14 has no CpuMap::remove.
+        self.maps
+            .cpu_map
+            .set(cpu, 0, None, 0)
+            .map_err(|e| Error::XdpMap {
+                op: format!("disabling cpumap CPU {cpu}"),
+                source: Box::new(e),
+            })
+    }
+
+    /// Removes every pin under `pin_dir`, detaching the datapath from every
+    /// veth and freeing its maps once no process holds them.
+    pub fn uninstall(pin_dir: &Path) -> Result<()> {
+        if !pin_dir.exists() {
+            return Ok(());
+        }
+        for (ifindex, _, _) in link_pins(pin_dir)? {
+            detach_pins(pin_dir, ifindex)?;
+        }
+        fs::remove_dir_all(pin_dir).map_err(|e| Error::io("removing", pin_dir, e))
+    }
+}
+
+fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
+    let dir = pin_dir.join("links");
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io("listing", &dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing", &dir, e))?;
+        let name = entry.file_name();
+        let Some((idx, mode)) = name.to_str().and_then(|n| n.split_once('.')) else {
+            continue;
+        };
+        if let (Ok(idx), Ok(mode)) = (idx.parse::<u32>(), mode.parse::<AttachMode>()) {
+            out.push((idx, mode, entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+    let mut any = false;
+    for mode in [AttachMode::Native, AttachMode::Generic] {
+        let pin = pin_dir
+            .join("links")
+            .join(format!("{ifindex}.{}", mode.as_str()));
+        match fs::remove_file(&pin) {
+            Ok(()) => any = true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("unpinning", &pin, e)),
+        }
+    }
+    Ok(any)
+}

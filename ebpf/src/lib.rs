@@ -1,0 +1,24 @@
+//! xdpcni's XDP datapath.
+//!
+//! The C programs live in `src/*.bpf.c` and share every key, value and
+//! constant through `include/xdpcni.h`; `build.rs` compiles them with clang
+//! and this crate embeds the object ([`DATAPATH_OBJECT`]). [`abi`] holds the
+//! `#[repr(C)]` twins of the shared structs, [`Datapath`] loads, pins and
+//! attaches the programs, and [`Maps`] opens the pinned maps alone.
+
+mod datapath;
+mod error;
+mod sys;
+
+pub mod abi;
+
+pub use datapath::{
+    AttachMode, Attachment, Counters, Datapath, L4Proto, Maps, CPUMAP_PROGRAM,
+    DEFAULT_PIN_DIR, FROM_POD_PROGRAM,
+};
+pub use error::{Error, Result};
+pub use sys::XdpLinkState;
+
+/// The compiled datapath object (BPF ELF with BTF), as built by `build.rs`.
+pub static DATAPATH_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni.bpf.o"));

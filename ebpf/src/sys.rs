@@ -1,0 +1,73 @@
+//! The two bpf(2) calls aya 0.14 does not expose: reading which ifindex an XDP
+//! link is attached to (0 once its device is gone), to tell a live pinned
+//! link from a defunct one.
+
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+};
+
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+/// `union bpf_attr` is larger than any member we set; zeroed tail is required.
+const ATTR_SIZE: usize = 128;
+
+/// What the kernel says of an XDP bpf_link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XdpLinkState {
+    /// The link's id.
+    pub link_id: u32,
+    /// The attached program's id.
+    pub prog_id: u32,
+    /// The device it is attached to; 0 when the device was removed.
+    pub ifindex: u32,
+}
+
+fn bpf(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> io::Result<libc::c_long> {
+    // SAFETY: attr is a valid, writable buffer of ATTR_SIZE bytes that outlives
+    // the call, and every pointer stored in it points to live memory.
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), ATTR_SIZE) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret)
+}
+
+/// Reads the state of the XDP link pinned at `path`.
+pub fn pinned_xdp_link(path: &Path) -> io::Result<XdpLinkState> {
+    let cpath = CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..8].copy_from_slice(&(cpath.as_ptr() as u64).to_ne_bytes());
+    let raw = bpf(BPF_OBJ_GET, &mut attr)?;
+    let raw = i32::try_from(raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    // SAFETY: BPF_OBJ_GET returned a new file descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+    // struct bpf_link_info { u32 type, id, prog_id; union { ... xdp { u32 ifindex } } }
+    // The union is 8-aligned, so xdp.ifindex sits at offset 16.
+    let mut info = [0u8; 24];
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    let word = |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
+    const BPF_LINK_TYPE_XDP: u32 = 6;
+    if word(0) != BPF_LINK_TYPE_XDP {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not an XDP link (type {})", path.display(), word(0)),
+        ));
+    }
+    Ok(XdpLinkState {
+        link_id: word(4),
+        prog_id: word(8),
+        ifindex: word(16),
+    })
+}

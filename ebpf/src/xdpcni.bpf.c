@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * xdpcni datapath: runs on the host side of every pod veth (the packets the
+ * pod sent) and redirects pod-to-pod traffic straight to the destination's
+ * host veth, through a devmap or a cpumap. Everything it is not sure about
+ * goes to the kernel with XDP_PASS: kernel routing is always the fallback.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "xdpcni.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_ENDPOINTS);
+	__type(key, struct endpoint_key);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, XDPCNI_MAX_TX_PORTS);
+	__type(key, __u32);
+	__type(value, struct bpf_devmap_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tx_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, XDPCNI_MAX_CPUS);
+	__type(key, __u32);
+	__type(value, struct bpf_cpumap_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cpu_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_NAT_PORTS);
+	__type(key, struct nat_port_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, XDPCNI_MAX_STATS);
+	__type(key, struct stats_key);
+	__type(value, struct stats_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} stats SEC(".maps");
+
+#define IPPROTO_ICMPV6_ 58
+#define ICMP_ECHOREPLY_ 0
+#define ICMP_ECHO_ 8
+#define ICMPV6_ECHO_REQUEST_ 128
+#define ICMPV6_ECHO_REPLY_ 129
+#define ICMPV6_ND_FIRST 133 /* router solicitation */
+#define ICMPV6_ND_LAST 137  /* redirect */
+#define IP_MF_ 0x2000
+#define IP_OFFSET_ 0x1fff
+
+/* The first 4 bytes of TCP, UDP and ICMP headers that the datapath reads. */
+struct l4_head {
+	__u16 a; /* source port, or ICMP type+code */
+	__u16 b; /* destination port, or ICMP checksum */
+	__u16 c; /* ICMP echo identifier */
+};
+
+static __always_inline void count(__u32 ifindex, __u32 verdict, __u64 bytes)
+{
+	struct stats_key key = { .ifindex = ifindex, .verdict = verdict };
+	struct stats_value *v = bpf_map_lookup_elem(&stats, &key);
+
+	if (v) {
+		v->packets += 1;
+		v->bytes += bytes;
+		return;
+	}
+	struct stats_value init = { .packets = 1, .bytes = bytes };
+	/* A full map loses the count, never the packet. */
+	bpf_map_update_elem(&stats, &key, &init, BPF_NOEXIST);
+}
+
+static __always_inline int verdict(struct xdp_md *ctx, __u32 v, int action)
+{
+	count(ctx->ingress_ifindex, v, ctx->data_end - ctx->data);
+	return action;
+}
+
+static __always_inline int is_ipv6_multicast_or_link_local(const __u8 *a)
+{
+	return a[0] == 0xff || (a[0] == 0xfe && (a[1] & 0xc0) == 0x80);
+}
+
+/* Picks the n-th allowed CPU, n = hash mod the number of allowed CPUs. */
+static __always_inline __u32 pick_cpu(__u64 mask, __u32 hash)
+{
+	__u32 allowed = __builtin_popcountll(mask);
+	__u32 n, seen = 0;
+
+	if (!allowed)
+		return 0;
+	n = hash % allowed;
+	for (__u32 cpu = 0; cpu < XDPCNI_MAX_CPUS; cpu++) {
+		if (!(mask & (1ULL << cpu)))
+			continue;
+		if (seen == n)
+			return cpu;
+		seen++;
+	}
+	return 0;
+}
+
+static __always_inline __u32 mix(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x7feb352d;
+	h ^= h >> 15;
+	h *= 0x846ca68b;
+	h ^= h >> 16;
+	return h;
+}
+
+struct packet {
+	struct endpoint_key src;
+	struct endpoint_key dst;
+	__u32 l3_len;    /* IPv4 total length or IPv6 payload + 40 */
+	__u32 flow_hash; /* symmetric in neither direction: one flow, one CPU */
+	__u8 proto;
+	__u8 pad;
+	__u16 sport;     /* network order, 0 for ICMP */
+	__u8 *ttl;       /* TTL or hop limit byte */
+	__u16 *csum;     /* IPv4 header checksum, NULL for IPv6 */
+};
+
+enum parse_result {
+	PARSE_OK = -1, /* anything >= 0 is a verdict to pass with */
+};
+
+/* Reads the L4 head shared by IPv4 and IPv6: ports or ICMP echo. */
+static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, int v6)
+{
+	struct l4_head *h = l4;
+
+	if ((void *)(h + 1) > data_end)
+		return XDPCNI_V_PASS_MALFORMED;
+	switch (p->proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		p->sport = h->a;
+		p->flow_hash ^= mix(((__u32)h->a << 16) | h->b);
+		return PARSE_OK;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6_: {
+		__u8 type = ((__u8 *)l4)[0];
+
+		if (v6 && type >= ICMPV6_ND_FIRST && type <= ICMPV6_ND_LAST)
+			return XDPCNI_V_PASS_ND;
+		/*
+		 * Only echo is fast-pathed: ICMP errors quote inner headers that
+		 * the kernel may have to translate.
+		 */
+		if (v6 ? (type != ICMPV6_ECHO_REQUEST_ && type != ICMPV6_ECHO_REPLY_)
+		       : (type != ICMP_ECHO_ && type != ICMP_ECHOREPLY_))
+			return XDPCNI_V_PASS_L4;
+		p->flow_hash ^= mix(h->c);
+		return PARSE_OK;
+	}
+	default:
+		return XDPCNI_V_PASS_L4;
+	}
+}
+
+static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end)
+{
+	struct iphdr *iph = l3;
+	__u32 hlen;
+
+	if ((void *)(iph + 1) > data_end)
+		return XDPCNI_V_PASS_MALFORMED;
+	if (iph->version != 4 || iph->ihl < 5)
+		return XDPCNI_V_PASS_MALFORMED;
+	hlen = iph->ihl * 4;
+	if (l3 + hlen > data_end)
+		return XDPCNI_V_PASS_MALFORMED;
+	p->l3_len = bpf_ntohs(iph->tot_len);
+	if (p->l3_len < hlen)
+		return XDPCNI_V_PASS_MALFORMED;
+	/* 224.0.0.0/4 and the limited broadcast. */
+	if ((bpf_ntohl(iph->daddr) & 0xf0000000) == 0xe0000000 || iph->daddr == 0xffffffff)
+		return XDPCNI_V_PASS_MULTICAST;
+
+	p->src.family = XDPCNI_FAMILY_IPV4;
+	p->dst.family = XDPCNI_FAMILY_IPV4;
+	__builtin_memcpy(p->src.addr, &iph->saddr, 4);
+	__builtin_memcpy(p->dst.addr, &iph->daddr, 4);
+	p->proto = iph->protocol;
+	p->ttl = &iph->ttl;
+	p->csum = &iph->check;
+	p->flow_hash = mix(iph->saddr ^ mix(iph->daddr));
+	/* Non-first fragments carry no ports: leave reassembly to the kernel. */
+	if (iph->frag_off & bpf_htons(IP_MF_ | IP_OFFSET_))
+		return XDPCNI_V_PASS_L4;
+	return parse_l4(p, l3 + hlen, data_end, 0);
+}
+
+static __always_inline int parse_ipv6(struct packet *p, void *l3, void *data_end)
+{
+	struct ipv6hdr *ip6h = l3;
+	__u32 h = 0;
+
+	if ((void *)(ip6h + 1) > data_end)
+		return XDPCNI_V_PASS_MALFORMED;
+	if (ip6h->version != 6)
+		return XDPCNI_V_PASS_MALFORMED;
+	p->l3_len = bpf_ntohs(ip6h->payload_len) + sizeof(*ip6h);
+	if (is_ipv6_multicast_or_link_local(ip6h->daddr.in6_u.u6_addr8))
+		return XDPCNI_V_PASS_MULTICAST;
+
+	p->src.family = XDPCNI_FAMILY_IPV6;
+	p->dst.family = XDPCNI_FAMILY_IPV6;
+	__builtin_memcpy(p->src.addr, &ip6h->saddr, 16);
+	__builtin_memcpy(p->dst.addr, &ip6h->daddr, 16);
+	p->proto = ip6h->nexthdr;
+	p->ttl = &ip6h->hop_limit;
+	p->csum = 0;
+	for (int i = 0; i < 4; i++)
+		h ^= mix(ip6h->saddr.in6_u.u6_addr32[i] ^ mix(ip6h->daddr.in6_u.u6_addr32[i]));
+	p->flow_hash = h;
+	/* Extension headers (fragments included) take the kernel path. */
+	return parse_l4(p, ip6h + 1, data_end, 1);
+}
+
+static __always_inline void decrement_ttl(struct packet *p)
+{
+	if (p->csum) {
+		/* RFC 1624 incremental update, as the kernel's ip_decrease_ttl(). */
+		__u32 check = *p->csum;
+
+		check += bpf_htons(0x0100);
+		*p->csum = (__u16)(check + (check >= 0xFFFF));
+	}
+	*p->ttl -= 1;
+}
+
+SEC("xdp")
+int xdpcni_from_pod(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct endpoint_info *src_ep, *dst_ep;
+	struct packet p = {};
+	__u64 bytes = data_end - data;
+	long target;
+	int r;
+
+	if ((void *)(eth + 1) > data_end)
+		return verdict(ctx, XDPCNI_V_PASS_MALFORMED, XDP_PASS);
+	if (eth->h_dest[0] & 1)
+		return verdict(ctx, XDPCNI_V_PASS_MULTICAST, XDP_PASS);
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		r = parse_ipv4(&p, eth + 1, data_end);
+	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		r = parse_ipv6(&p, eth + 1, data_end);
+	else
+		r = XDPCNI_V_PASS_NOT_IP;
+	/* ND and multicast pass before source validation: they use link-local sources. */
+	if (r == XDPCNI_V_PASS_NOT_IP || r == XDPCNI_V_PASS_MALFORMED ||
+	    r == XDPCNI_V_PASS_MULTICAST || r == XDPCNI_V_PASS_ND)
+		return verdict(ctx, r, XDP_PASS);
+
+	/* Source validation: what rp_filter does on the kernel path. */
+	src_ep = bpf_map_lookup_elem(&endpoints, &p.src);
+	if (!src_ep || src_ep->ifindex != ctx->ingress_ifindex)
+		return verdict(ctx, XDPCNI_V_DROP_SPOOFED, XDP_DROP);
+	if (r >= 0)
+		return verdict(ctx, r, XDP_PASS);
+	if (src_ep->flags & XDPCNI_EP_KERNEL_ONLY)
+		return verdict(ctx, XDPCNI_V_PASS_KERNEL_ONLY, XDP_PASS);
+
+	dst_ep = bpf_map_lookup_elem(&endpoints, &p.dst);
+	if (!dst_ep)
+		return verdict(ctx, XDPCNI_V_PASS_NO_ENDPOINT, XDP_PASS);
+	if (dst_ep->flags & XDPCNI_EP_KERNEL_ONLY)
+		return verdict(ctx, XDPCNI_V_PASS_KERNEL_ONLY, XDP_PASS);
+	if (*p.ttl <= 1)
+		return verdict(ctx, XDPCNI_V_PASS_TTL, XDP_PASS);
+	if (p.l3_len > dst_ep->mtu)
+		return verdict(ctx, XDPCNI_V_PASS_MTU, XDP_PASS);
+	if (p.sport) {
+		struct nat_port_key nk = {
+			.family = p.src.family,
+			.proto = p.proto,
+			.port = p.sport,
+		};
+
+		__builtin_memcpy(nk.addr, p.src.addr, 16);
+		if (bpf_map_lookup_elem(&nat_ports, &nk))
+			return verdict(ctx, XDPCNI_V_PASS_NAT, XDP_PASS);
+	}
+
+	/*
+	 * Pick the target first: bpf_redirect_map() only records it, and falls
+	 * back to XDP_PASS when the entry is missing, before we touch the packet.
+	 */
+	if (dst_ep->redirect == XDPCNI_REDIRECT_CPUMAP && dst_ep->cpu_mask) {
+		target = bpf_redirect_map(&cpu_map, pick_cpu(dst_ep->cpu_mask, p.flow_hash), XDP_PASS);
+		r = XDPCNI_V_REDIRECT_CPUMAP;
+	} else {
+		target = bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_PASS);
+		r = XDPCNI_V_REDIRECT_DEVMAP;
+	}
+	if (target != XDP_REDIRECT)
+		return verdict(ctx, XDPCNI_V_PASS_NO_TARGET, XDP_PASS);
+
+	decrement_ttl(&p);
+	__builtin_memcpy(eth->h_dest, dst_ep->pod_mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, dst_ep->host_mac, ETH_ALEN);
+	if (r == XDPCNI_V_REDIRECT_DEVMAP)
+		count(dst_ep->ifindex, XDPCNI_V_RX_FASTPATH, bytes);
+	return verdict(ctx, r, XDP_REDIRECT);
+}
+
+/*
+ * Second stage, on the CPU the first stage picked: the frame is already
+ * rewritten; look its destination up again and hand it to the devmap.
+ */
+SEC("xdp/cpumap")
+int xdpcni_cpumap(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct endpoint_key dst = {};
+	struct endpoint_info *dst_ep;
+	__u64 bytes = data_end - data;
+
+	if ((void *)(eth + 1) > data_end)
+		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *iph = (void *)(eth + 1);
+
+		if ((void *)(iph + 1) > data_end)
+			return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+		dst.family = XDPCNI_FAMILY_IPV4;
+		__builtin_memcpy(dst.addr, &iph->daddr, 4);
+	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6h = (void *)(eth + 1);
+
+		if ((void *)(ip6h + 1) > data_end)
+			return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+		dst.family = XDPCNI_FAMILY_IPV6;
+		__builtin_memcpy(dst.addr, &ip6h->daddr, 16);
+	} else {
+		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+	}
+
+	dst_ep = bpf_map_lookup_elem(&endpoints, &dst);
+	/*
+	 * The MACs are rewritten already, so the kernel would discard it as
+	 * PACKET_OTHERHOST: drop and count instead of passing.
+	 */
+	if (!dst_ep || bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_DROP) != XDP_REDIRECT)
+		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+	count(dst_ep->ifindex, XDPCNI_V_RX_FASTPATH, bytes);
+	return verdict(ctx, XDPCNI_V_CPUMAP_DELIVERED, XDP_REDIRECT);
+}
