@@ -224,14 +224,11 @@ mod layout_checks {
     const _: () = assert!(size_of::<EndpointInfo>() == c::SIZEOF_endpoint_info);
     const _: () = assert!(offset_of!(EndpointInfo, ifindex) == c::OFFSETOF_endpoint_info_ifindex);
     const _: () = assert!(offset_of!(EndpointInfo, pod_mac) == c::OFFSETOF_endpoint_info_pod_mac);
-    const _: () =
-        assert!(offset_of!(EndpointInfo, host_mac) == c::OFFSETOF_endpoint_info_host_mac);
+    const _: () = assert!(offset_of!(EndpointInfo, host_mac) == c::OFFSETOF_endpoint_info_host_mac);
     const _: () = assert!(offset_of!(EndpointInfo, flags) == c::OFFSETOF_endpoint_info_flags);
-    const _: () =
-        assert!(offset_of!(EndpointInfo, redirect) == c::OFFSETOF_endpoint_info_redirect);
+    const _: () = assert!(offset_of!(EndpointInfo, redirect) == c::OFFSETOF_endpoint_info_redirect);
     const _: () = assert!(offset_of!(EndpointInfo, mtu) == c::OFFSETOF_endpoint_info_mtu);
-    const _: () =
-        assert!(offset_of!(EndpointInfo, cpu_mask) == c::OFFSETOF_endpoint_info_cpu_mask);
+    const _: () = assert!(offset_of!(EndpointInfo, cpu_mask) == c::OFFSETOF_endpoint_info_cpu_mask);
 
     const _: () = assert!(size_of::<NatPortKey>() == c::SIZEOF_nat_port_key);
     const _: () = assert!(offset_of!(NatPortKey, family) == c::OFFSETOF_nat_port_key_family);

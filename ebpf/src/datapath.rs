@@ -382,10 +382,12 @@ impl Maps {
             };
             match self.stats.get(&key, 0) {
                 Ok(per_cpu) => {
-                    let sum = per_cpu.iter().fold(StatsValue::default(), |a, v| StatsValue {
-                        packets: a.packets + v.packets,
-                        bytes: a.bytes + v.bytes,
-                    });
+                    let sum = per_cpu
+                        .iter()
+                        .fold(StatsValue::default(), |a, v| StatsValue {
+                            packets: a.packets + v.packets,
+                            bytes: a.bytes + v.bytes,
+                        });
                     rows.push((verdict, sum));
                 }
                 Err(MapError::KeyNotFound) => {}
@@ -441,7 +443,11 @@ impl Datapath {
     /// atomically (`bpf_link_update`), without a detach.
     pub fn open(pin_dir: &Path) -> Result<Self> {
         ensure_bpffs(pin_dir)?;
-        for dir in [pin_dir.to_path_buf(), pin_dir.join("progs"), pin_dir.join("links")] {
+        for dir in [
+            pin_dir.to_path_buf(),
+            pin_dir.join("progs"),
+            pin_dir.join("links"),
+        ] {
             fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
         }
         ensure_bpffs(pin_dir)?;
@@ -635,13 +641,12 @@ impl Datapath {
             path: pin.to_path_buf(),
             message: e.to_string(),
         })?;
-        let xdp_link = aya::programs::xdp::XdpLink::try_from(FdLink::from(link)).map_err(|e| {
-            Error::Link {
+        let xdp_link =
+            aya::programs::xdp::XdpLink::try_from(FdLink::from(link)).map_err(|e| Error::Link {
                 op: "opening link",
                 path: pin.to_path_buf(),
                 message: e.to_string(),
-            }
-        })?;
+            })?;
         let id = self
             .from_pod
             .attach_to_link(xdp_link)

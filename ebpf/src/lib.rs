@@ -13,8 +13,8 @@ mod sys;
 pub mod abi;
 
 pub use datapath::{
-    AttachMode, Attachment, Counters, Datapath, L4Proto, Maps, CPUMAP_PROGRAM,
-    DEFAULT_PIN_DIR, FROM_POD_PROGRAM,
+    AttachMode, Attachment, Counters, Datapath, L4Proto, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR,
+    FROM_POD_PROGRAM,
 };
 pub use error::{Error, Result};
 pub use sys::XdpLinkState;

@@ -1,0 +1,226 @@
+//! Namespaces, commands and pin directories owned by one test.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{bail, Context, Result};
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A name no other test (or other run of this binary) uses: prefix, pid, counter.
+/// Kept short so that derived veth names stay within 15 bytes.
+pub fn unique_name(prefix: &str) -> String {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}{n}", std::process::id() % 100_000)
+}
+
+/// Runs a command, failing with its output if it fails.
+pub fn run(args: &[&str]) -> Result<()> {
+    run_out(args).map(drop)
+}
+
+/// Runs a command and returns its stdout.
+pub fn run_out(args: &[&str]) -> Result<String> {
+    let (cmd, rest) = args.split_first().context("empty command")?;
+    let out: Output = Command::new(cmd)
+        .args(rest)
+        .output()
+        .with_context(|| format!("spawning {args:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{args:?} failed ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A network namespace made with `ip netns add`, deleted on Drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a namespace named `unique_name(prefix)`, with lo up.
+    pub fn new(prefix: &str) -> Result<Self> {
+        let name = unique_name(prefix);
+        run(&["ip", "netns", "add", &name])?;
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its bind-mount path.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/var/run/netns").join(&self.name)
+    }
+
+    /// `ip -n NAME args...`
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["ip", "-n", &self.name];
+        full.extend_from_slice(args);
+        run_out(&full)
+    }
+
+    /// `ip netns exec NAME args...`
+    pub fn exec(&self, args: &[&str]) -> Result<String> {
+        let mut full = vec!["ip", "netns", "exec", &self.name];
+        full.extend_from_slice(args);
+        run_out(&full)
+    }
+
+    /// Writes a sysctl inside the namespace (namespaced sysctls only).
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        self.exec(&["sysctl", "-qw", &format!("{key}={value}")])
+            .map(drop)
+    }
+
+    /// Reads a sysctl inside the namespace.
+    pub fn sysctl_get(&self, key: &str) -> Result<String> {
+        Ok(self.exec(&["sysctl", "-n", key])?.trim().to_string())
+    }
+
+    /// Ifindex of `dev` in this namespace.
+    pub fn ifindex(&self, dev: &str) -> Result<u32> {
+        let v = self.link_json(dev)?;
+        v["ifindex"]
+            .as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .with_context(|| format!("no ifindex for {dev}"))
+    }
+
+    /// MAC of `dev` in this namespace.
+    pub fn mac(&self, dev: &str) -> Result<[u8; 6]> {
+        let v = self.link_json(dev)?;
+        let s = v["address"].as_str().context("no address")?;
+        parse_mac(s)
+    }
+
+    /// `ip -d -j link show dev` as JSON.
+    pub fn link_json(&self, dev: &str) -> Result<serde_json::Value> {
+        let out = self.ip(&["-d", "-j", "link", "show", "dev", dev])?;
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        v.get(0).cloned().context("empty link dump")
+    }
+
+    /// The XDP program attached to `dev` as netlink reports it: (mode, prog id).
+    /// Mode is `xdp` (native), `xdpgeneric`, or `None` when nothing is attached.
+    pub fn xdp_attached(&self, dev: &str) -> Result<Option<(String, u64)>> {
+        let v = self.link_json(dev)?;
+        let Some(xdp) = v.get("xdp") else {
+            return Ok(None);
+        };
+        let mode = match xdp["mode"].as_u64() {
+            Some(1) => "xdp",
+            Some(2) => "xdpgeneric",
+            Some(3) => "xdpoffload",
+            Some(4) => "multi",
+            _ => return Ok(None),
+        };
+        let id = xdp["prog"]["id"].as_u64().context("xdp without prog id")?;
+        Ok(Some((mode.to_string(), id)))
+    }
+
+    /// One offload feature of `dev` as `ethtool -k` prints it (`on`/`off`).
+    pub fn offload(&self, dev: &str, feature: &str) -> Result<String> {
+        let out = self.exec(&["ethtool", "-k", dev])?;
+        for line in out.lines() {
+            if let Some(rest) = line.trim().strip_prefix(&format!("{feature}:")) {
+                return Ok(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+        bail!("ethtool -k {dev} has no {feature}")
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let parts: Vec<_> = s.split(':').collect();
+    if parts.len() != 6 {
+        bail!("bad MAC {s}");
+    }
+    for (b, p) in mac.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).with_context(|| format!("bad MAC {s}"))?;
+    }
+    Ok(mac)
+}
+
+/// Runs `f` on a fresh OS thread that has entered `ns`'s network namespace
+/// (only the network namespace, so bpffs under /sys stays visible). The
+/// caller's thread never changes namespace.
+pub fn in_netns<T: Send>(ns: &Netns, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    let path = ns.path();
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: a valid namespace fd; the thread is ours and exits after f.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                bail!(
+                    "setns {}: {}",
+                    path.display(),
+                    std::io::Error::last_os_error()
+                );
+            }
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("thread in netns {} panicked", ns.name()))?
+    })
+}
+
+/// A unique directory on bpffs for a test's pins, removed (links detached,
+/// maps unpinned) on Drop.
+#[derive(Debug)]
+pub struct PinDir {
+    path: PathBuf,
+}
+
+impl PinDir {
+    /// Creates `/sys/fs/bpf/<unique>`; fails if bpffs is not mounted there.
+    pub fn new(prefix: &str) -> Result<Self> {
+        let root = Path::new("/sys/fs/bpf");
+        let mounts = std::fs::read_to_string("/proc/self/mounts")?;
+        if !mounts
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "))
+        {
+            bail!("bpffs is not mounted at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)");
+        }
+        let path = root.join(unique_name(prefix));
+        Ok(Self { path })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        let _ = xdpcni_ebpf::Datapath::uninstall(&self.path);
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

@@ -1,0 +1,536 @@
+//! The datapath program, one verdict at a time, through BPF_PROG_TEST_RUN with
+//! hand-built frames. Each test builds its own node (namespaces, two pods) and
+//! pin directory, runs inside the node namespace (where the ifindexes live),
+//! and checks the action, the bytes of the frame out, and the counters.
+//! Needs root and bpffs at /sys/fs/bpf.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use anyhow::Result;
+use xdpcni_e2e::{
+    in_netns,
+    packet::{self, *},
+    testrun::{xdp_run, Run, XDP_DROP, XDP_PASS, XDP_REDIRECT},
+    topo::{Node, Pod},
+    PinDir,
+};
+use xdpcni_ebpf::{
+    abi::{RedirectPolicy, Verdict, EP_KERNEL_ONLY},
+    Datapath, L4Proto,
+};
+
+/// A node of two pods with the datapath loaded and both registered (devmap).
+fn with_datapath(f: impl FnOnce(&Node, &mut Datapath) -> Result<()> + Send) {
+    let node = Node::new(2).expect("building the node");
+    let pins = PinDir::new("xt").expect("pin dir");
+    in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        node.register_all(dp.maps_mut(), RedirectPolicy::Devmap, 0)?;
+        f(&node, &mut dp)
+    })
+    .expect("test body");
+}
+
+fn v4_frame(from: &Pod, src: Ipv4Addr, dst: Ipv4Addr, ttl: u8, l4: (u8, Vec<u8>)) -> Vec<u8> {
+    eth(
+        from.host_mac,
+        from.pod_mac,
+        ETH_P_IP,
+        &ipv4(src, dst, ttl, l4.0, &l4.1),
+    )
+}
+
+fn v6_frame(from: &Pod, src: Ipv6Addr, dst: Ipv6Addr, hop: u8, l4: (u8, Vec<u8>)) -> Vec<u8> {
+    eth(
+        from.host_mac,
+        from.pod_mac,
+        ETH_P_IPV6,
+        &ipv6(src, dst, hop, l4.0, &l4.1),
+    )
+}
+
+fn run(dp: &Datapath, ingress: &Pod, frame: &[u8]) -> Run {
+    xdp_run(dp.from_pod_program(), ingress.host_ifindex, frame, 1).expect("test run")
+}
+
+fn count(dp: &Datapath, pod: &Pod, v: Verdict) -> u64 {
+    dp.maps()
+        .counters(pod.host_ifindex)
+        .expect("counters")
+        .packets(v)
+}
+
+/// Asserts a pass/drop verdict: action, untouched frame, one count of `v`.
+fn expect_unchanged(dp: &Datapath, ingress: &Pod, frame: &[u8], action: u32, v: Verdict) {
+    let before = count(dp, ingress, v);
+    let r = run(dp, ingress, frame);
+    assert_eq!(r.action, action, "action for {v:?}");
+    assert_eq!(r.frame, frame, "a {v:?} frame must leave untouched");
+    assert_eq!(count(dp, ingress, v), before + 1, "counter {v:?}");
+}
+
+fn assert_rewritten(out: &[u8], to: &Pod) {
+    assert_eq!(&out[0..6], &to.pod_mac, "destination MAC is the pod's eth0");
+    assert_eq!(
+        &out[6..12],
+        &to.host_mac,
+        "source MAC is the target host veth"
+    );
+}
+
+#[test]
+fn ipv4_redirect_via_devmap_rewrites_macs_and_ttl() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let frame = v4_frame(
+            a,
+            a.ipv4,
+            b.ipv4,
+            64,
+            (IPPROTO_UDP, udp(4000, 53, b"hello")),
+        );
+        let r = run(dp, a, &frame);
+        assert_eq!(r.action, XDP_REDIRECT);
+        assert_rewritten(&r.frame, b);
+        let ip = &r.frame[14..34];
+        assert_eq!(ip[8], 63, "TTL decremented");
+        assert_eq!(
+            checksum(ip),
+            0,
+            "incrementally updated IPv4 checksum is valid"
+        );
+        assert_eq!(&r.frame[34..], &frame[34..], "payload untouched");
+        assert_eq!(count(dp, a, Verdict::RedirectDevmap), 1);
+        assert_eq!(count(dp, b, Verdict::RxFastpath), 1);
+
+        // The checksum stays valid across the 0xffff wrap: sweep TTLs.
+        for ttl in 2..=255u8 {
+            let f = v4_frame(a, a.ipv4, b.ipv4, ttl, (IPPROTO_TCP, tcp(1000, 80)));
+            let r = run(dp, a, &f);
+            assert_eq!(r.action, XDP_REDIRECT);
+            assert_eq!(r.frame[14 + 8], ttl - 1);
+            assert_eq!(checksum(&r.frame[14..34]), 0, "checksum at ttl {ttl}");
+        }
+
+        // The target is B's host veth: without its devmap entry the program
+        // falls back to the kernel and leaves the frame as it was.
+        assert!(dp.maps_mut().remove_tx_port(b.host_ifindex)?);
+        expect_unchanged(dp, a, &frame, XDP_PASS, Verdict::PassNoTarget);
+        Ok(())
+    });
+}
+
+#[test]
+fn ipv6_redirect_via_devmap_decrements_hop_limit() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        for l4 in [
+            (IPPROTO_TCP, tcp(40000, 443)),
+            (IPPROTO_UDP, udp(5000, 53, b"q")),
+            (IPPROTO_ICMPV6, icmp(128, 7, 1)),
+        ] {
+            let frame = v6_frame(a, a.ipv6, b.ipv6, 64, l4);
+            let r = run(dp, a, &frame);
+            assert_eq!(r.action, XDP_REDIRECT);
+            assert_rewritten(&r.frame, b);
+            assert_eq!(r.frame[14 + 7], 63, "hop limit decremented");
+            assert_eq!(
+                &r.frame[14 + 8..],
+                &frame[14 + 8..],
+                "addresses and L4 untouched"
+            );
+        }
+        assert_eq!(count(dp, a, Verdict::RedirectDevmap), 3);
+        assert_eq!(count(dp, b, Verdict::RxFastpath), 3);
+        Ok(())
+    });
+}
+
+#[test]
+fn icmp_echo_redirects_but_errors_go_to_kernel() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let echo = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_ICMP, icmp(8, 1, 1)));
+        assert_eq!(run(dp, a, &echo).action, XDP_REDIRECT);
+        // Destination unreachable quotes headers the kernel may have to un-NAT.
+        let unreach = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_ICMP, icmp(3, 0, 0)));
+        expect_unchanged(dp, a, &unreach, XDP_PASS, Verdict::PassL4);
+        let v6err = v6_frame(a, a.ipv6, b.ipv6, 64, (IPPROTO_ICMPV6, icmp(1, 0, 0)));
+        expect_unchanged(dp, a, &v6err, XDP_PASS, Verdict::PassL4);
+        // Protocols without ports the datapath understands (SCTP here).
+        let sctp = v4_frame(a, a.ipv4, b.ipv4, 64, (132, vec![0; 12]));
+        expect_unchanged(dp, a, &sctp, XDP_PASS, Verdict::PassL4);
+        Ok(())
+    });
+}
+
+fn cpumap_endpoints(node: &Node, dp: &mut Datapath, mask: u64) -> Result<()> {
+    node.register_all(dp.maps_mut(), RedirectPolicy::Cpumap, mask)
+}
+
+#[test]
+fn cpumap_redirect_targets_an_allowed_cpu() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        // Only CPU 1 is allowed for B, and only CPU 1 has a cpumap entry.
+        cpumap_endpoints(node, dp, 1 << 1)?;
+        dp.enable_cpu(1, 256)?;
+        assert_eq!(dp.maps().cpu_queue_size(1)?, Some(256));
+        for frame in [
+            v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x"))),
+            v6_frame(a, a.ipv6, b.ipv6, 9, (IPPROTO_TCP, tcp(3, 4))),
+        ] {
+            let r = run(dp, a, &frame);
+            assert_eq!(r.action, XDP_REDIRECT);
+            assert_rewritten(&r.frame, b);
+        }
+        assert_eq!(count(dp, a, Verdict::RedirectCpumap), 2);
+        assert_eq!(count(dp, a, Verdict::RedirectDevmap), 0);
+
+        // Without CPU 1's entry the redirect has no target: the frame goes to
+        // the kernel untouched, which shows CPU 1 was the one picked.
+        dp.disable_cpu(1)?;
+        assert_eq!(dp.maps().cpu_queue_size(1)?, None);
+        let frame = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x")));
+        expect_unchanged(dp, a, &frame, XDP_PASS, Verdict::PassNoTarget);
+
+        // Two allowed CPUs, only CPU 0 enabled: flows hash over both, so some
+        // redirect and the others find no target.
+        cpumap_endpoints(node, dp, 0b11)?;
+        dp.enable_cpu(0, 256)?;
+        let (mut redirected, mut passed) = (0, 0);
+        for sport in 1000..1064u16 {
+            let f = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(sport, 53, b"x")));
+            match run(dp, a, &f).action {
+                XDP_REDIRECT => redirected += 1,
+                XDP_PASS => passed += 1,
+                other => panic!("unexpected action {other}"),
+            }
+        }
+        assert!(
+            redirected > 8 && passed > 8,
+            "flows spread: {redirected} vs {passed}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn ttl_or_hop_limit_one_goes_to_kernel() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let f4 = v4_frame(a, a.ipv4, b.ipv4, 1, (IPPROTO_UDP, udp(1, 2, b"x")));
+        expect_unchanged(dp, a, &f4, XDP_PASS, Verdict::PassTtl);
+        let f6 = v6_frame(a, a.ipv6, b.ipv6, 1, (IPPROTO_UDP, udp(1, 2, b"x")));
+        expect_unchanged(dp, a, &f6, XDP_PASS, Verdict::PassTtl);
+        let f0 = v4_frame(a, a.ipv4, b.ipv4, 0, (IPPROTO_UDP, udp(1, 2, b"x")));
+        expect_unchanged(dp, a, &f0, XDP_PASS, Verdict::PassTtl);
+        Ok(())
+    });
+}
+
+#[test]
+fn control_and_unknown_traffic_goes_to_kernel() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        // ARP request (broadcast) and an ARP reply (unicast to the gateway).
+        let arp = eth([0xff; 6], a.pod_mac, ETH_P_ARP, &[0u8; 28]);
+        expect_unchanged(dp, a, &arp, XDP_PASS, Verdict::PassMulticast);
+        let arp_reply = eth(a.host_mac, a.pod_mac, ETH_P_ARP, &[0u8; 28]);
+        expect_unchanged(dp, a, &arp_reply, XDP_PASS, Verdict::PassNotIp);
+        // Unknown ethertype.
+        let other = eth(a.host_mac, a.pod_mac, 0x88b5, &[0u8; 46]);
+        expect_unchanged(dp, a, &other, XDP_PASS, Verdict::PassNotIp);
+        // IPv4 multicast address behind a unicast MAC, and the limited broadcast.
+        let mc = v4_frame(
+            a,
+            a.ipv4,
+            Ipv4Addr::new(224, 0, 0, 251),
+            64,
+            (IPPROTO_UDP, udp(5353, 5353, b"")),
+        );
+        expect_unchanged(dp, a, &mc, XDP_PASS, Verdict::PassMulticast);
+        let bc = v4_frame(
+            a,
+            a.ipv4,
+            Ipv4Addr::BROADCAST,
+            64,
+            (IPPROTO_UDP, udp(68, 67, b"")),
+        );
+        expect_unchanged(dp, a, &bc, XDP_PASS, Verdict::PassMulticast);
+        // IPv6 multicast MAC, multicast address, link-local destination.
+        let mc6 = eth(
+            [0x33, 0x33, 0, 0, 0, 1],
+            a.pod_mac,
+            ETH_P_IPV6,
+            &ipv6(
+                a.ipv6,
+                "ff02::1".parse()?,
+                255,
+                IPPROTO_ICMPV6,
+                &icmp(128, 1, 1),
+            ),
+        );
+        expect_unchanged(dp, a, &mc6, XDP_PASS, Verdict::PassMulticast);
+        let ll = v6_frame(
+            a,
+            "fe80::2".parse()?,
+            "fe80::1".parse()?,
+            64,
+            (IPPROTO_UDP, udp(1, 2, b"")),
+        );
+        expect_unchanged(dp, a, &ll, XDP_PASS, Verdict::PassMulticast);
+        // Neighbour solicitation to a unicast address (NUD probe): ND, even
+        // from a link-local source that source validation would refuse.
+        for (src, ty) in [(a.ipv6, 135u8), ("fe80::2".parse()?, 136), (a.ipv6, 133)] {
+            let ns = v6_frame(a, src, b.ipv6, 255, (IPPROTO_ICMPV6, icmp(ty, 0, 0)));
+            expect_unchanged(dp, a, &ns, XDP_PASS, Verdict::PassNd);
+        }
+        // A destination that is no pod of this node.
+        let away = v4_frame(
+            a,
+            a.ipv4,
+            Ipv4Addr::new(8, 8, 8, 8),
+            64,
+            (IPPROTO_UDP, udp(1, 53, b"")),
+        );
+        expect_unchanged(dp, a, &away, XDP_PASS, Verdict::PassNoEndpoint);
+        let away6 = v6_frame(
+            a,
+            a.ipv6,
+            "2001:db8::1".parse()?,
+            64,
+            (IPPROTO_TCP, tcp(1, 443)),
+        );
+        expect_unchanged(dp, a, &away6, XDP_PASS, Verdict::PassNoEndpoint);
+        Ok(())
+    });
+}
+
+#[test]
+fn spoofed_sources_are_dropped() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        // B's address sent from A's veth, and an address nobody owns.
+        for src in [b.ipv4, Ipv4Addr::new(10, 9, 9, 9)] {
+            let f = v4_frame(a, src, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x")));
+            expect_unchanged(dp, a, &f, XDP_DROP, Verdict::DropSpoofed);
+        }
+        let f6 = v6_frame(a, b.ipv6, b.ipv6, 64, (IPPROTO_UDP, udp(1, 2, b"x")));
+        expect_unchanged(dp, a, &f6, XDP_DROP, Verdict::DropSpoofed);
+        // Spoofing toward the outside world is dropped too.
+        let out = v4_frame(
+            a,
+            b.ipv4,
+            Ipv4Addr::new(1, 1, 1, 1),
+            64,
+            (IPPROTO_TCP, tcp(1, 80)),
+        );
+        expect_unchanged(dp, a, &out, XDP_DROP, Verdict::DropSpoofed);
+        assert_eq!(count(dp, a, Verdict::DropSpoofed), 4);
+        Ok(())
+    });
+}
+
+#[test]
+fn oversize_for_destination_mtu_goes_to_kernel() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
+        info.mtu = 1000;
+        for addr in b.addrs() {
+            dp.maps_mut().upsert_endpoint(addr, &info)?;
+        }
+        let big = v4_frame(
+            a,
+            a.ipv4,
+            b.ipv4,
+            64,
+            (IPPROTO_UDP, udp(1, 2, &[7u8; 1200])),
+        );
+        expect_unchanged(dp, a, &big, XDP_PASS, Verdict::PassMtu);
+        let big6 = v6_frame(
+            a,
+            a.ipv6,
+            b.ipv6,
+            64,
+            (IPPROTO_UDP, udp(1, 2, &[7u8; 1000])),
+        );
+        expect_unchanged(dp, a, &big6, XDP_PASS, Verdict::PassMtu);
+        // Exactly the MTU still fits.
+        let fits = v4_frame(
+            a,
+            a.ipv4,
+            b.ipv4,
+            64,
+            (IPPROTO_UDP, udp(1, 2, &[7u8; 1000 - 28])),
+        );
+        assert_eq!(run(dp, a, &fits).action, XDP_REDIRECT);
+        Ok(())
+    });
+}
+
+#[test]
+fn kernel_only_endpoints_go_to_kernel_both_ways() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
+        info.flags = EP_KERNEL_ONLY;
+        for addr in b.addrs() {
+            dp.maps_mut().upsert_endpoint(addr, &info)?;
+        }
+        // To B, and from B.
+        let to_b = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(1, 2)));
+        expect_unchanged(dp, a, &to_b, XDP_PASS, Verdict::PassKernelOnly);
+        let from_b = v6_frame(b, b.ipv6, a.ipv6, 64, (IPPROTO_TCP, tcp(2, 1)));
+        expect_unchanged(dp, b, &from_b, XDP_PASS, Verdict::PassKernelOnly);
+        // Cleared again: fast path.
+        for addr in b.addrs() {
+            dp.maps_mut()
+                .upsert_endpoint(addr, &b.endpoint(RedirectPolicy::Devmap, 0))?;
+        }
+        assert_eq!(run(dp, a, &to_b).action, XDP_REDIRECT);
+        Ok(())
+    });
+}
+
+#[test]
+fn replies_from_nated_ports_go_to_kernel() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        // B:8080/tcp and B:53/udp are Service backends: their replies to A
+        // must be un-DNATed by conntrack.
+        dp.maps_mut()
+            .add_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?;
+        dp.maps_mut()
+            .add_nat_port(IpAddr::V6(b.ipv6), L4Proto::Udp, 53)?;
+        let reply = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40000)));
+        expect_unchanged(dp, b, &reply, XDP_PASS, Verdict::PassNat);
+        let reply6 = v6_frame(b, b.ipv6, a.ipv6, 64, (IPPROTO_UDP, udp(53, 40000, b"a")));
+        expect_unchanged(dp, b, &reply6, XDP_PASS, Verdict::PassNat);
+        // Same address, other port or protocol: not NAT'd, fast path.
+        let direct = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8081, 40000)));
+        assert_eq!(run(dp, b, &direct).action, XDP_REDIRECT);
+        let udp8080 = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_UDP, udp(8080, 40000, b"")));
+        assert_eq!(run(dp, b, &udp8080).action, XDP_REDIRECT);
+        // Requests *to* the backend port addressed to the pod IP are not NAT'd.
+        let req = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40000, 8080)));
+        assert_eq!(run(dp, a, &req).action, XDP_REDIRECT);
+        // Removed: fast path again.
+        assert!(dp
+            .maps_mut()
+            .remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
+        assert!(!dp
+            .maps_mut()
+            .remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
+        assert_eq!(run(dp, b, &reply).action, XDP_REDIRECT);
+        Ok(())
+    });
+}
+
+#[test]
+fn truncated_and_malformed_headers_pass_without_fault() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let good = ipv4(a.ipv4, b.ipv4, 64, IPPROTO_TCP, &tcp(1, 2));
+        let good6 = ipv6(a.ipv6, b.ipv6, 64, IPPROTO_TCP, &tcp(1, 2));
+        let mut cases: Vec<(&str, Vec<u8>)> = vec![
+            ("ethernet only", eth(a.host_mac, a.pod_mac, ETH_P_IP, &[])),
+            (
+                "ipv4 cut at 10 bytes",
+                eth(a.host_mac, a.pod_mac, ETH_P_IP, &good[..10]),
+            ),
+            (
+                "ipv4 cut in tcp ports",
+                eth(a.host_mac, a.pod_mac, ETH_P_IP, &good[..22]),
+            ),
+            (
+                "ipv6 cut at 30 bytes",
+                eth(a.host_mac, a.pod_mac, ETH_P_IPV6, &good6[..30]),
+            ),
+            (
+                "ipv6 cut in tcp ports",
+                eth(a.host_mac, a.pod_mac, ETH_P_IPV6, &good6[..42]),
+            ),
+        ];
+        let mut bad_version = good.clone();
+        bad_version[0] = 0x55;
+        cases.push((
+            "ipv4 version 5",
+            eth(a.host_mac, a.pod_mac, ETH_P_IP, &bad_version),
+        ));
+        let mut long_ihl = good.clone();
+        long_ihl[0] = 0x4f; // 60-byte header in a 40-byte packet
+        cases.push((
+            "ipv4 ihl past the end",
+            eth(a.host_mac, a.pod_mac, ETH_P_IP, &long_ihl),
+        ));
+        let mut short_ihl = good.clone();
+        short_ihl[0] = 0x44;
+        cases.push((
+            "ipv4 ihl < 5",
+            eth(a.host_mac, a.pod_mac, ETH_P_IP, &short_ihl),
+        ));
+        let mut short_total = good.clone();
+        short_total[2..4].copy_from_slice(&10u16.to_be_bytes());
+        cases.push((
+            "ipv4 total length < header",
+            eth(a.host_mac, a.pod_mac, ETH_P_IP, &short_total),
+        ));
+        let mut bad6 = good6.clone();
+        bad6[0] = 0x40;
+        cases.push((
+            "ipv6 version 4",
+            eth(a.host_mac, a.pod_mac, ETH_P_IPV6, &bad6),
+        ));
+        for (what, frame) in &cases {
+            let before = count(dp, a, Verdict::PassMalformed);
+            let r = run(dp, a, frame);
+            assert_eq!(r.action, XDP_PASS, "{what}");
+            assert_eq!(&r.frame, frame, "{what} untouched");
+            assert_eq!(
+                count(dp, a, Verdict::PassMalformed),
+                before + 1,
+                "{what} counted"
+            );
+        }
+        // Fragments carry no ports for the NAT check: kernel.
+        let mut frag = good.clone();
+        frag[6..8].copy_from_slice(&0x2000u16.to_be_bytes()); // MF
+        frag[10..12].copy_from_slice(&[0, 0]);
+        let c = packet::checksum(&frag[..20]);
+        frag[10..12].copy_from_slice(&c.to_be_bytes());
+        let frag = eth(a.host_mac, a.pod_mac, ETH_P_IP, &frag);
+        expect_unchanged(dp, a, &frag, XDP_PASS, Verdict::PassL4);
+        // IPv6 extension header (hop-by-hop).
+        let ext = v6_frame(a, a.ipv6, b.ipv6, 64, (0, vec![6, 0, 1, 4, 0, 0, 0, 0]));
+        expect_unchanged(dp, a, &ext, XDP_PASS, Verdict::PassL4);
+        Ok(())
+    });
+}
+
+#[test]
+fn counters_account_every_verdict_per_ifindex() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let f = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, &[0; 100])));
+        for _ in 0..5 {
+            assert_eq!(run(dp, a, &f).action, XDP_REDIRECT);
+        }
+        let spoof = v4_frame(a, b.ipv4, a.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"")));
+        for _ in 0..3 {
+            assert_eq!(run(dp, a, &spoof).action, XDP_DROP);
+        }
+        let ca = dp.maps().counters(a.host_ifindex)?;
+        assert_eq!(ca.packets(Verdict::RedirectDevmap), 5);
+        assert_eq!(ca.get(Verdict::RedirectDevmap).bytes, 5 * f.len() as u64);
+        assert_eq!(ca.packets(Verdict::DropSpoofed), 3);
+        assert_eq!(ca.passed(), 0);
+        let cb = dp.maps().counters(b.host_ifindex)?;
+        assert_eq!(cb.packets(Verdict::RxFastpath), 5);
+        assert_eq!(cb.packets(Verdict::RedirectDevmap), 0, "B sent nothing");
+        dp.maps_mut().remove_counters(a.host_ifindex)?;
+        assert_eq!(dp.maps().counters(a.host_ifindex)?.iter().count(), 0);
+        Ok(())
+    });
+}
