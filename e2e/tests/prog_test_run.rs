@@ -4,6 +4,8 @@
 //! and checks the action, the bytes of the frame out, and the counters.
 //! Needs root and bpffs at /sys/fs/bpf.
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::Result;
