@@ -7,5 +7,6 @@ pub mod netns;
 pub mod packet;
 pub mod testrun;
 pub mod topo;
+pub mod traffic;
 
 pub use netns::{in_netns, run, run_out, unique_name, Netns, PinDir};

@@ -5,7 +5,8 @@
 //! ```text
 //! endpoints tx_ports cpu_map nat_ports stats   maps, pinned by name by aya
 //! progs/xdpcni_from_pod progs/xdpcni_cpumap    the programs in use
-//! links/<ifindex>.native | .generic            one XDP bpf_link per host veth
+//! links/<ifindex>_native | _generic            one XDP bpf_link per host veth
+//!                                              (bpffs refuses names with dots)
 //! ```
 //!
 //! Everything that carries traffic is pinned, so the process that loaded it
@@ -172,6 +173,18 @@ impl L4Proto {
             Self::Udp => 17,
         }
     }
+}
+
+/// `e: its source: its source...`, since aya's errors put the errno in sources.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
 }
 
 fn is_full(e: &MapError) -> bool {
@@ -514,7 +527,7 @@ impl Datapath {
         prog.pin(&pin).map_err(|e| Error::Link {
             op: "pinning program",
             path: pin.clone(),
-            message: e.to_string(),
+            message: error_chain(&e),
         })?;
         let pinned = Xdp::from_pin(&pin, attach_type)
             .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?;
@@ -558,7 +571,7 @@ impl Datapath {
     fn link_pin(&self, ifindex: u32, mode: AttachMode) -> PathBuf {
         self.pin_dir
             .join("links")
-            .join(format!("{ifindex}.{}", mode.as_str()))
+            .join(format!("{ifindex}_{}", mode.as_str()))
     }
 
     /// Attaches the datapath to host veth `ifindex` (resolved in the calling
@@ -614,17 +627,17 @@ impl Datapath {
         let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
             op: "converting to an fd link (kernel without bpf_link for XDP?)",
             path: pin.clone(),
-            message: e.to_string(),
+            message: error_chain(&e),
         })?;
         fd_link.pin(&pin).map_err(|e| Error::Link {
             op: "pinning link",
             path: pin.clone(),
-            message: e.to_string(),
+            message: error_chain(&e),
         })?;
         let state = sys::pinned_xdp_link(&pin).map_err(|e| Error::Link {
             op: "reading link",
             path: pin.clone(),
-            message: e.to_string(),
+            message: error_chain(&e),
         })?;
         Ok(Attachment {
             ifindex,
@@ -639,13 +652,13 @@ impl Datapath {
         let link = PinnedLink::from_pin(pin).map_err(|e| Error::Link {
             op: "opening link",
             path: pin.to_path_buf(),
-            message: e.to_string(),
+            message: error_chain(&e),
         })?;
         let xdp_link =
             aya::programs::xdp::XdpLink::try_from(FdLink::from(link)).map_err(|e| Error::Link {
                 op: "opening link",
                 path: pin.to_path_buf(),
-                message: e.to_string(),
+                message: error_chain(&e),
             })?;
         let id = self
             .from_pod
@@ -780,7 +793,7 @@ fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("listing", &dir, e))?;
         let name = entry.file_name();
-        let Some((idx, mode)) = name.to_str().and_then(|n| n.split_once('.')) else {
+        let Some((idx, mode)) = name.to_str().and_then(|n| n.split_once('_')) else {
             continue;
         };
         if let (Ok(idx), Ok(mode)) = (idx.parse::<u32>(), mode.parse::<AttachMode>()) {
@@ -795,7 +808,7 @@ fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
     for mode in [AttachMode::Native, AttachMode::Generic] {
         let pin = pin_dir
             .join("links")
-            .join(format!("{ifindex}.{}", mode.as_str()));
+            .join(format!("{ifindex}_{}", mode.as_str()));
         match fs::remove_file(&pin) {
             Ok(()) => any = true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

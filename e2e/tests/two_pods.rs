@@ -1,0 +1,169 @@
+//! Two pods on one node (network namespaces), the datapath attached to their
+//! host veths in native and in generic mode, redirecting via devmap and via
+//! cpumap. IP forwarding is off in the node namespace, so every packet that
+//! arrives crossed it through XDP; the counters say which way.
+//! Needs root and bpffs at /sys/fs/bpf.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use std::net::IpAddr;
+
+use anyhow::{ensure, Result};
+use xdpcni_e2e::{
+    in_netns,
+    topo::{Node, Pod},
+    traffic::{ping, tcp_transfer, udp_echo},
+    PinDir,
+};
+use xdpcni_ebpf::{
+    abi::{RedirectPolicy, Verdict},
+    AttachMode, Datapath,
+};
+
+const TCP_BYTES: usize = 4 << 20;
+
+fn assert_pod_offloads(pod: &Pod, mode: AttachMode) -> Result<()> {
+    let gro = pod.ns.offload("eth0", "generic-receive-offload")?;
+    ensure!(
+        gro == "on",
+        "GRO must be on in the pod to receive redirected frames, is {gro}"
+    );
+    let csum = pod.ns.offload("eth0", "tx-checksumming")?;
+    let tso = pod.ns.offload("eth0", "tcp-segmentation-offload")?;
+    match mode {
+        AttachMode::Native => ensure!(csum == "off", "native needs tx checksum off, is {csum}"),
+        AttachMode::Generic => {
+            ensure!(tso == "off", "generic needs TSO off, is {tso}");
+            ensure!(csum == "on", "generic keeps checksum offload, is {csum}");
+        }
+    }
+    Ok(())
+}
+
+fn traffic_both_ways(a: &Pod, b: &Pod) -> Result<Vec<f64>> {
+    let mut mbps = Vec::new();
+    for (x, y) in [(a, b), (b, a)] {
+        for to in y.addrs() {
+            ping(&x.ns, to, 3)?;
+            udp_echo(&x.ns, &y.ns, to, 10, 1200)?;
+            mbps.push(tcp_transfer(&x.ns, &y.ns, to, TCP_BYTES)?);
+        }
+    }
+    Ok(mbps)
+}
+
+fn two_pods(mode: AttachMode, redirect: RedirectPolicy) {
+    let node = Node::new(2).expect("node");
+    let pins = PinDir::new("xl").expect("pins");
+    let (a, b) = (&node.pods[0], &node.pods[1]);
+    assert_eq!(node.ns.sysctl_get("net.ipv4.ip_forward").unwrap(), "0");
+    assert_eq!(
+        node.ns.sysctl_get("net.ipv6.conf.all.forwarding").unwrap(),
+        "0"
+    );
+
+    // Before the datapath: no forwarding, so no pod-to-pod connectivity.
+    assert!(
+        ping(&a.ns, IpAddr::V4(b.ipv4), 1).is_err(),
+        "kernel must not forward here"
+    );
+
+    let ncpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let cpu_mask = (1u64 << ncpus.min(63)) - 1;
+    let dp = in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        node.register_all(dp.maps_mut(), redirect, cpu_mask)?;
+        if redirect == RedirectPolicy::Cpumap {
+            for cpu in 0..ncpus {
+                dp.enable_cpu(cpu, 2048)?;
+            }
+        }
+        for pod in &node.pods {
+            let att = dp.attach(pod.host_ifindex, mode)?;
+            ensure!(att.changed && att.mode == mode);
+        }
+        Ok(dp)
+    })
+    .expect("datapath");
+    for pod in &node.pods {
+        pod.apply_mode_offloads(mode).unwrap();
+        assert_pod_offloads(pod, mode).unwrap();
+        let (nl_mode, prog_id) = node
+            .ns
+            .xdp_attached(&pod.host_veth)
+            .unwrap()
+            .expect("attached");
+        let want = if mode == AttachMode::Native {
+            "xdp"
+        } else {
+            "xdpgeneric"
+        };
+        assert_eq!(nl_mode, want, "netlink attach mode");
+        assert_eq!(prog_id, u64::from(dp.from_pod_program_id().unwrap()));
+    }
+
+    let mbps = traffic_both_ways(a, b).expect("traffic");
+    eprintln!("{mode}/{redirect:?}: TCP Mbit/s per transfer {mbps:.0?}");
+
+    // 3 pings + 10 datagrams per family and direction, plus TCP: each side's
+    // packets were redirected and the other side received them that way.
+    let min = 2 * (3 + 10) + 2 * (3 + 10);
+    for (x, y) in [(a, b), (b, a)] {
+        let cx = dp.maps().counters(x.host_ifindex).unwrap();
+        let cy = dp.maps().counters(y.host_ifindex).unwrap();
+        let sent = match redirect {
+            RedirectPolicy::Devmap => cx.packets(Verdict::RedirectDevmap),
+            RedirectPolicy::Cpumap => {
+                let queued = cx.packets(Verdict::RedirectCpumap);
+                let delivered = cx.packets(Verdict::CpumapDelivered);
+                assert_eq!(queued, delivered, "every frame queued to a CPU went on");
+                assert_eq!(cx.packets(Verdict::RedirectDevmap), 0);
+                queued
+            }
+        };
+        assert!(
+            sent >= min as u64,
+            "{}: only {sent} redirected: {cx:?}",
+            x.host_veth
+        );
+        assert!(cy.packets(Verdict::RxFastpath) >= min as u64, "{cy:?}");
+        assert_eq!(cx.packets(Verdict::DropSpoofed), 0);
+        assert_eq!(cx.packets(Verdict::DropCpumapLost), 0);
+        // What was passed is control traffic (ND, multicast), never data.
+        assert_eq!(cx.packets(Verdict::PassNoEndpoint), 0, "{cx:?}");
+        assert_eq!(cx.packets(Verdict::PassMtu), 0, "{cx:?}");
+    }
+
+    // Detached, the pods are cut off again: the kernel was never the path.
+    in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        for pod in &node.pods {
+            ensure!(dp.detach(pod.host_ifindex)?);
+            ensure!(dp.attachment(pod.host_ifindex)?.is_none());
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert!(node.ns.xdp_attached(&a.host_veth).unwrap().is_none());
+    assert!(ping(&a.ns, IpAddr::V4(b.ipv4), 1).is_err());
+}
+
+#[test]
+fn native_devmap() {
+    two_pods(AttachMode::Native, RedirectPolicy::Devmap);
+}
+
+#[test]
+fn native_cpumap() {
+    two_pods(AttachMode::Native, RedirectPolicy::Cpumap);
+}
+
+#[test]
+fn generic_devmap() {
+    two_pods(AttachMode::Generic, RedirectPolicy::Devmap);
+}
+
+#[test]
+fn generic_cpumap() {
+    two_pods(AttachMode::Generic, RedirectPolicy::Cpumap);
+}
