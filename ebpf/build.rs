@@ -35,16 +35,23 @@ fn main() -> Result<()> {
         .map(|o| String::from_utf8_lossy(&o).trim().to_string())
         .unwrap_or_else(|_| "x86_64-linux-gnu".into());
 
-    let obj = out_dir.join("xdpcni.bpf.o");
-    run(Command::new(&clang)
-        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
-        .arg("-I")
-        .arg(&include)
-        .arg(format!("-I/usr/include/{multiarch}"))
-        .arg("-c")
-        .arg(manifest.join("src/xdpcni.bpf.c"))
-        .arg("-o")
-        .arg(&obj))?;
+    // The datapath, and a build of it that differs only in its instructions,
+    // which the tests use to exercise an in-place upgrade.
+    for (name, defines) in [
+        ("xdpcni.bpf.o", &[][..]),
+        ("xdpcni-upgrade-test.bpf.o", &["-DXDPCNI_UPGRADE_TEST"][..]),
+    ] {
+        run(Command::new(&clang)
+            .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+            .args(defines)
+            .arg("-I")
+            .arg(&include)
+            .arg(format!("-I/usr/include/{multiarch}"))
+            .arg("-c")
+            .arg(manifest.join("src/xdpcni.bpf.c"))
+            .arg("-o")
+            .arg(out_dir.join(name)))?;
+    }
 
     let layout_bin = out_dir.join("layout");
     run(Command::new(&clang)

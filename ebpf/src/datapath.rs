@@ -455,6 +455,12 @@ impl Datapath {
     /// one is replaced and every pinned link is swapped to the new program
     /// atomically (`bpf_link_update`), without a detach.
     pub fn open(pin_dir: &Path) -> Result<Self> {
+        Self::open_object(pin_dir, DATAPATH_OBJECT)
+    }
+
+    /// [`Datapath::open`] with another build of the datapath object (an
+    /// upgrade, or a rollback). Its maps must have the same definitions.
+    pub fn open_object(pin_dir: &Path, object: &[u8]) -> Result<Self> {
         ensure_bpffs(pin_dir)?;
         for dir in [
             pin_dir.to_path_buf(),
@@ -466,7 +472,7 @@ impl Datapath {
         ensure_bpffs(pin_dir)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
-            .load(DATAPATH_OBJECT)
+            .load(object)
             .map_err(|e| Error::Load(Box::new(e)))?;
         let maps = Maps::take(&mut ebpf)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, pin_dir, FROM_POD_PROGRAM)?;

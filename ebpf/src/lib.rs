@@ -22,3 +22,10 @@ pub use sys::XdpLinkState;
 /// The compiled datapath object (BPF ELF with BTF), as built by `build.rs`.
 pub static DATAPATH_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni.bpf.o"));
+
+/// The datapath built with `-DXDPCNI_UPGRADE_TEST`: identical behaviour,
+/// different instructions (so a different program tag). Tests open it over a
+/// running datapath to exercise [`Datapath::open_object`]'s in-place upgrade.
+#[doc(hidden)]
+pub static UPGRADE_TEST_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-upgrade-test.bpf.o"));

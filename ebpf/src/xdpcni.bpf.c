@@ -263,6 +263,10 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	long target;
 	int r;
 
+#ifdef XDPCNI_UPGRADE_TEST
+	/* Same behaviour, other instructions (another tag): tests upgrades. */
+	asm volatile("r0 = 0" ::: "r0");
+#endif
 	if ((void *)(eth + 1) > data_end)
 		return verdict(ctx, XDPCNI_V_PASS_MALFORMED, XDP_PASS);
 	if (eth->h_dest[0] & 1)
