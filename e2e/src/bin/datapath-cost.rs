@@ -54,7 +54,7 @@ fn main() -> Result<()> {
     let rows = in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
         node.register_all(dp.maps_mut(), RedirectPolicy::Devmap, 0)?;
-        let mut measure = |dp: &Datapath, f: &[u8], want: u32| -> Result<f64> {
+        let measure = |dp: &Datapath, f: &[u8], want: u32| -> Result<f64> {
             let mut v = Vec::with_capacity(SAMPLES);
             for _ in 0..SAMPLES {
                 let r = xdp_run(dp.from_pod_program(), a.host_ifindex, f, REPEAT)?;
