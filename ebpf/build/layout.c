@@ -9,9 +9,9 @@
 
 #include "xdpcni.h"
 
-#define SIZE(t) printf("pub const SIZEOF_%s: usize = %zu;\n", #t, sizeof(struct t))
+#define SIZE(t)	  printf("pub const SIZEOF_%s: usize = %zu;\n", #t, sizeof(struct t))
 #define OFF(t, f) printf("pub const OFFSETOF_%s_%s: usize = %zu;\n", #t, #f, offsetof(struct t, f))
-#define VAL(n) printf("pub const %s: u32 = %u;\n", #n, (unsigned)(n))
+#define VAL(n)	  printf("pub const %s: u32 = %u;\n", #n, (unsigned)(n))
 
 int main(void)
 {

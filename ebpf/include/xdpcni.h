@@ -13,11 +13,11 @@
 #include <linux/types.h>
 
 /* Capacities of the pinned maps. */
-#define XDPCNI_MAX_ENDPOINTS 65536 /* pod addresses (IPv4 + IPv6) */
-#define XDPCNI_MAX_TX_PORTS 16384  /* host veths that can be redirect targets */
-#define XDPCNI_MAX_CPUS 64         /* cpumap size, and bits of cpu_mask */
-#define XDPCNI_MAX_NAT_PORTS 65536 /* (address, protocol, port) the kernel NATs */
-#define XDPCNI_MAX_STATS 131072    /* (ifindex, verdict) counter rows */
+#define XDPCNI_MAX_ENDPOINTS 65536  /* pod addresses (IPv4 + IPv6) */
+#define XDPCNI_MAX_TX_PORTS  16384  /* host veths that can be redirect targets */
+#define XDPCNI_MAX_CPUS	     64	    /* cpumap size, and bits of cpu_mask */
+#define XDPCNI_MAX_NAT_PORTS 65536  /* (address, protocol, port) the kernel NATs */
+#define XDPCNI_MAX_STATS     131072 /* (ifindex, verdict) counter rows */
 
 /* endpoint_key.family */
 #define XDPCNI_FAMILY_IPV4 4
@@ -39,14 +39,14 @@ struct endpoint_key {
 
 /* What the datapath knows of a pod address. */
 struct endpoint_info {
-	__u32 ifindex;     /* host-side veth */
-	__u8 pod_mac[6];   /* pod's eth0: destination MAC after rewrite */
-	__u8 host_mac[6];  /* host veth: source MAC after rewrite */
-	__u32 flags;       /* XDPCNI_EP_* */
-	__u32 redirect;    /* XDPCNI_REDIRECT_* */
-	__u32 mtu;         /* pod's eth0 MTU; larger packets go to the kernel */
+	__u32 ifindex;	  /* host-side veth */
+	__u8 pod_mac[6];  /* pod's eth0: destination MAC after rewrite */
+	__u8 host_mac[6]; /* host veth: source MAC after rewrite */
+	__u32 flags;	  /* XDPCNI_EP_* */
+	__u32 redirect;	  /* XDPCNI_REDIRECT_* */
+	__u32 mtu;	  /* pod's eth0 MTU; larger packets go to the kernel */
 	__u32 pad;
-	__u64 cpu_mask;    /* cpumap CPUs allowed to deliver to it */
+	__u64 cpu_mask; /* cpumap CPUs allowed to deliver to it */
 };
 
 /*
@@ -67,23 +67,23 @@ struct nat_port_key {
  * counted on the destination's host veth.
  */
 enum xdpcni_verdict {
-	XDPCNI_V_REDIRECT_DEVMAP = 0,   /* sent to the destination veth via devmap */
-	XDPCNI_V_REDIRECT_CPUMAP = 1,   /* queued to a cpumap CPU */
-	XDPCNI_V_CPUMAP_DELIVERED = 2,  /* second stage sent it on to the destination */
-	XDPCNI_V_PASS_NOT_IP = 3,       /* ARP and other ethertypes */
-	XDPCNI_V_PASS_MULTICAST = 4,    /* broadcast, multicast, link-local scope */
-	XDPCNI_V_PASS_ND = 5,           /* ICMPv6 router/neighbour discovery */
-	XDPCNI_V_PASS_NO_ENDPOINT = 6,  /* destination is not a pod of this node */
-	XDPCNI_V_PASS_TTL = 7,          /* TTL/hop limit would expire: kernel sends ICMP */
-	XDPCNI_V_PASS_KERNEL_ONLY = 8,  /* source or destination flagged kernel-only */
-	XDPCNI_V_PASS_MTU = 9,          /* larger than the destination MTU */
-	XDPCNI_V_PASS_NAT = 10,         /* source is a port the kernel NATs */
-	XDPCNI_V_PASS_L4 = 11,          /* fragments, IPv6 ext headers, other protocols */
-	XDPCNI_V_PASS_NO_TARGET = 12,   /* no devmap/cpumap entry for the destination */
-	XDPCNI_V_PASS_MALFORMED = 13,   /* truncated or invalid headers */
-	XDPCNI_V_DROP_SPOOFED = 14,     /* source address is not the sender's */
+	XDPCNI_V_REDIRECT_DEVMAP = 0,	/* sent to the destination veth via devmap */
+	XDPCNI_V_REDIRECT_CPUMAP = 1,	/* queued to a cpumap CPU */
+	XDPCNI_V_CPUMAP_DELIVERED = 2,	/* second stage sent it on to the destination */
+	XDPCNI_V_PASS_NOT_IP = 3,	/* ARP and other ethertypes */
+	XDPCNI_V_PASS_MULTICAST = 4,	/* broadcast, multicast, link-local scope */
+	XDPCNI_V_PASS_ND = 5,		/* ICMPv6 router/neighbour discovery */
+	XDPCNI_V_PASS_NO_ENDPOINT = 6,	/* destination is not a pod of this node */
+	XDPCNI_V_PASS_TTL = 7,		/* TTL/hop limit would expire: kernel sends ICMP */
+	XDPCNI_V_PASS_KERNEL_ONLY = 8,	/* source or destination flagged kernel-only */
+	XDPCNI_V_PASS_MTU = 9,		/* larger than the destination MTU */
+	XDPCNI_V_PASS_NAT = 10,		/* source is a port the kernel NATs */
+	XDPCNI_V_PASS_L4 = 11,		/* fragments, IPv6 ext headers, other protocols */
+	XDPCNI_V_PASS_NO_TARGET = 12,	/* no devmap/cpumap entry for the destination */
+	XDPCNI_V_PASS_MALFORMED = 13,	/* truncated or invalid headers */
+	XDPCNI_V_DROP_SPOOFED = 14,	/* source address is not the sender's */
 	XDPCNI_V_DROP_CPUMAP_LOST = 15, /* destination vanished between the two stages */
-	XDPCNI_V_RX_FASTPATH = 16,      /* delivered to this endpoint by the fast path */
+	XDPCNI_V_RX_FASTPATH = 16,	/* delivered to this endpoint by the fast path */
 	XDPCNI_V_MAX = 17,
 };
 

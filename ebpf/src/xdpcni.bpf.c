@@ -57,15 +57,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } stats SEC(".maps");
 
-#define IPPROTO_ICMPV6_ 58
-#define ICMP_ECHOREPLY_ 0
-#define ICMP_ECHO_ 8
+#define IPPROTO_ICMPV6_	     58
+#define ICMP_ECHOREPLY_	     0
+#define ICMP_ECHO_	     8
 #define ICMPV6_ECHO_REQUEST_ 128
-#define ICMPV6_ECHO_REPLY_ 129
-#define ICMPV6_ND_FIRST 133 /* router solicitation */
-#define ICMPV6_ND_LAST 137  /* redirect */
-#define IP_MF_ 0x2000
-#define IP_OFFSET_ 0x1fff
+#define ICMPV6_ECHO_REPLY_   129
+#define ICMPV6_ND_FIRST	     133 /* router solicitation */
+#define ICMPV6_ND_LAST	     137 /* redirect */
+#define IP_MF_		     0x2000
+#define IP_OFFSET_	     0x1fff
 
 /* The first 4 bytes of TCP, UDP and ICMP headers that the datapath reads. */
 struct l4_head {
@@ -76,7 +76,7 @@ struct l4_head {
 
 static __always_inline void count(__u32 ifindex, __u32 verdict, __u64 bytes)
 {
-	struct stats_key key = { .ifindex = ifindex, .verdict = verdict };
+	struct stats_key key = {.ifindex = ifindex, .verdict = verdict};
 	struct stats_value *v = bpf_map_lookup_elem(&stats, &key);
 
 	if (v) {
@@ -84,7 +84,7 @@ static __always_inline void count(__u32 ifindex, __u32 verdict, __u64 bytes)
 		v->bytes += bytes;
 		return;
 	}
-	struct stats_value init = { .packets = 1, .bytes = bytes };
+	struct stats_value init = {.packets = 1, .bytes = bytes};
 	/* A full map loses the count, never the packet. */
 	bpf_map_update_elem(&stats, &key, &init, BPF_NOEXIST);
 }
@@ -132,13 +132,13 @@ static __always_inline __u32 mix(__u32 h)
 struct packet {
 	struct endpoint_key src;
 	struct endpoint_key dst;
-	__u32 l3_len;    /* IPv4 total length or IPv6 payload + 40 */
+	__u32 l3_len;	 /* IPv4 total length or IPv6 payload + 40 */
 	__u32 flow_hash; /* symmetric in neither direction: one flow, one CPU */
 	__u8 proto;
 	__u8 pad;
-	__u16 sport;     /* network order, 0 for ICMP */
-	__u8 *ttl;       /* TTL or hop limit byte */
-	__u16 *csum;     /* IPv4 header checksum, NULL for IPv6 */
+	__u16 sport; /* network order, 0 for ICMP */
+	__u8 *ttl;   /* TTL or hop limit byte */
+	__u16 *csum; /* IPv4 header checksum, NULL for IPv6 */
 };
 
 enum parse_result {
@@ -303,9 +303,9 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		return verdict(ctx, XDPCNI_V_PASS_MTU, XDP_PASS);
 	if (p.sport) {
 		struct nat_port_key nk = {
-			.family = p.src.family,
-			.proto = p.proto,
-			.port = p.sport,
+		    .family = p.src.family,
+		    .proto = p.proto,
+		    .port = p.sport,
 		};
 
 		__builtin_memcpy(nk.addr, p.src.addr, 16);
@@ -318,7 +318,8 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	 * back to XDP_PASS when the entry is missing, before we touch the packet.
 	 */
 	if (dst_ep->redirect == XDPCNI_REDIRECT_CPUMAP && dst_ep->cpu_mask) {
-		target = bpf_redirect_map(&cpu_map, pick_cpu(dst_ep->cpu_mask, p.flow_hash), XDP_PASS);
+		target =
+		    bpf_redirect_map(&cpu_map, pick_cpu(dst_ep->cpu_mask, p.flow_hash), XDP_PASS);
 		r = XDPCNI_V_REDIRECT_CPUMAP;
 	} else {
 		target = bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_PASS);
