@@ -491,6 +491,28 @@ impl Datapath {
         Ok(dp)
     }
 
+    /// Opens the datapath pinned in `pin_dir` without loading anything: the
+    /// pinned maps and programs as they are (what the CNI plugin uses; it
+    /// never replaces programs). Fails if nothing is pinned there.
+    pub fn open_existing(pin_dir: &Path) -> Result<Self> {
+        let maps = Maps::open_pinned(pin_dir)?;
+        let prog = |name: &'static str, attach_type| {
+            let pin = pin_dir.join("progs").join(name);
+            Xdp::from_pin(&pin, attach_type)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
+        };
+        Ok(Self {
+            pin_dir: pin_dir.to_path_buf(),
+            from_pod: prog(
+                FROM_POD_PROGRAM,
+                aya_obj::programs::XdpAttachType::Interface,
+            )?,
+            cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
+            maps,
+            upgraded: false,
+        })
+    }
+
     /// Loads `name` from the object and returns the program to use: the
     /// pinned one if it has the same tag, else the new one (now pinned).
     fn adopt_program(ebpf: &mut Ebpf, pin_dir: &Path, name: &'static str) -> Result<(Xdp, bool)> {

@@ -1,0 +1,527 @@
+//! The network configuration on stdin and the CNI_* environment.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
+
+use serde_json::Value;
+use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
+
+use crate::{
+    error::{Error, Result},
+    types::{self, CniResult},
+};
+
+/// Default pin directory of the datapath.
+pub const DEFAULT_PIN_DIR: &str = xdpcni_ebpf::DEFAULT_PIN_DIR;
+/// Default directory of the per-attachment records.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/xdpcni";
+/// Default headroom asked of the veth (XDP_PACKET_HEADROOM).
+pub const DEFAULT_HEADROOM: u16 = 256;
+
+/// The XDP mode asked for a pod: an attach mode, or kernel routing only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpMode {
+    /// Attach in this mode.
+    Xdp(AttachMode),
+    /// Kernel routing only.
+    Off,
+}
+
+impl XdpMode {
+    /// Parses `native`, `generic` or `off`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "native" => Some(Self::Xdp(AttachMode::Native)),
+            "generic" => Some(Self::Xdp(AttachMode::Generic)),
+            "off" => Some(Self::Off),
+            _ => None,
+        }
+    }
+
+    /// `native`, `generic` or `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Xdp(m) => m.as_str(),
+            Self::Off => "off",
+        }
+    }
+}
+
+/// The plugin's configuration (a conflist entry of `"type": "xdpcni"`).
+#[derive(Clone, Debug)]
+pub struct NetConf {
+    /// cniVersion.
+    pub cni_version: String,
+    /// Network name.
+    pub name: String,
+    /// MTU of both veth ends.
+    pub mtu: u32,
+    /// Headroom to ask of the veth.
+    pub headroom: u16,
+    /// Datapath pin directory.
+    pub pin_dir: PathBuf,
+    /// XDP mode for new pods.
+    pub xdp_mode: XdpMode,
+    /// Redirect policy for new pods.
+    pub redirect: RedirectPolicy,
+    /// CPUs a cpumap may deliver on (bit mask); 0 = all online.
+    pub cpu_mask: u64,
+    /// Per-attachment records.
+    pub state_dir: PathBuf,
+    /// Log file; stderr when `None`.
+    pub log_file: Option<PathBuf>,
+    /// A file the node agent creates when ready; STATUS requires it if set.
+    pub agent_ready_file: Option<PathBuf>,
+    /// The `ipam` section.
+    pub ipam: Value,
+    /// The IPAM plugin's type.
+    pub ipam_type: String,
+    /// prevResult, when given.
+    pub prev_result: Option<CniResult>,
+    /// `cni.dev/valid-attachments` (GC).
+    pub valid_attachments: Option<Vec<(String, String)>>,
+    /// The raw config, passed to the IPAM plugin as is.
+    pub raw: Value,
+}
+
+fn opt_str<'a>(v: &'a Value, field: &str) -> Result<Option<&'a str>> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(Error::config(
+            field,
+            format!("must be a string, got {other}"),
+        )),
+    }
+}
+
+fn opt_u64(v: &Value, field: &str) -> Result<Option<u64>> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(n) => n.as_u64().map(Some).ok_or_else(|| {
+            Error::config(field, format!("must be a non-negative integer, got {n}"))
+        }),
+    }
+}
+
+/// Parses a CPU list such as `1`, `0-3`, `0,2,5-7` into a bit mask.
+pub fn parse_cpu_list(s: &str) -> std::result::Result<u64, String> {
+    let mut mask = 0u64;
+    for part in s.split(',').map(str::trim) {
+        if part.is_empty() {
+            return Err(format!("empty element in CPU list {s:?}"));
+        }
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.trim(), b.trim()),
+            None => (part, part),
+        };
+        let lo: u32 = lo
+            .parse()
+            .map_err(|_| format!("{lo:?} is not a CPU number"))?;
+        let hi: u32 = hi
+            .parse()
+            .map_err(|_| format!("{hi:?} is not a CPU number"))?;
+        if lo > hi {
+            return Err(format!("range {part:?} is reversed"));
+        }
+        if hi >= xdpcni_ebpf::abi::MAX_CPUS {
+            return Err(format!(
+                "CPU {hi} is beyond the datapath's {} CPUs",
+                xdpcni_ebpf::abi::MAX_CPUS
+            ));
+        }
+        for cpu in lo..=hi {
+            mask |= 1 << cpu;
+        }
+    }
+    Ok(mask)
+}
+
+impl NetConf {
+    /// Parses and validates the config bytes.
+    pub fn parse(bytes: &[u8]) -> Result<Self> {
+        let raw: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode(e.to_string()))?;
+        if !raw.is_object() {
+            return Err(Error::Decode(
+                "the network config is not a JSON object".into(),
+            ));
+        }
+        let cni_version = opt_str(&raw, "cniVersion")?
+            .ok_or_else(|| Error::config("cniVersion", "missing"))?
+            .to_string();
+        if !types::supported(&cni_version) {
+            return Err(Error::IncompatibleVersion(format!(
+                "{cni_version:?} (supported: {})",
+                types::SUPPORTED_VERSIONS.join(", ")
+            )));
+        }
+        let name = opt_str(&raw, "name")?.unwrap_or_default().to_string();
+        let mtu = match opt_u64(&raw, "mtu")? {
+            None => 1500,
+            Some(m) if (68..=65535).contains(&m) => m as u32,
+            Some(m) => return Err(Error::config("mtu", format!("{m} is outside 68..65535"))),
+        };
+        let headroom = match opt_u64(&raw, "headroom")? {
+            None => DEFAULT_HEADROOM,
+            Some(h) if h <= 2048 => h as u16,
+            Some(h) => return Err(Error::config("headroom", format!("{h} is above 2048"))),
+        };
+        let pin_dir = opt_str(&raw, "pinDir")?.unwrap_or(DEFAULT_PIN_DIR).into();
+        let xdp_mode = match opt_str(&raw, "xdpMode")? {
+            None => XdpMode::Xdp(AttachMode::Native),
+            Some(s) => XdpMode::parse(s).ok_or_else(|| {
+                Error::config("xdpMode", format!("{s:?} is not native, generic or off"))
+            })?,
+        };
+        let redirect = match opt_str(&raw, "redirect")? {
+            None | Some("devmap") => RedirectPolicy::Devmap,
+            Some("cpumap") => RedirectPolicy::Cpumap,
+            Some(s) => {
+                return Err(Error::config(
+                    "redirect",
+                    format!("{s:?} is not devmap or cpumap"),
+                ))
+            }
+        };
+        let cpu_mask = match opt_str(&raw, "cpus")? {
+            None | Some("") => 0,
+            Some(s) => parse_cpu_list(s).map_err(|e| Error::config("cpus", e))?,
+        };
+        let state_dir = opt_str(&raw, "stateDir")?
+            .unwrap_or(DEFAULT_STATE_DIR)
+            .into();
+        let log_file = opt_str(&raw, "logFile")?.map(PathBuf::from);
+        let agent_ready_file = opt_str(&raw, "agentReadyFile")?.map(PathBuf::from);
+        let ipam = raw.get("ipam").cloned().unwrap_or(Value::Null);
+        let ipam_type = match ipam.get("type") {
+            Some(Value::String(t)) if !t.is_empty() && !t.contains('/') => t.clone(),
+            Some(Value::String(t)) => {
+                return Err(Error::config(
+                    "ipam.type",
+                    format!("{t:?} is not a plugin name"),
+                ))
+            }
+            _ if ipam.is_null() => String::new(),
+            _ => return Err(Error::config("ipam.type", "missing or not a string")),
+        };
+        let prev_result = match raw.get("prevResult") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(CniResult::from_json(v).map_err(|e| Error::config("prevResult", e))?),
+        };
+        let valid_attachments = match raw.get("cni.dev/valid-attachments") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(list)) => {
+                let mut out = Vec::new();
+                for (i, a) in list.iter().enumerate() {
+                    let id = a.get("containerID").and_then(Value::as_str);
+                    let ifname = a.get("ifname").and_then(Value::as_str);
+                    match (id, ifname) {
+                        (Some(id), Some(ifname)) => out.push((id.to_string(), ifname.to_string())),
+                        _ => {
+                            return Err(Error::config(
+                                format!("cni.dev/valid-attachments[{i}]"),
+                                "needs containerID and ifname",
+                            ))
+                        }
+                    }
+                }
+                Some(out)
+            }
+            Some(_) => return Err(Error::config("cni.dev/valid-attachments", "must be a list")),
+        };
+        Ok(Self {
+            cni_version,
+            name,
+            mtu,
+            headroom,
+            pin_dir,
+            xdp_mode,
+            redirect,
+            cpu_mask,
+            state_dir,
+            log_file,
+            agent_ready_file,
+            ipam,
+            ipam_type,
+            prev_result,
+            valid_attachments,
+            raw,
+        })
+    }
+
+    /// Whether the datapath's pinned maps exist.
+    pub fn datapath_present(&self) -> bool {
+        self.pin_dir.join("endpoints").exists()
+    }
+}
+
+/// The CNI commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// ADD.
+    Add,
+    /// DEL.
+    Del,
+    /// CHECK.
+    Check,
+    /// VERSION.
+    Version,
+    /// GC.
+    Gc,
+    /// STATUS.
+    Status,
+}
+
+/// The CNI_* environment.
+#[derive(Clone, Debug)]
+pub struct CniEnv {
+    /// CNI_COMMAND.
+    pub command: Command,
+    /// CNI_CONTAINERID.
+    pub container_id: String,
+    /// CNI_NETNS (may be empty on DEL).
+    pub netns: Option<PathBuf>,
+    /// CNI_IFNAME.
+    pub ifname: String,
+    /// CNI_ARGS as key/value pairs.
+    pub args: HashMap<String, String>,
+    /// CNI_PATH entries.
+    pub path: Vec<PathBuf>,
+}
+
+fn valid_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() < 16
+        && s != "."
+        && s != ".."
+        && !s.contains(['/', ':', ' ', '\t', '\n'])
+}
+
+impl CniEnv {
+    /// Reads the environment through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let command = match get("CNI_COMMAND").as_deref() {
+            Some("ADD") => Command::Add,
+            Some("DEL") => Command::Del,
+            Some("CHECK") => Command::Check,
+            Some("VERSION") => Command::Version,
+            Some("GC") => Command::Gc,
+            Some("STATUS") => Command::Status,
+            Some(other) => {
+                return Err(Error::InvalidEnv {
+                    var: "CNI_COMMAND",
+                    why: format!("unknown command {other:?}"),
+                })
+            }
+            None => {
+                return Err(Error::InvalidEnv {
+                    var: "CNI_COMMAND",
+                    why: "not set".into(),
+                })
+            }
+        };
+        let path: Vec<PathBuf> = get("CNI_PATH")
+            .unwrap_or_default()
+            .split(':')
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .collect();
+        let per_container = matches!(command, Command::Add | Command::Del | Command::Check);
+        let container_id = get("CNI_CONTAINERID").unwrap_or_default();
+        let ifname = get("CNI_IFNAME").unwrap_or_default();
+        let netns = get("CNI_NETNS")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        if per_container {
+            if container_id.is_empty()
+                || !container_id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+            {
+                return Err(Error::InvalidEnv {
+                    var: "CNI_CONTAINERID",
+                    why: format!(
+                        "{container_id:?} is empty or has characters other than [A-Za-z0-9_.-]"
+                    ),
+                });
+            }
+            if !valid_ifname(&ifname) {
+                return Err(Error::InvalidEnv {
+                    var: "CNI_IFNAME",
+                    why: format!("{ifname:?} is not a valid interface name"),
+                });
+            }
+            if command != Command::Del && netns.is_none() {
+                return Err(Error::InvalidEnv {
+                    var: "CNI_NETNS",
+                    why: "not set".into(),
+                });
+            }
+        }
+        if command != Command::Version && path.is_empty() {
+            return Err(Error::InvalidEnv {
+                var: "CNI_PATH",
+                why: "not set".into(),
+            });
+        }
+        let mut args = HashMap::new();
+        for kv in get("CNI_ARGS").unwrap_or_default().split(';') {
+            if kv.is_empty() {
+                continue;
+            }
+            let (k, v) = kv.split_once('=').ok_or_else(|| Error::InvalidEnv {
+                var: "CNI_ARGS",
+                why: format!("{kv:?} is not KEY=VALUE"),
+            })?;
+            args.insert(k.to_string(), v.to_string());
+        }
+        Ok(Self {
+            command,
+            container_id,
+            netns,
+            ifname,
+            args,
+            path,
+        })
+    }
+
+    /// The first `name` executable found in CNI_PATH.
+    pub fn find_plugin(&self, name: &str) -> Option<PathBuf> {
+        self.path
+            .iter()
+            .map(|d| d.join(name))
+            .find(|p| is_executable(p))
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(extra: &str) -> Result<NetConf> {
+        NetConf::parse(
+            format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"xdpcni","ipam":{{"type":"host-local"}}{extra}}}"#
+            )
+            .as_bytes(),
+        )
+    }
+
+    #[test]
+    fn defaults() {
+        let c = conf("").unwrap();
+        assert_eq!(c.mtu, 1500);
+        assert_eq!(c.headroom, 256);
+        assert_eq!(c.xdp_mode, XdpMode::Xdp(AttachMode::Native));
+        assert_eq!(c.redirect, RedirectPolicy::Devmap);
+        assert_eq!(c.ipam_type, "host-local");
+        assert_eq!(c.pin_dir, PathBuf::from(DEFAULT_PIN_DIR));
+    }
+
+    #[test]
+    fn invalid_values_name_their_field() {
+        for (extra, field, code) in [
+            (r#","mtu":10"#, "mtu", 7),
+            (r#","mtu":"big""#, "mtu", 7),
+            (r#","headroom":9999"#, "headroom", 7),
+            (r#","xdpMode":"turbo""#, "xdpMode", 7),
+            (r#","redirect":"bridge""#, "redirect", 7),
+            (r#","cpus":"3-1""#, "cpus", 7),
+            (
+                r#","prevResult":{"ips":[{"address":"nonsense"}]}"#,
+                "prevResult",
+                7,
+            ),
+        ] {
+            let e = conf(extra).unwrap_err();
+            assert_eq!(e.code(), code, "{extra}");
+            assert!(e.to_string().contains(field), "{extra}: {e}");
+        }
+        let e = NetConf::parse(br#"{"cniVersion":"9.9.9","name":"n"}"#).unwrap_err();
+        assert_eq!(e.code(), 1);
+        let e = NetConf::parse(b"{not json").unwrap_err();
+        assert_eq!(e.code(), 6);
+        let e = NetConf::parse(b"[1]").unwrap_err();
+        assert_eq!(e.code(), 6);
+        let e = NetConf::parse(br#"{"name":"n"}"#).unwrap_err();
+        assert_eq!(e.code(), 7);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        assert!(conf(r#","somethingNew":{"x":1}"#).is_ok());
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("1").unwrap(), 0b10);
+        assert_eq!(parse_cpu_list("0-3").unwrap(), 0b1111);
+        assert_eq!(parse_cpu_list("0,2,5-6").unwrap(), 0b110_0101);
+        for bad in ["", "a", "1,", "3-1", "64", "0-64", "1-x"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn env_validation() {
+        let env = |pairs: &[(&str, &str)]| {
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            CniEnv::from_lookup(|k| m.get(k).cloned())
+        };
+        let full = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "abc"),
+            ("CNI_NETNS", "/var/run/netns/x"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin"),
+            (
+                "CNI_ARGS",
+                "K8S_POD_NAME=p;K8S_POD_NAMESPACE=ns;IgnoreUnknown=1",
+            ),
+        ];
+        let e = env(&full).unwrap();
+        assert_eq!(e.args["K8S_POD_NAME"], "p");
+        for drop in [
+            "CNI_COMMAND",
+            "CNI_CONTAINERID",
+            "CNI_NETNS",
+            "CNI_IFNAME",
+            "CNI_PATH",
+        ] {
+            let partial: Vec<_> = full.iter().copied().filter(|(k, _)| *k != drop).collect();
+            let err = env(&partial).unwrap_err();
+            assert_eq!(err.code(), 4, "{drop}");
+            assert!(err.to_string().contains(drop), "{err}");
+        }
+        let mut bad = full;
+        bad[3] = ("CNI_IFNAME", "a/b");
+        assert_eq!(env(&bad).unwrap_err().code(), 4);
+        bad = full;
+        bad[5] = ("CNI_ARGS", "novalue");
+        assert_eq!(env(&bad).unwrap_err().code(), 4);
+        // DEL without a netns is fine.
+        let del: Vec<_> = full
+            .iter()
+            .copied()
+            .filter(|(k, _)| *k != "CNI_NETNS")
+            .map(|(k, v)| {
+                if k == "CNI_COMMAND" {
+                    (k, "DEL")
+                } else {
+                    (k, v)
+                }
+            })
+            .collect();
+        assert!(env(&del).unwrap().netns.is_none());
+    }
+}

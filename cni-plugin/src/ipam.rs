@@ -1,0 +1,126 @@
+//! Delegation to the IPAM plugin named in `ipam.type` (host-local, ...): the
+//! same config on stdin, the same CNI_* environment, its result parsed back.
+
+use std::{
+    io::Write,
+    process::{Command as Proc, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::{
+    config::{CniEnv, NetConf},
+    error::{Error, Result},
+    types::CniResult,
+};
+
+/// Runs the IPAM plugin with `command` for (`container_id`, `ifname`).
+/// Returns its parsed result for ADD, `None` otherwise.
+pub fn exec(
+    conf: &NetConf,
+    env: &CniEnv,
+    command: &str,
+    container_id: &str,
+    ifname: &str,
+) -> Result<Option<CniResult>> {
+    if conf.ipam_type.is_empty() {
+        return Err(Error::config(
+            "ipam",
+            "missing: xdpcni needs an IPAM plugin",
+        ));
+    }
+    let plugin = env.find_plugin(&conf.ipam_type).ok_or_else(|| {
+        Error::config(
+            "ipam.type",
+            format!(
+                "IPAM plugin {:?} not found in CNI_PATH {:?}",
+                conf.ipam_type, env.path
+            ),
+        )
+    })?;
+    let cni_path = env
+        .path
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let args = env
+        .args
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(";");
+    let mut child = Proc::new(&plugin)
+        .env_clear()
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container_id)
+        .env(
+            "CNI_NETNS",
+            env.netns
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        )
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_ARGS", args)
+        .env("CNI_PATH", cni_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::io(format!("running IPAM plugin {}", plugin.display()), e))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let bytes = serde_json::to_vec(&conf.raw).map_err(|e| Error::Decode(e.to_string()))?;
+        stdin
+            .write_all(&bytes)
+            .map_err(|e| Error::io("writing to the IPAM plugin", e))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::io("waiting for the IPAM plugin", e))?;
+    let stdout: Value = if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(&out.stdout).map_err(|e| Error::Ipam {
+            plugin: conf.ipam_type.clone(),
+            code: 999,
+            msg: format!("unreadable answer: {e}"),
+            details: String::from_utf8_lossy(&out.stdout).into_owned(),
+        })?
+    };
+    if !out.status.success() {
+        return Err(Error::Ipam {
+            plugin: conf.ipam_type.clone(),
+            code: stdout
+                .get("code")
+                .and_then(Value::as_u64)
+                .map_or(999, |c| c as u32),
+            msg: stdout
+                .get("msg")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("exited with {}", out.status), str::to_string),
+            details: stdout.get("details").and_then(Value::as_str).map_or_else(
+                || String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                str::to_string,
+            ),
+        });
+    }
+    if command != "ADD" {
+        return Ok(None);
+    }
+    let result = CniResult::from_json(&stdout).map_err(|e| Error::Ipam {
+        plugin: conf.ipam_type.clone(),
+        code: 999,
+        msg: format!("unreadable result: {e}"),
+        details: stdout.to_string(),
+    })?;
+    if result.ips.is_empty() {
+        return Err(Error::Ipam {
+            plugin: conf.ipam_type.clone(),
+            code: 999,
+            msg: "returned no addresses".into(),
+            details: stdout.to_string(),
+        });
+    }
+    Ok(Some(result))
+}

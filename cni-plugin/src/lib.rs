@@ -1,0 +1,90 @@
+//! The xdpcni CNI plugin (spec 1.1; answers 0.3.0 to 1.1.0): builds a pod's
+//! veth pair with its end created directly inside the pod, addresses from a
+//! delegated IPAM plugin, link-local gateways and routes, and registers the
+//! pod with the XDP datapath when it is pinned. [`run`] is the whole plugin;
+//! `main.rs` only wires stdin, the environment and stdout to it.
+
+pub mod config;
+pub mod error;
+pub mod ethtool;
+pub mod ipam;
+pub mod log;
+pub mod netlink;
+pub mod netns;
+pub mod plugin;
+pub mod state;
+pub mod types;
+
+use config::{CniEnv, Command, NetConf};
+use error::Error;
+
+/// What the plugin prints and its exit status.
+#[derive(Debug)]
+pub struct Outcome {
+    /// stdout (a result, an error JSON, or nothing).
+    pub stdout: String,
+    /// Process exit status.
+    pub status: i32,
+}
+
+/// Runs one CNI invocation: `lookup` reads the environment, `stdin` is the
+/// network configuration. Errors become the spec's error JSON here, and only
+/// here.
+pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
+    let env = match CniEnv::from_lookup(&lookup) {
+        Ok(env) => env,
+        Err(e) => return failure(&e, &version_of(stdin)),
+    };
+    if env.command == Command::Version {
+        return Outcome {
+            stdout: plugin::version(stdin).to_string(),
+            status: 0,
+        };
+    }
+    let conf = match NetConf::parse(stdin) {
+        Ok(c) => c,
+        Err(e) => return failure(&e, &version_of(stdin)),
+    };
+    let log = log::Log::new(
+        conf.log_file.clone(),
+        format!("{:?} {} {}", env.command, env.container_id, env.ifname),
+    );
+    let result = match env.command {
+        Command::Add => plugin::add(&conf, &env, &log).map(|v| v.to_string()),
+        Command::Del => plugin::del(&conf, &env, &log).map(|()| String::new()),
+        Command::Check => plugin::check(&conf, &env).map(|()| String::new()),
+        Command::Gc => plugin::gc(&conf, &env, &log).map(|()| String::new()),
+        Command::Status => plugin::status(&conf).map(|()| String::new()),
+        Command::Version => Ok(String::new()),
+    };
+    match result {
+        Ok(stdout) => {
+            log.info("ok");
+            Outcome { stdout, status: 0 }
+        }
+        Err(e) => {
+            log.warn(&format!("failed (code {}): {e}", e.code()));
+            failure(&e, &conf.cni_version)
+        }
+    }
+}
+
+fn version_of(stdin: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(|s| s.as_str())
+                .map(str::to_string)
+        })
+        .filter(|v| types::supported(v))
+        .unwrap_or_else(|| types::LATEST.to_string())
+}
+
+fn failure(e: &Error, version: &str) -> Outcome {
+    Outcome {
+        stdout: serde_json::to_string(&e.to_json(version))
+            .unwrap_or_else(|_| format!("{{\"code\":{},\"msg\":\"error\"}}", e.code())),
+        status: 1,
+    }
+}

@@ -1,0 +1,502 @@
+//! Synchronous rtnetlink: one socket per network namespace, typed verbs for
+//! the few things the plugin does (veth pairs, addresses, routes, neighbours).
+//!
+//! A netlink socket talks to the namespace of the thread that created it, so
+//! to configure a pod, create the socket on a thread inside the pod's
+//! namespace (see [`crate::netns::in_netns`]). The plugin is synchronous on
+//! purpose: it is exec'd per call and must answer in milliseconds.
+
+use std::{
+    io,
+    net::IpAddr,
+    os::fd::{AsRawFd, BorrowedFd},
+};
+
+use netlink_packet_core::{
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
+    NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+};
+use netlink_packet_route::{
+    address::{AddressAttribute, AddressMessage},
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
+    AddressFamily, RouteNetlinkMessage,
+};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+/// `IFLA_HEADROOM`: reported in dumps; the kernel refuses it in RTM_SETLINK
+/// for veth on the kernels we know (see README).
+const IFLA_HEADROOM: u16 = 68;
+
+/// A netlink failure.
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    /// The kernel answered with an error.
+    #[error("{op}: {source}")]
+    Kernel {
+        /// The request.
+        op: String,
+        /// errno as an io::Error.
+        source: io::Error,
+    },
+    /// The socket failed or the answer could not be decoded.
+    #[error("{op}: {msg}")]
+    Protocol {
+        /// The request.
+        op: String,
+        /// What went wrong.
+        msg: String,
+    },
+}
+
+impl NetlinkError {
+    /// The errno of a kernel error.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Kernel { source, .. } => source.raw_os_error(),
+            Self::Protocol { .. } => None,
+        }
+    }
+
+    /// Whether the object did not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self.errno(),
+            Some(libc::ENODEV | libc::ENOENT | libc::ESRCH)
+        )
+    }
+
+    /// Whether the object already existed.
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(libc::EEXIST)
+    }
+}
+
+type Result<T> = std::result::Result<T, NetlinkError>;
+
+/// What the plugin needs to know of a link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// Interface index.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// MAC address.
+    pub mac: [u8; 6],
+    /// MTU.
+    pub mtu: u32,
+    /// Administratively up.
+    pub up: bool,
+    /// `IFLA_HEADROOM` as reported by the kernel, if it reports it.
+    pub headroom: Option<u16>,
+    /// Link kind (`veth`, ...), if any.
+    pub kind: Option<String>,
+    /// Ifindex of the peer (`IFLA_LINK`), for veth.
+    pub peer_index: Option<u32>,
+}
+
+/// A route-netlink socket bound to the calling thread's network namespace.
+pub struct Netlink {
+    socket: Socket,
+    seq: u32,
+}
+
+impl Netlink {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn new() -> Result<Self> {
+        let proto = |msg: String| NetlinkError::Protocol {
+            op: "opening a netlink socket".into(),
+            msg,
+        };
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| proto(e.to_string()))?;
+        socket.bind_auto().map_err(|e| proto(e.to_string()))?;
+        socket
+            .connect(&SocketAddr::new(0, 0))
+            .map_err(|e| proto(e.to_string()))?;
+        socket.set_ext_ack(true).ok();
+        Ok(Self { socket, seq: 1 })
+    }
+
+    /// Sends `msg` and collects the answers until ACK or DONE.
+    fn request(
+        &mut self,
+        op: &str,
+        msg: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | flags;
+        self.seq = self.seq.wrapping_add(1);
+        header.sequence_number = self.seq;
+        let mut nl = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+        nl.finalize();
+        let mut buf = vec![0u8; nl.buffer_len()];
+        nl.serialize(&mut buf);
+        let proto = |msg: String| NetlinkError::Protocol {
+            op: op.to_string(),
+            msg,
+        };
+        self.socket
+            .send(&buf, 0)
+            .map_err(|e| proto(format!("send: {e}")))?;
+
+        let mut out = Vec::new();
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        loop {
+            let (data, _) = self
+                .socket
+                .recv_from_full()
+                .map_err(|e| proto(format!("recv: {e}")))?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
+                    .map_err(|e| proto(format!("decode: {e}")))?;
+                let len = msg.header.length as usize;
+                if len == 0 {
+                    return Err(proto("zero-length message".into()));
+                }
+                offset += len;
+                if msg.header.sequence_number != self.seq {
+                    continue;
+                }
+                match msg.payload {
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) => {
+                        return match e.code {
+                            None => Ok(out),
+                            Some(code) => Err(NetlinkError::Kernel {
+                                op: op.to_string(),
+                                source: io::Error::from_raw_os_error(-code.get()),
+                            }),
+                        };
+                    }
+                    NetlinkPayload::InnerMessage(inner) => {
+                        out.push(inner);
+                        if !dump {
+                            // Non-dump GET answers with one message, no ACK.
+                            if flags & NLM_F_ACK == 0 {
+                                return Ok(out);
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Creates a veth pair: `host` here, `peer` directly inside the
+    /// namespace `peer_netns` (an open netns file), both with `mtu`.
+    pub fn create_veth(
+        &mut self,
+        host: &str,
+        peer: &str,
+        peer_netns: BorrowedFd<'_>,
+        mtu: u32,
+    ) -> Result<()> {
+        let mut peer_msg = LinkMessage::default();
+        peer_msg
+            .attributes
+            .push(LinkAttribute::IfName(peer.to_string()));
+        peer_msg.attributes.push(LinkAttribute::Mtu(mtu));
+        peer_msg
+            .attributes
+            .push(LinkAttribute::NetNsFd(peer_netns.as_raw_fd()));
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(host.to_string()));
+        msg.attributes.push(LinkAttribute::Mtu(mtu));
+        msg.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Veth),
+            LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
+        ]));
+        self.request(
+            &format!("creating veth {host} (peer {peer})"),
+            RouteNetlinkMessage::NewLink(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .map(drop)
+    }
+
+    /// The link named `name`, or `None`.
+    pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        match self.request(
+            &format!("looking up link {name}"),
+            RouteNetlinkMessage::GetLink(msg),
+            0,
+        ) {
+            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
+                _ => None,
+            })),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every link of the namespace.
+    pub fn links(&mut self) -> Result<Vec<Link>> {
+        let msgs = self.request(
+            "listing links",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        Ok(msgs
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    fn set_link(&mut self, op: &str, index: u32, f: impl FnOnce(&mut LinkMessage)) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        f(&mut msg);
+        self.request(op, RouteNetlinkMessage::SetLink(msg), NLM_F_ACK)
+            .map(drop)
+    }
+
+    /// Sets the link administratively up.
+    pub fn set_up(&mut self, index: u32) -> Result<()> {
+        self.set_link(&format!("setting link {index} up"), index, |m| {
+            m.header.flags = LinkFlags::Up;
+            m.header.change_mask = LinkFlags::Up;
+        })
+    }
+
+    /// Asks for `headroom` bytes of headroom through `IFLA_HEADROOM`.
+    pub fn set_headroom(&mut self, index: u32, headroom: u16) -> Result<()> {
+        self.set_link(&format!("setting headroom of link {index}"), index, |m| {
+            m.attributes
+                .push(LinkAttribute::Other(netlink_packet_core::DefaultNla::new(
+                    IFLA_HEADROOM,
+                    headroom.to_ne_bytes().to_vec(),
+                )));
+        })
+    }
+
+    /// Deletes the link; `Ok(false)` if it did not exist.
+    pub fn del_link(&mut self, index: u32) -> Result<bool> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        match self.request(
+            &format!("deleting link {index}"),
+            RouteNetlinkMessage::DelLink(msg),
+            NLM_F_ACK,
+        ) {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds `addr/prefix` to the link (IPv6 without DAD: the address is
+    /// unique by IPAM, and DAD would delay the pod's first packets).
+    pub fn add_address(&mut self, index: u32, addr: IpAddr, prefix: u8) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.index = index;
+        msg.header.prefix_len = prefix;
+        msg.header.family = family(addr);
+        msg.attributes.push(AddressAttribute::Local(addr));
+        msg.attributes.push(AddressAttribute::Address(addr));
+        if addr.is_ipv6() {
+            msg.attributes.push(AddressAttribute::Flags(
+                netlink_packet_route::address::AddressFlags::Nodad,
+            ));
+        }
+        self.request(
+            &format!("adding address {addr}/{prefix}"),
+            RouteNetlinkMessage::NewAddress(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .map(drop)
+    }
+
+    /// The addresses of link `index` as (address, prefix length).
+    pub fn addresses(&mut self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        let msgs = self.request(
+            "listing addresses",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for m in msgs {
+            if let RouteNetlinkMessage::NewAddress(a) = m {
+                if a.header.index != index {
+                    continue;
+                }
+                for attr in &a.attributes {
+                    if let AddressAttribute::Address(ip) = attr {
+                        out.push((*ip, a.header.prefix_len));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds a route to `dst/prefix` out of link `oif`, via `gateway` if any
+    /// (scope link when direct).
+    pub fn add_route(
+        &mut self,
+        dst: IpAddr,
+        prefix: u8,
+        gateway: Option<IpAddr>,
+        oif: u32,
+    ) -> Result<()> {
+        let mut msg = RouteMessage::default();
+        msg.header.address_family = family(dst);
+        msg.header.destination_prefix_length = prefix;
+        msg.header.table = libc::RT_TABLE_MAIN;
+        msg.header.protocol = RouteProtocol::Boot;
+        msg.header.kind = RouteType::Unicast;
+        msg.header.scope = if gateway.is_some() {
+            RouteScope::Universe
+        } else {
+            RouteScope::Link
+        };
+        if prefix > 0 {
+            msg.attributes
+                .push(RouteAttribute::Destination(route_addr(dst)));
+        }
+        if let Some(gw) = gateway {
+            msg.attributes.push(RouteAttribute::Gateway(route_addr(gw)));
+        }
+        msg.attributes.push(RouteAttribute::Oif(oif));
+        self.request(
+            &format!("adding route {dst}/{prefix} via {gateway:?} dev {oif}"),
+            RouteNetlinkMessage::NewRoute(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .map(drop)
+    }
+
+    /// The main-table routes out of link `oif`: (destination, prefix, gateway).
+    pub fn routes(&mut self, oif: u32, v6: bool) -> Result<Vec<(IpAddr, u8, Option<IpAddr>)>> {
+        let mut req = RouteMessage::default();
+        req.header.address_family = if v6 {
+            AddressFamily::Inet6
+        } else {
+            AddressFamily::Inet
+        };
+        let msgs = self.request(
+            "listing routes",
+            RouteNetlinkMessage::GetRoute(req),
+            NLM_F_DUMP,
+        )?;
+        let mut out = Vec::new();
+        for m in msgs {
+            let RouteNetlinkMessage::NewRoute(r) = m else {
+                continue;
+            };
+            if r.header.table != libc::RT_TABLE_MAIN {
+                continue;
+            }
+            let (mut dst, mut gw, mut dev) = (None, None, None);
+            for a in &r.attributes {
+                match a {
+                    RouteAttribute::Destination(d) => dst = ip_of(d),
+                    RouteAttribute::Gateway(g) => gw = ip_of(g),
+                    RouteAttribute::Oif(o) => dev = Some(*o),
+                    _ => {}
+                }
+            }
+            if dev != Some(oif) {
+                continue;
+            }
+            let dst = dst.unwrap_or(if v6 {
+                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+            });
+            out.push((dst, r.header.destination_prefix_length, gw));
+        }
+        Ok(out)
+    }
+
+    /// Adds a permanent neighbour entry `ip -> mac` on link `index`.
+    pub fn add_permanent_neighbour(&mut self, index: u32, ip: IpAddr, mac: [u8; 6]) -> Result<()> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = family(ip);
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.header.kind = RouteType::Unicast;
+        msg.attributes
+            .push(NeighbourAttribute::Destination(match ip {
+                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+            }));
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        self.request(
+            &format!("adding neighbour {ip}"),
+            RouteNetlinkMessage::NewNeighbour(msg),
+            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .map(drop)
+    }
+}
+
+fn family(ip: IpAddr) -> AddressFamily {
+    if ip.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    }
+}
+
+fn route_addr(ip: IpAddr) -> RouteAddress {
+    match ip {
+        IpAddr::V4(v4) => RouteAddress::Inet(v4),
+        IpAddr::V6(v6) => RouteAddress::Inet6(v6),
+    }
+}
+
+fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
+
+fn parse_link(l: &LinkMessage) -> Link {
+    let mut link = Link {
+        index: l.header.index,
+        name: String::new(),
+        mac: [0; 6],
+        mtu: 0,
+        up: l.header.flags.contains(LinkFlags::Up),
+        headroom: None,
+        kind: None,
+        peer_index: None,
+    };
+    for a in &l.attributes {
+        match a {
+            LinkAttribute::IfName(n) => link.name = n.clone(),
+            LinkAttribute::Address(m) if m.len() == 6 => link.mac.copy_from_slice(m),
+            LinkAttribute::Mtu(m) => link.mtu = *m,
+            LinkAttribute::Link(p) => link.peer_index = Some(*p),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Kind(k) = i {
+                        link.kind = Some(k.to_string());
+                    }
+                }
+            }
+            LinkAttribute::Other(nla) if nla.kind() == IFLA_HEADROOM => {
+                let mut val = vec![0u8; nla.value_len()];
+                nla.emit_value(&mut val);
+                if let [a, b, ..] = val[..] {
+                    link.headroom = Some(u16::from_ne_bytes([a, b]));
+                }
+            }
+            _ => {}
+        }
+    }
+    link
+}

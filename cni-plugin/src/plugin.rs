@@ -1,0 +1,729 @@
+//! The CNI commands.
+//!
+//! Gateway scheme: every pod routes through link-local gateways, 169.254.1.1
+//! and fe80::1, that no interface owns. The pod has a permanent neighbour
+//! entry mapping both to its host veth's MAC, so it never ARPs or solicits
+//! for them; the node has a /32 and /128 route per pod address on the host
+//! veth. The pod's addresses are /32 and /128: everything leaves through the
+//! gateway, which is where the XDP datapath (or kernel routing) picks it up.
+
+use std::{
+    fs::File,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::AsFd,
+    path::Path,
+};
+
+use serde_json::{json, Value};
+use xdpcni_ebpf::{
+    abi::{EndpointInfo, RedirectPolicy},
+    AttachMode, Datapath,
+};
+
+use crate::{
+    config::{parse_cpu_list, CniEnv, NetConf, XdpMode},
+    error::{Error, Result},
+    ethtool::{self, Offload},
+    ipam,
+    log::Log,
+    netlink::Netlink,
+    netns::in_netns,
+    state::{self, Record},
+    types::{self, Cidr, CniResult, Interface, IpConfig, Route},
+};
+
+/// IPv4 gateway of every pod.
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// IPv6 gateway of every pod.
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// cpumap queue size used when the plugin enables a CPU.
+const CPUMAP_QUEUE: u32 = 2048;
+
+fn gateway(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(GATEWAY_V4),
+        IpAddr::V6(_) => IpAddr::V6(GATEWAY_V6),
+    }
+}
+
+fn host_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() {
+        32
+    } else {
+        128
+    }
+}
+
+fn fmt_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Fails with an injected error when `XDPCNI_TEST_FAIL_AFTER` names `step`:
+/// lets the tests prove that ADD undoes every earlier step.
+fn fail_point(step: &str) -> Result<()> {
+    match std::env::var("XDPCNI_TEST_FAIL_AFTER") {
+        Ok(s) if s == step => Err(Error::Injected(step.into())),
+        _ => Ok(()),
+    }
+}
+
+fn write_sysctl(path: &str, value: &str) -> Result<()> {
+    std::fs::write(path, value).map_err(|e| Error::io(format!("writing {path}"), e))
+}
+
+/// What ADD has done so far, for the undo.
+#[derive(Default)]
+struct Progress {
+    ipam: bool,
+    host_ifindex: Option<u32>,
+    endpoints: Vec<IpAddr>,
+    tx_port: bool,
+    attached: bool,
+    record: bool,
+}
+
+/// The mode and offloads the pod ends up with.
+fn pod_offloads(ifname: &str, mode: XdpMode) -> Result<()> {
+    let set = |o, on| {
+        ethtool::set(ifname, o, on).map_err(|e| Error::io(format!("ethtool {o:?} on {ifname}"), e))
+    };
+    // Always GRO: a veth only receives redirected frames with GRO or XDP on it.
+    set(Offload::Gro, true)?;
+    match mode {
+        XdpMode::Xdp(AttachMode::Native) => set(Offload::TxChecksum, false),
+        XdpMode::Xdp(AttachMode::Generic) => {
+            set(Offload::TxChecksum, true)?;
+            set(Offload::Tso, false)
+        }
+        XdpMode::Off => {
+            set(Offload::TxChecksum, true)?;
+            set(Offload::Tso, true)
+        }
+    }
+}
+
+fn online_cpus() -> u64 {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| parse_cpu_list(s.trim()).ok())
+        .unwrap_or(1)
+}
+
+/// ADD.
+pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
+    let netns = env.netns.clone().ok_or(Error::InvalidEnv {
+        var: "CNI_NETNS",
+        why: "not set".into(),
+    })?;
+    if !netns.exists() {
+        return Err(Error::ContainerUnknown(format!(
+            "network namespace {} does not exist",
+            netns.display()
+        )));
+    }
+    let host_name = state::host_veth_name(&env.container_id, &env.ifname);
+    let mut nl = Netlink::new()?;
+    if nl.link_by_name(&host_name)?.is_some() {
+        return Err(Error::HostInterfaceExists(host_name));
+    }
+    let ifname = env.ifname.clone();
+    in_netns(&netns, || {
+        if Netlink::new()?.link_by_name(&ifname)?.is_some() {
+            return Err(Error::InterfaceExists(ifname.clone()));
+        }
+        Ok(())
+    })?;
+
+    let mut progress = Progress::default();
+    match add_steps(conf, env, log, &netns, &host_name, &mut nl, &mut progress) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            log.warn(&format!("ADD failed, undoing: {e}"));
+            if let Err(undo) = undo_add(conf, env, &host_name, &mut nl, &progress) {
+                log.warn(&format!("undo incomplete: {undo}"));
+            }
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn add_steps(
+    conf: &NetConf,
+    env: &CniEnv,
+    log: &Log,
+    netns: &Path,
+    host_name: &str,
+    nl: &mut Netlink,
+    progress: &mut Progress,
+) -> Result<Value> {
+    let ipam_result = ipam::exec(conf, env, "ADD", &env.container_id, &env.ifname)?
+        .ok_or_else(|| Error::Decode("IPAM ADD returned nothing".into()))?;
+    progress.ipam = true;
+    fail_point("ipam")?;
+    let ips: Vec<IpAddr> = ipam_result.ips.iter().map(|c| c.address.ip).collect();
+
+    let ns_file = File::open(netns)
+        .map_err(|e| Error::ContainerUnknown(format!("opening {}: {e}", netns.display())))?;
+    nl.create_veth(host_name, &env.ifname, ns_file.as_fd(), conf.mtu)?;
+    let host = nl
+        .link_by_name(host_name)?
+        .ok_or_else(|| Error::TryAgain(format!("{host_name} vanished after creation")))?;
+    progress.host_ifindex = Some(host.index);
+    fail_point("veth")?;
+
+    // No DAD on the host veth's link-local: the node must solicit the pod's
+    // IPv6 address right away.
+    let _ = write_sysctl(
+        &format!("/proc/sys/net/ipv6/conf/{host_name}/accept_dad"),
+        "0",
+    );
+    nl.set_up(host.index)?;
+    // Headroom: veth has no attribute for it; ask anyway, then report what
+    // the kernel says it has (IFLA_HEADROOM).
+    if let Err(e) = nl.set_headroom(host.index, conf.headroom) {
+        log.info(&format!(
+            "kernel refused IFLA_HEADROOM={} on {host_name}: {e}",
+            conf.headroom
+        ));
+    }
+    let headroom_effective = nl.link_by_name(host_name)?.and_then(|l| l.headroom);
+    log.info(&format!(
+        "{host_name}: headroom requested {}, effective {:?}",
+        conf.headroom, headroom_effective
+    ));
+
+    let want_mode = if conf.datapath_present() {
+        conf.xdp_mode
+    } else {
+        XdpMode::Off
+    };
+    let ifname = env.ifname.clone();
+    let host_mac = host.mac;
+    let pod_mac = in_netns(netns, || -> Result<[u8; 6]> {
+        let mut pnl = Netlink::new()?;
+        let pod = pnl
+            .link_by_name(&ifname)?
+            .ok_or_else(|| Error::TryAgain(format!("{ifname} missing in the pod")))?;
+        for ip in &ips {
+            pnl.add_address(pod.index, *ip, host_prefix(*ip))?;
+        }
+        pnl.set_up(pod.index)?;
+        for ip in &ips {
+            let gw = gateway(*ip);
+            pnl.add_permanent_neighbour(pod.index, gw, host_mac)?;
+            if ip.is_ipv4() {
+                pnl.add_route(gw, 32, None, pod.index)?;
+            }
+            let any = if ip.is_ipv4() {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            };
+            pnl.add_route(any, 0, Some(gw), pod.index)?;
+        }
+        pod_offloads(&ifname, want_mode)?;
+        Ok(pod.mac)
+    })?;
+    fail_point("pod")?;
+
+    for ip in &ips {
+        nl.add_route(*ip, host_prefix(*ip), None, host.index)?;
+    }
+    if ips.iter().any(IpAddr::is_ipv4) {
+        write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")?;
+    }
+    if ips.iter().any(IpAddr::is_ipv6) {
+        write_sysctl("/proc/sys/net/ipv6/conf/all/forwarding", "1")?;
+    }
+    fail_point("routes")?;
+
+    let mode = if conf.datapath_present() {
+        register(
+            conf,
+            log,
+            netns,
+            &env.ifname,
+            &ips,
+            &host,
+            pod_mac,
+            progress,
+        )?
+    } else {
+        log.info("datapath not pinned: kernel routing only");
+        "none".to_string()
+    };
+    fail_point("datapath")?;
+
+    let rec = Record {
+        container_id: env.container_id.clone(),
+        ifname: env.ifname.clone(),
+        netns: netns.display().to_string(),
+        host_veth: host_name.to_string(),
+        host_ifindex: host.index,
+        host_mac: fmt_mac(&host.mac),
+        pod_mac: fmt_mac(&pod_mac),
+        ips: ips.clone(),
+        mtu: conf.mtu,
+        headroom_requested: conf.headroom,
+        headroom_effective,
+        xdp_mode: mode,
+        redirect: match conf.redirect {
+            RedirectPolicy::Devmap => "devmap".into(),
+            RedirectPolicy::Cpumap => "cpumap".into(),
+        },
+        pod_namespace: env
+            .args
+            .get("K8S_POD_NAMESPACE")
+            .cloned()
+            .unwrap_or_default(),
+        pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
+    };
+    state::save(&conf.state_dir, &rec)?;
+    progress.record = true;
+
+    let result = CniResult {
+        interfaces: vec![
+            Interface {
+                name: host_name.to_string(),
+                mac: fmt_mac(&host.mac),
+                mtu: Some(conf.mtu),
+                sandbox: String::new(),
+            },
+            Interface {
+                name: env.ifname.clone(),
+                mac: fmt_mac(&pod_mac),
+                mtu: Some(conf.mtu),
+                sandbox: netns.display().to_string(),
+            },
+        ],
+        ips: ips
+            .iter()
+            .map(|ip| IpConfig {
+                address: Cidr {
+                    ip: *ip,
+                    prefix: host_prefix(*ip),
+                },
+                gateway: Some(gateway(*ip)),
+                interface: Some(1),
+            })
+            .collect(),
+        routes: default_routes(&ips),
+        dns: ipam_result.dns,
+    };
+    Ok(result.to_json(&conf.cni_version))
+}
+
+fn default_routes(ips: &[IpAddr]) -> Vec<Route> {
+    let mut routes = Vec::new();
+    if ips.iter().any(IpAddr::is_ipv4) {
+        routes.push(Route {
+            dst: Cidr {
+                ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                prefix: 0,
+            },
+            gw: Some(IpAddr::V4(GATEWAY_V4)),
+        });
+    }
+    if ips.iter().any(IpAddr::is_ipv6) {
+        routes.push(Route {
+            dst: Cidr {
+                ip: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+                prefix: 0,
+            },
+            gw: Some(IpAddr::V6(GATEWAY_V6)),
+        });
+    }
+    routes
+}
+
+/// Registers the pod in the datapath and attaches it in the configured mode,
+/// falling back native -> generic -> off when the kernel refuses. Returns the
+/// mode attached.
+#[allow(clippy::too_many_arguments)]
+fn register(
+    conf: &NetConf,
+    log: &Log,
+    netns: &Path,
+    ifname: &str,
+    ips: &[IpAddr],
+    host: &crate::netlink::Link,
+    pod_mac: [u8; 6],
+    progress: &mut Progress,
+) -> Result<String> {
+    let mut dp = Datapath::open_existing(&conf.pin_dir)?;
+    let cpu_mask = match conf.cpu_mask {
+        0 => online_cpus(),
+        m => m,
+    };
+    let info = EndpointInfo {
+        ifindex: host.index,
+        pod_mac,
+        host_mac: host.mac,
+        flags: 0,
+        redirect: conf.redirect.as_raw(),
+        mtu: conf.mtu,
+        pad: 0,
+        cpu_mask,
+    };
+    for ip in ips {
+        dp.maps_mut().upsert_endpoint(*ip, &info)?;
+        progress.endpoints.push(*ip);
+    }
+    dp.maps_mut().add_tx_port(host.index)?;
+    progress.tx_port = true;
+    if conf.redirect == RedirectPolicy::Cpumap {
+        for cpu in (0..xdpcni_ebpf::abi::MAX_CPUS).filter(|c| cpu_mask & (1 << c) != 0) {
+            if dp.maps().cpu_queue_size(cpu)?.is_none() {
+                dp.enable_cpu(cpu, CPUMAP_QUEUE)?;
+            }
+        }
+    }
+    let XdpMode::Xdp(first) = conf.xdp_mode else {
+        return Ok("off".into());
+    };
+    let tries: &[AttachMode] = match first {
+        AttachMode::Native => &[AttachMode::Native, AttachMode::Generic],
+        AttachMode::Generic => &[AttachMode::Generic],
+    };
+    for &mode in tries {
+        match dp.attach(host.index, mode) {
+            Ok(_) => {
+                progress.attached = true;
+                if mode != first {
+                    let ifname = ifname.to_string();
+                    in_netns(netns, || pod_offloads(&ifname, XdpMode::Xdp(mode)))?;
+                }
+                return Ok(mode.as_str().into());
+            }
+            Err(e) => log.warn(&format!("{mode} XDP refused on {}: {e}", host.name)),
+        }
+    }
+    let ifname = ifname.to_string();
+    in_netns(netns, || pod_offloads(&ifname, XdpMode::Off))?;
+    log.warn(&format!(
+        "{}: no XDP mode accepted, kernel routing only",
+        host.name
+    ));
+    Ok("off".into())
+}
+
+fn undo_add(
+    conf: &NetConf,
+    env: &CniEnv,
+    host_name: &str,
+    nl: &mut Netlink,
+    p: &Progress,
+) -> Result<()> {
+    let mut errors = Vec::new();
+    if p.record {
+        if let Err(e) = state::remove(&conf.state_dir, &env.container_id, &env.ifname) {
+            errors.push(e);
+        }
+    }
+    if let Some(index) = p.host_ifindex {
+        if p.attached || p.tx_port || !p.endpoints.is_empty() {
+            match Datapath::open_existing(&conf.pin_dir) {
+                Ok(mut dp) => {
+                    if let Err(e) = forget_endpoint(&mut dp, index, &p.endpoints) {
+                        errors.push(e);
+                    }
+                }
+                Err(e) => errors.push(e.into()),
+            }
+        }
+    }
+    match nl.link_by_name(host_name) {
+        Ok(Some(l)) => {
+            if let Err(e) = nl.del_link(l.index) {
+                errors.push(e.into());
+            }
+        }
+        Ok(None) => {}
+        Err(e) => errors.push(e.into()),
+    }
+    if p.ipam {
+        if let Err(e) = ipam::exec(conf, env, "DEL", &env.container_id, &env.ifname) {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Many(errors))
+    }
+}
+
+/// Removes what the datapath knows of an endpoint on `ifindex`: its link,
+/// devmap entry, counters, and the addresses still pointing at `ifindex`
+/// (an address already handed to another pod is left alone).
+fn forget_endpoint(dp: &mut Datapath, ifindex: u32, ips: &[IpAddr]) -> Result<()> {
+    dp.detach(ifindex)?;
+    for ip in ips {
+        if dp
+            .maps()
+            .endpoint(*ip)?
+            .is_some_and(|e| e.ifindex == ifindex)
+        {
+            dp.maps_mut().remove_endpoint(*ip)?;
+        }
+    }
+    dp.maps_mut().remove_tx_port(ifindex)?;
+    dp.maps_mut().remove_counters(ifindex)?;
+    Ok(())
+}
+
+/// DEL: removes whatever is left of the attachment; succeeds when nothing is.
+pub fn del(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
+    let rec = match state::load(&conf.state_dir, &env.container_id, &env.ifname) {
+        Ok(r) => r,
+        Err(e) => {
+            log.warn(&format!("unreadable record, going on without it: {e}"));
+            None
+        }
+    };
+    cleanup(conf, env, &env.container_id, &env.ifname, rec.as_ref(), log)
+}
+
+fn cleanup(
+    conf: &NetConf,
+    env: &CniEnv,
+    container_id: &str,
+    ifname: &str,
+    rec: Option<&Record>,
+    log: &Log,
+) -> Result<()> {
+    let mut errors = Vec::new();
+    let host_name = rec.map_or_else(
+        || state::host_veth_name(container_id, ifname),
+        |r| r.host_veth.clone(),
+    );
+    let mut ips: Vec<IpAddr> = rec.map(|r| r.ips.clone()).unwrap_or_default();
+    if let Some(prev) = &conf.prev_result {
+        for c in &prev.ips {
+            if !ips.contains(&c.address.ip) {
+                ips.push(c.address.ip);
+            }
+        }
+    }
+    let mut nl = Netlink::new()?;
+    let link = nl.link_by_name(&host_name)?;
+    let ifindex = link
+        .as_ref()
+        .map(|l| l.index)
+        .or(rec.map(|r| r.host_ifindex));
+
+    if conf.datapath_present() {
+        if let Some(index) = ifindex {
+            match Datapath::open_existing(&conf.pin_dir) {
+                Ok(mut dp) => {
+                    if let Err(e) = forget_endpoint(&mut dp, index, &ips) {
+                        errors.push(e);
+                    }
+                }
+                Err(e) => errors.push(e.into()),
+            }
+        }
+    }
+    if let Some(l) = link {
+        match nl.del_link(l.index) {
+            Ok(_) => log.info(&format!("deleted {host_name}")),
+            Err(e) => errors.push(e.into()),
+        }
+    }
+    if !conf.ipam_type.is_empty() {
+        if let Err(e) = ipam::exec(conf, env, "DEL", container_id, ifname) {
+            errors.push(e);
+        }
+    }
+    if let Err(e) = state::remove(&conf.state_dir, container_id, ifname) {
+        errors.push(e);
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Many(errors))
+    }
+}
+
+/// CHECK: the pod's interface, addresses, routes and endpoint record still
+/// match prevResult.
+pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
+    if types::version_tuple(&conf.cni_version) < (0, 4, 0) {
+        return Err(Error::IncompatibleVersion(format!(
+            "CHECK needs cniVersion 0.4.0 or later, got {}",
+            conf.cni_version
+        )));
+    }
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| Error::config("prevResult", "CHECK needs a prevResult"))?;
+    let netns = env.netns.clone().ok_or(Error::InvalidEnv {
+        var: "CNI_NETNS",
+        why: "not set".into(),
+    })?;
+    if !netns.exists() {
+        return Err(Error::ContainerUnknown(format!(
+            "network namespace {} does not exist",
+            netns.display()
+        )));
+    }
+    let bad = |s: String| Err(Error::CheckFailed(s));
+    let want: Vec<IpAddr> = prev.ips.iter().map(|c| c.address.ip).collect();
+    let ifname = env.ifname.clone();
+    let mtu = conf.mtu;
+    in_netns(&netns, || -> Result<()> {
+        let mut nl = Netlink::new()?;
+        let Some(pod) = nl.link_by_name(&ifname)? else {
+            return bad(format!("{ifname} is missing in the pod"));
+        };
+        if !pod.up {
+            return bad(format!("{ifname} is down"));
+        }
+        if pod.mtu != mtu {
+            return bad(format!("{ifname} MTU {} != {mtu}", pod.mtu));
+        }
+        let have = nl.addresses(pod.index)?;
+        for ip in &want {
+            if !have.iter().any(|(a, _)| a == ip) {
+                return bad(format!("{ifname} lacks {ip}"));
+            }
+        }
+        for ip in &want {
+            let routes = nl.routes(pod.index, ip.is_ipv6())?;
+            let gw = gateway(*ip);
+            if !routes.iter().any(|(_, p, g)| *p == 0 && *g == Some(gw)) {
+                return bad(format!("no default route via {gw} on {ifname}"));
+            }
+        }
+        if !ethtool::get(&ifname, Offload::Gro).unwrap_or(false) {
+            return bad(format!("GRO is off on {ifname}"));
+        }
+        Ok(())
+    })?;
+    let host_name = state::load(&conf.state_dir, &env.container_id, &env.ifname)?.map_or_else(
+        || state::host_veth_name(&env.container_id, &env.ifname),
+        |r| r.host_veth,
+    );
+    let mut nl = Netlink::new()?;
+    let Some(host) = nl.link_by_name(&host_name)? else {
+        return bad(format!("host veth {host_name} is missing"));
+    };
+    if !host.up {
+        return bad(format!("host veth {host_name} is down"));
+    }
+    if conf.datapath_present() {
+        let dp = xdpcni_ebpf::Maps::open_pinned(&conf.pin_dir)?;
+        for ip in &want {
+            match dp.endpoint(*ip)? {
+                Some(e) if e.ifindex == host.index => {}
+                Some(e) => {
+                    return bad(format!(
+                        "endpoint {ip} points at ifindex {}, not {}",
+                        e.ifindex, host.index
+                    ))
+                }
+                None => return bad(format!("no endpoint record for {ip}")),
+            }
+        }
+        if !dp.has_tx_port(host.index)? {
+            return bad(format!("{host_name} is not a redirect target"));
+        }
+    }
+    ipam::exec(conf, env, "CHECK", &env.container_id, &env.ifname)?;
+    Ok(())
+}
+
+/// GC: removes attachments not in `cni.dev/valid-attachments`.
+pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
+    if types::version_tuple(&conf.cni_version) < (1, 1, 0) {
+        return Err(Error::IncompatibleVersion(format!(
+            "GC needs cniVersion 1.1.0, got {}",
+            conf.cni_version
+        )));
+    }
+    let valid = conf
+        .valid_attachments
+        .as_ref()
+        .ok_or_else(|| Error::config("cni.dev/valid-attachments", "missing"))?;
+    let mut errors = Vec::new();
+    for rec in state::list(&conf.state_dir)? {
+        if valid
+            .iter()
+            .any(|(id, ifn)| *id == rec.container_id && *ifn == rec.ifname)
+        {
+            continue;
+        }
+        log.info(&format!(
+            "GC: removing stale attachment {} {}",
+            rec.container_id, rec.ifname
+        ));
+        let mut env = env.clone();
+        env.netns = None;
+        env.container_id = rec.container_id.clone();
+        env.ifname = rec.ifname.clone();
+        if let Err(e) = cleanup(conf, &env, &rec.container_id, &rec.ifname, Some(&rec), log) {
+            errors.push(e);
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Many(errors))
+    }
+}
+
+/// STATUS: unavailable while the datapath is not pinned or the agent not ready.
+pub fn status(conf: &NetConf) -> Result<()> {
+    if types::version_tuple(&conf.cni_version) < (1, 1, 0) {
+        return Err(Error::IncompatibleVersion(format!(
+            "STATUS needs cniVersion 1.1.0, got {}",
+            conf.cni_version
+        )));
+    }
+    if !conf.datapath_present() {
+        return Err(Error::Unavailable(format!(
+            "the XDP datapath is not pinned at {}",
+            conf.pin_dir.display()
+        )));
+    }
+    if let Some(ready) = &conf.agent_ready_file {
+        if !ready.exists() {
+            return Err(Error::Unavailable(format!(
+                "the node agent is not ready ({} missing)",
+                ready.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// VERSION.
+pub fn version(stdin: &[u8]) -> Value {
+    let asked = serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .filter(|v| types::supported(v))
+        .unwrap_or_else(|| types::LATEST.to_string());
+    json!({ "cniVersion": asked, "supportedVersions": types::SUPPORTED_VERSIONS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_answers_the_asked_version_when_supported() {
+        assert_eq!(version(br#"{"cniVersion":"0.4.0"}"#)["cniVersion"], "0.4.0");
+        assert_eq!(version(br#"{"cniVersion":"7.0.0"}"#)["cniVersion"], "1.1.0");
+        assert_eq!(version(b"")["supportedVersions"][0], "0.3.0");
+    }
+}

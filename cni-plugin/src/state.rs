@@ -1,0 +1,140 @@
+//! One record per attachment (container ID + interface) under the state
+//! directory: what ADD built, so DEL, CHECK and GC know what to undo or check
+//! even when the runtime sends no prevResult, and so the node agent can map
+//! host veths to pods.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What ADD built for one attachment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// CNI_CONTAINERID.
+    pub container_id: String,
+    /// CNI_IFNAME.
+    pub ifname: String,
+    /// CNI_NETNS at ADD.
+    pub netns: String,
+    /// Host-side veth.
+    pub host_veth: String,
+    /// Its ifindex (in the host namespace).
+    pub host_ifindex: u32,
+    /// Its MAC.
+    pub host_mac: String,
+    /// The pod interface's MAC.
+    pub pod_mac: String,
+    /// The pod's addresses.
+    pub ips: Vec<IpAddr>,
+    /// MTU of both ends.
+    pub mtu: u32,
+    /// Headroom asked for.
+    pub headroom_requested: u16,
+    /// Headroom the kernel reports on the host veth (`IFLA_HEADROOM`), if any.
+    pub headroom_effective: Option<u16>,
+    /// XDP mode attached (`native`, `generic`, `off`), or `none` without a datapath.
+    pub xdp_mode: String,
+    /// Redirect policy registered.
+    pub redirect: String,
+    /// K8S_POD_NAMESPACE, when the runtime gave it.
+    #[serde(default)]
+    pub pod_namespace: String,
+    /// K8S_POD_NAME, when the runtime gave it.
+    #[serde(default)]
+    pub pod_name: String,
+}
+
+/// The record file of an attachment.
+pub fn path(dir: &Path, container_id: &str, ifname: &str) -> PathBuf {
+    dir.join(format!("{container_id}_{ifname}.json"))
+}
+
+/// Writes a record atomically (temporary file, then rename).
+pub fn save(dir: &Path, rec: &Record) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    let final_path = path(dir, &rec.container_id, &rec.ifname);
+    let tmp = final_path.with_extension(format!("tmp{}", std::process::id()));
+    let bytes = serde_json::to_vec_pretty(rec).map_err(|e| Error::Decode(e.to_string()))?;
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io(format!("writing {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, &final_path)
+        .map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))
+}
+
+/// Loads the record of an attachment, if there is one.
+pub fn load(dir: &Path, container_id: &str, ifname: &str) -> Result<Option<Record>> {
+    let p = path(dir, container_id, ifname);
+    match std::fs::read(&p) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Decode(format!("{}: {e}", p.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(format!("reading {}", p.display()), e)),
+    }
+}
+
+/// Removes the record of an attachment; fine if there is none.
+pub fn remove(dir: &Path, container_id: &str, ifname: &str) -> Result<()> {
+    let p = path(dir, container_id, ifname);
+    match std::fs::remove_file(&p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("removing {}", p.display()), e)),
+    }
+}
+
+/// Every record in `dir` (unreadable files are skipped, not fatal).
+pub fn list(dir: &Path) -> Result<Vec<Record>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let p = entry.path();
+        if p.extension().is_some_and(|e| e == "json") {
+            if let Ok(bytes) = std::fs::read(&p) {
+                if let Ok(rec) = serde_json::from_slice(&bytes) {
+                    out.push(rec);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The host veth name of an attachment: `xdp` + 12 hex digits of a 64-bit
+/// FNV-1a hash of container ID and interface (15 bytes, the kernel's limit).
+pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in container_id.bytes().chain([0]).chain(ifname.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("xdp{:012x}", h >> 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_veth_names_are_stable_short_and_distinct() {
+        let a = host_veth_name("abc", "eth0");
+        assert_eq!(a, host_veth_name("abc", "eth0"));
+        assert_eq!(a.len(), 15);
+        assert_ne!(a, host_veth_name("abc", "eth1"));
+        assert_ne!(a, host_veth_name("abd", "eth0"));
+        let names: std::collections::HashSet<_> = (0..10_000)
+            .map(|i| host_veth_name(&format!("{i:064x}"), "eth0"))
+            .collect();
+        assert_eq!(names.len(), 10_000);
+    }
+}
