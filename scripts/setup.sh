@@ -10,7 +10,7 @@ fi
 
 packages=(
 	clang llvm clang-format libbpf-dev linux-libc-dev libc6-dev gcc # BPF build
-	iproute2 ethtool iputils-ping procps                          # datapath tests
+	iproute2 ethtool iputils-ping procps iptables netcat-openbsd  # datapath and CNI tests
 	iperf3 containernetworking-plugins                            # benchmark, baseline CNI
 )
 missing=()

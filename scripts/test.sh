@@ -10,6 +10,8 @@ echo "== clang-format"
 clang-format --dry-run --Werror ebpf/src/*.c ebpf/include/*.h ebpf/build/*.c
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo build (the e2e tests exec the real xdpcni binary)"
+cargo build --workspace --bins --locked
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -11,11 +11,15 @@ use serde_json::Value;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
-    types::CniResult,
+    types::{self, CniResult},
 };
 
 /// Runs the IPAM plugin with `command` for (`container_id`, `ifname`).
 /// Returns its parsed result for ADD, `None` otherwise.
+///
+/// When the plugin does not speak our cniVersion (Debian's host-local 1.1.1
+/// stops at 1.0.0), asks it for its versions and delegates with the newest
+/// one both sides speak: the IPAM exchange is internal to this plugin.
 pub fn exec(
     conf: &NetConf,
     env: &CniEnv,
@@ -23,6 +27,49 @@ pub fn exec(
     container_id: &str,
     ifname: &str,
 ) -> Result<Option<CniResult>> {
+    match exec_version(conf, env, command, container_id, ifname, &conf.raw) {
+        Err(Error::Ipam { code: 1, .. }) => {
+            let ours = types::version_tuple(&conf.cni_version);
+            let theirs = exec_version(conf, env, "VERSION", container_id, ifname, &conf.raw)
+                .ok()
+                .flatten()
+                .map(|r| r.versions)
+                .unwrap_or_default();
+            let common = types::SUPPORTED_VERSIONS
+                .iter()
+                .rev()
+                .find(|v| types::version_tuple(v) <= ours && theirs.iter().any(|t| t == *v))
+                .ok_or_else(|| {
+                    Error::config(
+                        "ipam.type",
+                        format!(
+                            "{} speaks no CNI version we do (it speaks {theirs:?})",
+                            conf.ipam_type
+                        ),
+                    )
+                })?;
+            let mut raw = conf.raw.clone();
+            raw["cniVersion"] = Value::from(*common);
+            exec_version(conf, env, command, container_id, ifname, &raw)
+                .map(|r| r.map(|r| r.result))
+        }
+        other => other.map(|r| r.map(|r| r.result)),
+    }
+}
+
+struct Answer {
+    result: CniResult,
+    versions: Vec<String>,
+}
+
+fn exec_version(
+    conf: &NetConf,
+    env: &CniEnv,
+    command: &str,
+    container_id: &str,
+    ifname: &str,
+    raw: &Value,
+) -> Result<Option<Answer>> {
     if conf.ipam_type.is_empty() {
         return Err(Error::config(
             "ipam",
@@ -70,7 +117,7 @@ pub fn exec(
         .spawn()
         .map_err(|e| Error::io(format!("running IPAM plugin {}", plugin.display()), e))?;
     if let Some(mut stdin) = child.stdin.take() {
-        let bytes = serde_json::to_vec(&conf.raw).map_err(|e| Error::Decode(e.to_string()))?;
+        let bytes = serde_json::to_vec(raw).map_err(|e| Error::Decode(e.to_string()))?;
         stdin
             .write_all(&bytes)
             .map_err(|e| Error::io("writing to the IPAM plugin", e))?;
@@ -105,6 +152,21 @@ pub fn exec(
             ),
         });
     }
+    if command == "VERSION" {
+        let versions = stdout
+            .get("supportedVersions")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Ok(Some(Answer {
+            result: CniResult::default(),
+            versions,
+        }));
+    }
     if command != "ADD" {
         return Ok(None);
     }
@@ -122,5 +184,8 @@ pub fn exec(
             details: stdout.to_string(),
         });
     }
-    Ok(Some(result))
+    Ok(Some(Answer {
+        result,
+        versions: Vec::new(),
+    }))
 }

@@ -3,6 +3,7 @@
 //! Drop (even when a test panics), a way to run code inside a namespace, and
 //! hand-built packets.
 
+pub mod cni;
 pub mod netns;
 pub mod packet;
 pub mod testrun;

@@ -1,0 +1,291 @@
+//! Driving the real `xdpcni` binary the way a container runtime does: the
+//! network config on stdin, CNI_* in the environment, inside the node's
+//! network namespace (only the network namespace, so bpffs stays visible),
+//! with Debian's reference plugins (host-local, portmap, bandwidth) in
+//! CNI_PATH. Also a conflist runner that chains plugins as libcni does.
+
+use std::{
+    io::Write,
+    net::IpAddr,
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::netns::{unique_name, Netns};
+
+/// Where Debian's containernetworking-plugins live.
+pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+
+/// The `xdpcni` binary of this build (`target/<profile>/xdpcni`).
+pub fn plugin_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/deps/<test> or target/<profile>/<bin>
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join("xdpcni");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "the xdpcni binary is not built next to {} (run `cargo build -p xdpcni-plugin` first; scripts/test.sh does)",
+        exe.display()
+    )
+}
+
+/// What one plugin call printed and returned.
+#[derive(Debug)]
+pub struct CniOutput {
+    /// Exit status.
+    pub status: i32,
+    /// stdout as JSON (Null when empty).
+    pub json: Value,
+    /// stderr.
+    pub stderr: String,
+}
+
+impl CniOutput {
+    /// The CNI error code, when the call failed.
+    pub fn code(&self) -> Option<u64> {
+        (self.status != 0).then(|| self.json["code"].as_u64().unwrap_or(0))
+    }
+}
+
+/// A directory removed on Drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// `/tmp/<unique>`.
+    pub fn new(prefix: &str) -> Result<Self> {
+        let p = std::env::temp_dir().join(unique_name(prefix));
+        std::fs::create_dir_all(&p)?;
+        Ok(Self(p))
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One invocation of a plugin.
+#[derive(Clone, Debug)]
+pub struct Call<'a> {
+    /// CNI_COMMAND.
+    pub command: &'a str,
+    /// CNI_CONTAINERID.
+    pub container_id: &'a str,
+    /// CNI_NETNS (None: unset).
+    pub netns: Option<&'a Path>,
+    /// CNI_IFNAME.
+    pub ifname: &'a str,
+    /// CNI_ARGS.
+    pub args: &'a str,
+    /// Extra environment (e.g. XDPCNI_TEST_FAIL_AFTER), or variables to drop
+    /// (value `None`).
+    pub env: Vec<(&'a str, Option<&'a str>)>,
+}
+
+impl<'a> Call<'a> {
+    /// A call for a pod.
+    pub fn new(command: &'a str, container_id: &'a str, netns: Option<&'a Path>) -> Self {
+        Self {
+            command,
+            container_id,
+            netns,
+            ifname: "eth0",
+            args: "IgnoreUnknown=1",
+            env: Vec::new(),
+        }
+    }
+}
+
+/// Runs `plugin` with `conf` on stdin inside `node`'s network namespace.
+pub fn exec(
+    plugin: &Path,
+    cni_path: &str,
+    node: &Netns,
+    conf: &Value,
+    call: &Call<'_>,
+) -> Result<CniOutput> {
+    exec_raw(plugin, cni_path, node, conf.to_string().as_bytes(), call)
+}
+
+/// [`exec`] with raw stdin bytes.
+pub fn exec_raw(
+    plugin: &Path,
+    cni_path: &str,
+    node: &Netns,
+    stdin: &[u8],
+    call: &Call<'_>,
+) -> Result<CniOutput> {
+    let ns = std::fs::File::open(node.path())?;
+    let mut cmd = Command::new(plugin);
+    cmd.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", call.command)
+        .env("CNI_CONTAINERID", call.container_id)
+        .env("CNI_IFNAME", call.ifname)
+        .env("CNI_ARGS", call.args)
+        .env("CNI_PATH", cni_path);
+    if let Some(n) = call.netns {
+        cmd.env("CNI_NETNS", n);
+    }
+    for (k, v) in &call.env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let fd = ns.as_raw_fd();
+    // SAFETY: setns(2) is async-signal-safe; the fd stays open until spawn
+    // returns because `ns` lives until the end of this function.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning {}", plugin.display()))?;
+    child.stdin.take().context("stdin")?.write_all(stdin)?;
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("stdout is not JSON: {text}"))?
+    };
+    Ok(CniOutput {
+        status: out.status.code().unwrap_or(-1),
+        json,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// A test network: a node namespace, xdpcni + reference plugins in CNI_PATH,
+/// host-local with a private data directory, a private state directory and
+/// log file, and the datapath pin directory to use (present or not).
+#[derive(Debug)]
+pub struct Network {
+    /// The node ("host") namespace where the plugin runs.
+    pub node: Netns,
+    /// Temporary files: IPAM data, plugin state, log.
+    pub dir: TempDir,
+    /// The xdpcni binary.
+    pub plugin: PathBuf,
+    /// CNI_PATH.
+    pub cni_path: String,
+    /// The config given to xdpcni.
+    pub conf: Value,
+}
+
+impl Network {
+    /// A network with IPv4 `v4` and IPv6 `v6` ranges (host-local syntax),
+    /// datapath pins at `pin_dir`.
+    pub fn new(pin_dir: &Path, version: &str, ranges: Value) -> Result<Self> {
+        let node = Netns::new("xn")?;
+        // An address for "the host" that pods can reach.
+        node.ip(&["addr", "add", "10.99.0.1/32", "dev", "lo"])?;
+        node.ip(&["-6", "addr", "add", "fd99::1/128", "dev", "lo"])?;
+        let dir = TempDir::new("xdpcni-test-")?;
+        let plugin = plugin_binary()?;
+        let cni_path = format!(
+            "{}:{REFERENCE_PLUGINS}",
+            plugin.parent().context("plugin dir")?.display()
+        );
+        let conf = json!({
+            "cniVersion": version,
+            "name": "xdpcni-test",
+            "type": "xdpcni",
+            "mtu": 1500,
+            "pinDir": pin_dir,
+            "stateDir": dir.path().join("state"),
+            "logFile": dir.path().join("xdpcni.log"),
+            "ipam": {
+                "type": "host-local",
+                "dataDir": dir.path().join("ipam"),
+                "ranges": ranges,
+            },
+        });
+        Ok(Self {
+            node,
+            dir,
+            plugin,
+            cni_path,
+            conf,
+        })
+    }
+
+    /// Dual-stack ranges: 10.78.0.0/24 and fd78::/64.
+    pub fn dual_stack() -> Value {
+        json!([[{"subnet": "10.78.0.0/24"}], [{"subnet": "fd78::/64"}]])
+    }
+
+    /// Runs xdpcni with this network's config (plus `patch` merged at top level).
+    pub fn call(&self, call: &Call<'_>, patch: &Value) -> Result<CniOutput> {
+        let mut conf = self.conf.clone();
+        if let (Some(c), Some(p)) = (conf.as_object_mut(), patch.as_object()) {
+            for (k, v) in p {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        exec(&self.plugin, &self.cni_path, &self.node, &conf, call)
+    }
+
+    /// The IPs host-local has allocated (files named by address).
+    pub fn allocated_ips(&self) -> Vec<IpAddr> {
+        let dir = self.dir.path().join("ipam").join("xdpcni-test");
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Attachment records left in the state directory.
+    pub fn records(&self) -> usize {
+        std::fs::read_dir(self.dir.path().join("state"))
+            .map(|rd| rd.flatten().count())
+            .unwrap_or(0)
+    }
+
+    /// Host veths the plugin made (`xdp` + 12 hex digits) still in the node.
+    pub fn host_veths(&self) -> Result<Vec<String>> {
+        let out = self.node.ip(&["-j", "link", "show"])?;
+        let v: Value = serde_json::from_str(&out)?;
+        Ok(v.as_array()
+            .map(|links| {
+                links
+                    .iter()
+                    .filter_map(|l| l["ifname"].as_str())
+                    .filter(|n| n.starts_with("xdp") && n.len() == 15)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The plugin's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("xdpcni.log")).unwrap_or_default()
+    }
+}

@@ -1,0 +1,644 @@
+//! The real `xdpcni` binary driven exactly as a runtime drives it (stdin +
+//! CNI_* env, inside the node namespace), with Debian's host-local as IPAM
+//! and Debian's portmap and bandwidth chained after it.
+//! Needs root, bpffs at /sys/fs/bpf and containernetworking-plugins.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use std::{collections::HashSet, net::IpAddr, path::Path};
+
+use serde_json::{json, Value};
+use xdpcni_e2e::{
+    cni::{exec, Call, Network, REFERENCE_PLUGINS},
+    in_netns,
+    netns::Netns,
+    traffic::{ping, tcp_transfer},
+    PinDir,
+};
+use xdpcni_ebpf::{abi::Verdict, Datapath, Maps};
+
+const VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+
+/// Loads the datapath into `pins` from inside the node namespace.
+fn load_datapath(net: &Network, pins: &PinDir) {
+    in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+}
+
+fn result_ips(result: &Value) -> Vec<IpAddr> {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ip| {
+            let a = ip["address"].as_str().unwrap();
+            a.split('/').next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+fn v4(ips: &[IpAddr]) -> IpAddr {
+    *ips.iter().find(|i| i.is_ipv4()).unwrap()
+}
+
+fn v6(ips: &[IpAddr]) -> IpAddr {
+    *ips.iter().find(|i| i.is_ipv6()).unwrap()
+}
+
+/// Asserts what ADD must have built inside the pod.
+fn assert_pod(pod: &Netns, ips: &[IpAddr], mtu: u64) {
+    let link = pod.link_json("eth0").expect("eth0 in the pod");
+    assert_eq!(link["mtu"].as_u64(), Some(mtu));
+    assert!(link["flags"].as_array().unwrap().iter().any(|f| f == "UP"));
+    let addrs = pod.ip(&["-j", "addr", "show", "dev", "eth0"]).unwrap();
+    for ip in ips {
+        assert!(
+            addrs.contains(&format!("\"local\":\"{ip}\"")),
+            "{ip} on eth0: {addrs}"
+        );
+    }
+    let r4 = pod.ip(&["-j", "route", "show", "default"]).unwrap();
+    assert!(r4.contains("\"gateway\":\"169.254.1.1\""), "{r4}");
+    let r6 = pod.ip(&["-6", "-j", "route", "show", "default"]).unwrap();
+    assert!(r6.contains("\"gateway\":\"fe80::1\""), "{r6}");
+    let neigh = pod.ip(&["neigh", "show", "169.254.1.1"]).unwrap();
+    assert!(neigh.contains("PERMANENT"), "{neigh}");
+    assert_eq!(
+        pod.offload("eth0", "generic-receive-offload").unwrap(),
+        "on"
+    );
+}
+
+/// Nothing of the attachment is left: veth, IPs, records, endpoints, links.
+fn assert_nothing_left(net: &Network, pins: Option<&PinDir>, ips: &[IpAddr]) {
+    assert_eq!(
+        net.host_veths().unwrap(),
+        Vec::<String>::new(),
+        "host veths left"
+    );
+    assert_eq!(
+        net.allocated_ips(),
+        Vec::<IpAddr>::new(),
+        "IPs left allocated"
+    );
+    assert_eq!(net.records(), 0, "records left");
+    if let Some(pins) = pins {
+        let maps = Maps::open_pinned(pins.path()).unwrap();
+        for ip in ips {
+            assert!(maps.endpoint(*ip).unwrap().is_none(), "endpoint {ip} left");
+        }
+        let links = std::fs::read_dir(pins.path().join("links"))
+            .unwrap()
+            .count();
+        assert_eq!(links, 0, "link pins left");
+    }
+}
+
+#[test]
+fn lifecycle_in_every_spec_version() {
+    for version in VERSIONS {
+        let pins = PinDir::new("xc").unwrap();
+        let net = Network::new(pins.path(), version, Network::dual_stack()).unwrap();
+        load_datapath(&net, &pins);
+        let (pa, pb) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
+        let (ida, idb) = (format!("a{version}"), format!("b{version}"));
+        let ida = ida.replace('.', "");
+        let idb = idb.replace('.', "");
+
+        let add_a = net
+            .call(&Call::new("ADD", &ida, Some(&pa.path())), &json!({}))
+            .unwrap();
+        assert_eq!(
+            add_a.status,
+            0,
+            "{version} ADD: {:?} {}",
+            add_a.json,
+            net.log()
+        );
+        let add_b = net
+            .call(&Call::new("ADD", &idb, Some(&pb.path())), &json!({}))
+            .unwrap();
+        assert_eq!(add_b.status, 0, "{version} ADD b: {:?}", add_b.json);
+        let res = &add_a.json;
+        assert_eq!(res["cniVersion"], *version);
+        let old = version.starts_with("0.");
+        assert_eq!(
+            res["ips"][0].get("version").is_some(),
+            old,
+            "{version}: ips[].version"
+        );
+        assert_eq!(res["interfaces"][1]["name"], "eth0");
+        assert_eq!(
+            res["interfaces"][1]["sandbox"],
+            pa.path().display().to_string()
+        );
+        let (ips_a, ips_b) = (result_ips(res), result_ips(&add_b.json));
+        assert_eq!(ips_a.len(), 2, "dual stack");
+        assert_pod(&pa, &ips_a, 1500);
+        assert_pod(&pb, &ips_b, 1500);
+
+        // The endpoint record points at the host veth of the result.
+        let host = res["interfaces"][0]["name"].as_str().unwrap();
+        let host_idx = net.node.ifindex(host).unwrap();
+        let maps = Maps::open_pinned(pins.path()).unwrap();
+        for ip in &ips_a {
+            let ep = maps.endpoint(*ip).unwrap().expect("endpoint record");
+            assert_eq!(ep.ifindex, host_idx);
+            assert_eq!(ep.mtu, 1500);
+        }
+        let (mode, _) = net.node.xdp_attached(host).unwrap().expect("XDP attached");
+        assert_eq!(mode, "xdp", "native by default");
+
+        // Pod to pod over the fast path, pod to host through the kernel.
+        for to in [v4(&ips_b), v6(&ips_b)] {
+            ping(&pa, to, 3).unwrap();
+        }
+        ping(&pa, "10.99.0.1".parse().unwrap(), 2).unwrap();
+        ping(&pa, "fd99::1".parse().unwrap(), 2).unwrap();
+        tcp_transfer(&pa, &pb, v4(&ips_b), 1 << 20).unwrap();
+        let c = maps.counters(host_idx).unwrap();
+        assert!(c.packets(Verdict::RedirectDevmap) >= 6, "{version}: {c:?}");
+        assert!(
+            c.packets(Verdict::PassNoEndpoint) >= 4,
+            "pod-to-host went to the kernel"
+        );
+
+        if *version != "0.3.0" && *version != "0.3.1" {
+            let pa_path = pa.path();
+            let check = Call::new("CHECK", &ida, Some(&pa_path));
+            let out = net.call(&check, &json!({ "prevResult": res })).unwrap();
+            assert_eq!(out.status, 0, "{version} CHECK: {:?}", out.json);
+            // CHECK notices a missing address.
+            pa.ip(&["addr", "del", &format!("{}/32", v4(&ips_a)), "dev", "eth0"])
+                .unwrap();
+            let out = net.call(&check, &json!({ "prevResult": res })).unwrap();
+            assert_eq!(out.code(), Some(104), "{:?}", out.json);
+        } else {
+            let out = net
+                .call(
+                    &Call::new("CHECK", &ida, Some(&pa.path())),
+                    &json!({ "prevResult": res }),
+                )
+                .unwrap();
+            assert_eq!(out.code(), Some(1), "CHECK is not in {version}");
+        }
+
+        for (id, ns, res) in [(&ida, &pa, &add_a.json), (&idb, &pb, &add_b.json)] {
+            let del = net
+                .call(
+                    &Call::new("DEL", id, Some(&ns.path())),
+                    &json!({ "prevResult": res }),
+                )
+                .unwrap();
+            assert_eq!(del.status, 0, "{version} DEL: {:?}", del.json);
+            let again = net
+                .call(&Call::new("DEL", id, Some(&ns.path())), &json!({}))
+                .unwrap();
+            assert_eq!(again.status, 0, "{version} second DEL: {:?}", again.json);
+            // As runtimes do after removing the sandbox: no netns at all.
+            let gone = net.call(&Call::new("DEL", id, None), &json!({})).unwrap();
+            assert_eq!(
+                gone.status, 0,
+                "{version} DEL without netns: {:?}",
+                gone.json
+            );
+        }
+        let all: Vec<IpAddr> = ips_a.iter().chain(&ips_b).copied().collect();
+        assert_nothing_left(&net, Some(&pins), &all);
+    }
+}
+
+#[test]
+fn without_the_datapath_kernel_routing_works() {
+    let pins = PinDir::new("xc").unwrap(); // never loaded
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    let (pa, pb) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
+    let a = net
+        .call(&Call::new("ADD", "ka", Some(&pa.path())), &json!({}))
+        .unwrap();
+    let b = net
+        .call(&Call::new("ADD", "kb", Some(&pb.path())), &json!({}))
+        .unwrap();
+    assert_eq!((a.status, b.status), (0, 0), "{:?} {:?}", a.json, b.json);
+    let host = a.json["interfaces"][0]["name"].as_str().unwrap();
+    assert!(
+        net.node.xdp_attached(host).unwrap().is_none(),
+        "no datapath, no XDP"
+    );
+    assert_eq!(net.node.sysctl_get("net.ipv4.ip_forward").unwrap(), "1");
+    let ips_b = result_ips(&b.json);
+    ping(&pa, v4(&ips_b), 2).unwrap();
+    ping(&pa, v6(&ips_b), 2).unwrap();
+    tcp_transfer(&pa, &pb, v6(&ips_b), 1 << 20).unwrap();
+    let status = net
+        .call(&Call::new("STATUS", "", None), &json!({}))
+        .unwrap();
+    assert_eq!(status.code(), Some(50), "STATUS: datapath not pinned");
+    for (id, ns) in [("ka", &pa), ("kb", &pb)] {
+        let d = net
+            .call(&Call::new("DEL", id, Some(&ns.path())), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0, "{:?}", d.json);
+    }
+    assert_nothing_left(&net, None, &[]);
+}
+
+#[test]
+fn status_follows_the_datapath_and_the_agent() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    let status = |patch: &Value| net.call(&Call::new("STATUS", "", None), patch).unwrap();
+    assert_eq!(status(&json!({})).code(), Some(50));
+    load_datapath(&net, &pins);
+    let ok = status(&json!({}));
+    assert_eq!((ok.status, ok.json.clone()), (0, Value::Null));
+    let ready = net.dir.path().join("agent-ready");
+    let with_agent = json!({ "agentReadyFile": ready });
+    let out = status(&with_agent);
+    assert_eq!(out.code(), Some(50));
+    assert!(
+        out.json["msg"].as_str().unwrap().contains("agent"),
+        "{:?}",
+        out.json
+    );
+    std::fs::write(&ready, "").unwrap();
+    assert_eq!(status(&with_agent).status, 0);
+    let old = status(&json!({ "cniVersion": "1.0.0" }));
+    assert_eq!(old.code(), Some(1), "STATUS is 1.1.0 only");
+    let v = net
+        .call(&Call::new("VERSION", "", None), &json!({}))
+        .unwrap();
+    assert_eq!(v.json["supportedVersions"], json!(VERSIONS));
+}
+
+#[test]
+fn bad_input_gets_the_right_code_and_leaks_nothing() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    let pod = Netns::new("xp").unwrap();
+    let pod_path = pod.path();
+    let add = || Call::new("ADD", "bad", Some(&pod_path));
+
+    // Malformed JSON.
+    let out =
+        xdpcni_e2e::cni::exec_raw(&net.plugin, &net.cni_path, &net.node, b"{nope", &add()).unwrap();
+    assert_eq!(out.code(), Some(6), "{:?}", out.json);
+    // Missing CNI_* variables.
+    for var in [
+        "CNI_COMMAND",
+        "CNI_CONTAINERID",
+        "CNI_NETNS",
+        "CNI_IFNAME",
+        "CNI_PATH",
+    ] {
+        let mut c = add();
+        c.env.push((var, None));
+        if var == "CNI_NETNS" {
+            c.netns = None;
+        }
+        if var == "CNI_CONTAINERID" {
+            c.container_id = "";
+        }
+        let out = if var == "CNI_PATH" || var == "CNI_COMMAND" {
+            // exec() always sets them: run with them emptied instead.
+            let mut c = add();
+            c.env.push((var, Some("")));
+            net.call(&c, &json!({})).unwrap()
+        } else {
+            net.call(&c, &json!({})).unwrap()
+        };
+        assert_eq!(out.code(), Some(4), "{var}: {:?}", out.json);
+        assert!(
+            out.json["msg"].as_str().unwrap().contains(var),
+            "{:?}",
+            out.json
+        );
+    }
+    // Unknown cniVersion.
+    let out = net.call(&add(), &json!({ "cniVersion": "0.9.9" })).unwrap();
+    assert_eq!(out.code(), Some(1));
+    // Invalid values name their field.
+    let out = net.call(&add(), &json!({ "mtu": 5 })).unwrap();
+    assert_eq!(out.code(), Some(7));
+    assert!(out.json["msg"].as_str().unwrap().contains("mtu"));
+    // Missing IPAM plugin.
+    let mut conf = net.conf.clone();
+    conf["ipam"]["type"] = json!("no-such-ipam");
+    let out = exec(&net.plugin, &net.cni_path, &net.node, &conf, &add()).unwrap();
+    assert_eq!(out.code(), Some(7), "{:?}", out.json);
+    assert!(out.json["msg"].as_str().unwrap().contains("no-such-ipam"));
+    // Nonexistent netns.
+    let missing = Path::new("/var/run/netns/xdpcni-no-such-netns");
+    let out = net
+        .call(&Call::new("ADD", "bad", Some(missing)), &json!({}))
+        .unwrap();
+    assert_eq!(out.code(), Some(3), "{:?}", out.json);
+    // Interface name already taken in the pod.
+    pod.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ])
+    .unwrap();
+    let out = net.call(&add(), &json!({})).unwrap();
+    assert_eq!(out.code(), Some(101), "{:?}", out.json);
+    pod.ip(&["link", "del", "eth0"]).unwrap();
+    assert_nothing_left(&net, Some(&pins), &[]);
+
+    // A failure injected after each step undoes everything before it.
+    for step in ["ipam", "veth", "pod", "routes", "datapath"] {
+        let mut c = add();
+        c.env.push(("XDPCNI_TEST_FAIL_AFTER", Some(step)));
+        let out = net.call(&c, &json!({})).unwrap();
+        assert_eq!(out.code(), Some(100), "{step}: {:?}", out.json);
+        assert!(out.json["msg"].as_str().unwrap().contains(step));
+        assert_nothing_left(&net, Some(&pins), &[]);
+        assert!(
+            pod.link_json("eth0").is_err(),
+            "{step}: eth0 left in the pod"
+        );
+    }
+    // And then the same pod comes up fine.
+    let out = net.call(&add(), &json!({})).unwrap();
+    assert_eq!(out.status, 0, "{:?}", out.json);
+    let d = net
+        .call(&Call::new("DEL", "bad", Some(&pod_path)), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0);
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
+
+#[test]
+fn an_exhausted_range_fails_cleanly() {
+    let pins = PinDir::new("xc").unwrap();
+    let ranges =
+        json!([[{"subnet": "10.79.0.0/24", "rangeStart": "10.79.0.10", "rangeEnd": "10.79.0.10"}]]);
+    let net = Network::new(pins.path(), "1.1.0", ranges).unwrap();
+    load_datapath(&net, &pins);
+    let (p1, p2) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
+    let first = net
+        .call(&Call::new("ADD", "e1", Some(&p1.path())), &json!({}))
+        .unwrap();
+    assert_eq!(first.status, 0, "{:?}", first.json);
+    let second = net
+        .call(&Call::new("ADD", "e2", Some(&p2.path())), &json!({}))
+        .unwrap();
+    assert_ne!(second.status, 0);
+    let msg = second.json["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("IPAM") && msg.contains("no IP addresses available"),
+        "{msg}"
+    );
+    // The first pod is untouched, the second left nothing.
+    assert_eq!(net.host_veths().unwrap().len(), 1);
+    assert_eq!(
+        net.allocated_ips(),
+        vec!["10.79.0.10".parse::<IpAddr>().unwrap()]
+    );
+    assert!(p2.link_json("eth0").is_err());
+    let d = net
+        .call(&Call::new("DEL", "e1", Some(&p1.path())), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0);
+    let d = net
+        .call(&Call::new("DEL", "e2", Some(&p2.path())), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0, "DEL of a pod that never came up succeeds");
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
+
+#[test]
+fn fifty_concurrent_adds_then_dels() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    let pods: Vec<Netns> = (0..50).map(|_| Netns::new("xp").unwrap()).collect();
+    let ids: Vec<String> = (0..50).map(|i| format!("conc{i}")).collect();
+    let results: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .zip(&ids)
+            .map(|(p, id)| {
+                let net = &net;
+                s.spawn(move || {
+                    let out = net
+                        .call(&Call::new("ADD", id, Some(&p.path())), &json!({}))
+                        .unwrap();
+                    assert_eq!(out.status, 0, "{id}: {:?}", out.json);
+                    out.json
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let all: Vec<IpAddr> = results.iter().flat_map(result_ips).collect();
+    let distinct: HashSet<_> = all.iter().collect();
+    assert_eq!(all.len(), 100, "two addresses per pod");
+    assert_eq!(distinct.len(), 100, "distinct addresses");
+    assert_eq!(net.host_veths().unwrap().len(), 50);
+    // Spot-check: the first pod reaches the last one.
+    ping(&pods[0], v4(&result_ips(&results[49])), 1).unwrap();
+    std::thread::scope(|s| {
+        for (p, id) in pods.iter().zip(&ids) {
+            let net = &net;
+            s.spawn(move || {
+                let out = net
+                    .call(&Call::new("DEL", id, Some(&p.path())), &json!({}))
+                    .unwrap();
+                assert_eq!(out.status, 0, "{id}: {:?}", out.json);
+            });
+        }
+    });
+    assert_nothing_left(&net, Some(&pins), &all);
+}
+
+#[test]
+fn gc_removes_attachments_that_are_not_valid() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    let pods: Vec<Netns> = (0..3).map(|_| Netns::new("xp").unwrap()).collect();
+    let mut ips = Vec::new();
+    for (i, p) in pods.iter().enumerate() {
+        let out = net
+            .call(
+                &Call::new("ADD", &format!("gc{i}"), Some(&p.path())),
+                &json!({}),
+            )
+            .unwrap();
+        assert_eq!(out.status, 0);
+        ips.push(result_ips(&out.json));
+    }
+    let gc = net
+        .call(
+            &Call::new("GC", "", None),
+            &json!({ "cni.dev/valid-attachments": [{"containerID": "gc0", "ifname": "eth0"}] }),
+        )
+        .unwrap();
+    assert_eq!(gc.status, 0, "{:?}", gc.json);
+    assert_eq!(
+        net.host_veths().unwrap().len(),
+        1,
+        "only gc0's veth is left"
+    );
+    assert_eq!(net.records(), 1);
+    let mut left = net.allocated_ips();
+    left.sort();
+    let mut want = ips[0].clone();
+    want.sort();
+    assert_eq!(left, want, "only gc0's addresses stay allocated");
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    assert!(maps.endpoint(ips[1][0]).unwrap().is_none());
+    assert!(maps.endpoint(ips[0][0]).unwrap().is_some());
+    ping(&pods[0], "10.99.0.1".parse().unwrap(), 1).unwrap();
+    let missing = net.call(&Call::new("GC", "", None), &json!({})).unwrap();
+    assert_eq!(
+        missing.code(),
+        Some(7),
+        "GC without valid-attachments is refused"
+    );
+    let d = net
+        .call(&Call::new("DEL", "gc0", Some(&pods[0].path())), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0);
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
+
+/// Runs a conflist's plugins in order for ADD (each gets the previous
+/// result) and in reverse for DEL, as libcni does.
+fn conflist(net: &Network, plugins: &[Value], call: &Call<'_>, runtime: &Value) -> Value {
+    let order: Vec<&Value> = if call.command == "DEL" {
+        plugins.iter().rev().collect()
+    } else {
+        plugins.iter().collect()
+    };
+    let mut prev = Value::Null;
+    for p in order {
+        let mut conf = p.clone();
+        // Debian's portmap and bandwidth (1.1.1) speak up to 1.0.0.
+        conf["cniVersion"] = json!("1.0.0");
+        conf["name"] = json!("xdpcni-test");
+        conf["runtimeConfig"] = runtime.clone();
+        if !prev.is_null() {
+            conf["prevResult"] = prev.clone();
+        }
+        let ty = conf["type"].as_str().unwrap().to_string();
+        let bin = if ty == "xdpcni" {
+            net.plugin.clone()
+        } else {
+            Path::new(REFERENCE_PLUGINS).join(&ty)
+        };
+        let out = exec(&bin, &net.cni_path, &net.node, &conf, call).unwrap();
+        assert_eq!(
+            out.status, 0,
+            "{} {ty}: {:?} {}",
+            call.command, out.json, out.stderr
+        );
+        if call.command == "ADD" {
+            prev = out.json;
+        }
+    }
+    prev
+}
+
+#[test]
+fn chained_with_portmap_and_bandwidth() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    // A client outside the node, on a link to it: 192.0.2.1 (node) - .2 (client).
+    let client = Netns::new("xq").unwrap();
+    let link = xdpcni_e2e::unique_name("xk");
+    net.node
+        .ip(&[
+            "link",
+            "add",
+            &link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "up0",
+            "netns",
+            client.name(),
+        ])
+        .unwrap();
+    net.node
+        .ip(&["addr", "add", "192.0.2.1/24", "dev", &link])
+        .unwrap();
+    net.node.ip(&["link", "set", &link, "up"]).unwrap();
+    client
+        .ip(&["addr", "add", "192.0.2.2/24", "dev", "up0"])
+        .unwrap();
+    client.ip(&["link", "set", "up0", "up"]).unwrap();
+
+    let pod = Netns::new("xp").unwrap();
+    let mut xdpcni = net.conf.clone();
+    xdpcni.as_object_mut().unwrap().remove("cniVersion");
+    let plugins = vec![
+        xdpcni,
+        json!({ "type": "portmap", "capabilities": { "portMappings": true } }),
+        json!({ "type": "bandwidth", "ingressRate": 100_000_000, "ingressBurst": 1_000_000 }),
+    ];
+    let runtime = json!({ "portMappings": [{ "hostPort": 18080, "containerPort": 8080, "protocol": "tcp" }] });
+    let pod_path = pod.path();
+    let call = Call::new("ADD", "chain", Some(&pod_path));
+    let result = conflist(&net, &plugins, &call, &runtime);
+    let pod_ip = v4(&result_ips(&result));
+    let host = result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // bandwidth shaped traffic to the pod on its host veth.
+    let qdisc = net
+        .node
+        .exec(&["tc", "qdisc", "show", "dev", &host])
+        .unwrap();
+    assert!(
+        qdisc.contains("tbf"),
+        "bandwidth's qdisc on {host}: {qdisc}"
+    );
+    // portmap: client -> node:18080 is DNATed to pod:8080; the pod's replies
+    // come from a NAT'd port and must go through the kernel to be un-NATed.
+    let server = std::thread::spawn({
+        let pod_name = pod.name().to_string();
+        move || {
+            let out = std::process::Command::new("ip")
+                .args(["netns", "exec", &pod_name, "timeout", "10", "sh", "-c"])
+                .arg(format!(
+                    "echo hello-from-pod | {} -l {pod_ip} 8080",
+                    "/bin/nc.openbsd -N"
+                ))
+                .output();
+            out.map(|o| o.status.success())
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let got = client
+        .exec(&[
+            "timeout",
+            "5",
+            "/bin/nc.openbsd",
+            "-N",
+            "192.0.2.1",
+            "18080",
+        ])
+        .unwrap_or_default();
+    let _ = server.join();
+    assert!(got.contains("hello-from-pod"), "hostPort forward: {got:?}");
+    // Pod to pod is still fast-pathed with the chain in place.
+    let pod2 = Netns::new("xp").unwrap();
+    let r2 = net
+        .call(&Call::new("ADD", "chain2", Some(&pod2.path())), &json!({}))
+        .unwrap();
+    assert_eq!(r2.status, 0);
+    ping(&pod2, pod_ip, 2).unwrap();
+
+    let del = Call::new("DEL", "chain", Some(&pod_path));
+    conflist(&net, &plugins, &del, &runtime);
+    let d2 = net
+        .call(&Call::new("DEL", "chain2", Some(&pod2.path())), &json!({}))
+        .unwrap();
+    assert_eq!(d2.status, 0);
+    let nat = net.node.exec(&["iptables-save", "-t", "nat"]).unwrap();
+    assert!(!nat.contains("18080"), "portmap rules removed: {nat}");
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
