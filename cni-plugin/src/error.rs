@@ -162,6 +162,15 @@ impl Error {
         }
     }
 
+    /// `Ok` for no errors, the error itself for one, `Many` for several.
+    pub(crate) fn from_list(mut errors: Vec<Error>) -> Result<()> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Self::Many(errors)),
+        }
+    }
+
     pub(crate) fn io(op: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             op: op.into(),

@@ -17,9 +17,10 @@ use crate::{
 /// Runs the IPAM plugin with `command` for (`container_id`, `ifname`).
 /// Returns its parsed result for ADD, `None` otherwise.
 ///
-/// When the plugin does not speak our cniVersion (Debian's host-local 1.1.1
-/// stops at 1.0.0), asks it for its versions and delegates with the newest
-/// one both sides speak: the IPAM exchange is internal to this plugin.
+/// For cniVersion 1.1.0, which IPAM plugins may not speak yet (Debian's
+/// host-local 1.1.1 stops at 1.0.0), asks the plugin's VERSION first and
+/// delegates with the newest version both sides speak: the IPAM exchange is
+/// internal to this plugin.
 pub fn exec(
     conf: &NetConf,
     env: &CniEnv,
@@ -27,34 +28,32 @@ pub fn exec(
     container_id: &str,
     ifname: &str,
 ) -> Result<Option<CniResult>> {
-    match exec_version(conf, env, command, container_id, ifname, &conf.raw) {
-        Err(Error::Ipam { code: 1, .. }) => {
-            let ours = types::version_tuple(&conf.cni_version);
-            let theirs = exec_version(conf, env, "VERSION", container_id, ifname, &conf.raw)
-                .ok()
-                .flatten()
-                .map(|r| r.versions)
-                .unwrap_or_default();
-            let common = types::SUPPORTED_VERSIONS
-                .iter()
-                .rev()
-                .find(|v| types::version_tuple(v) <= ours && theirs.iter().any(|t| t == *v))
-                .ok_or_else(|| {
-                    Error::config(
-                        "ipam.type",
-                        format!(
-                            "{} speaks no CNI version we do (it speaks {theirs:?})",
-                            conf.ipam_type
-                        ),
-                    )
-                })?;
-            let mut raw = conf.raw.clone();
-            raw["cniVersion"] = Value::from(*common);
-            exec_version(conf, env, command, container_id, ifname, &raw)
-                .map(|r| r.map(|r| r.result))
-        }
-        other => other.map(|r| r.map(|r| r.result)),
+    // Versions up to 1.0.0 are spoken by every IPAM plugin we know; for newer
+    // ones ask first rather than fail and retry (one exec less on ADD).
+    if types::version_tuple(&conf.cni_version) <= (1, 0, 0) {
+        return exec_version(conf, env, command, container_id, ifname, &conf.raw)
+            .map(|r| r.map(|r| r.result));
     }
+    let theirs = exec_version(conf, env, "VERSION", container_id, ifname, &conf.raw)?
+        .map(|r| r.versions)
+        .unwrap_or_default();
+    let ours = types::version_tuple(&conf.cni_version);
+    let common = types::SUPPORTED_VERSIONS
+        .iter()
+        .rev()
+        .find(|v| types::version_tuple(v) <= ours && theirs.iter().any(|t| t == *v))
+        .ok_or_else(|| {
+            Error::config(
+                "ipam.type",
+                format!(
+                    "{} speaks no CNI version we do (it speaks {theirs:?})",
+                    conf.ipam_type
+                ),
+            )
+        })?;
+    let mut raw = conf.raw.clone();
+    raw["cniVersion"] = Value::from(*common);
+    exec_version(conf, env, command, container_id, ifname, &raw).map(|r| r.map(|r| r.result))
 }
 
 struct Answer {
@@ -118,9 +117,12 @@ fn exec_version(
         .map_err(|e| Error::io(format!("running IPAM plugin {}", plugin.display()), e))?;
     if let Some(mut stdin) = child.stdin.take() {
         let bytes = serde_json::to_vec(raw).map_err(|e| Error::Decode(e.to_string()))?;
-        stdin
-            .write_all(&bytes)
-            .map_err(|e| Error::io("writing to the IPAM plugin", e))?;
+        match stdin.write_all(&bytes) {
+            // A plugin may exit without reading stdin (VERSION): its exit
+            // status and output decide, not our write.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            other => other.map_err(|e| Error::io("writing to the IPAM plugin", e))?,
+        }
     }
     let out = child
         .wait_with_output()

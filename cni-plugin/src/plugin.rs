@@ -450,11 +450,7 @@ fn undo_add(
             errors.push(e);
         }
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Many(errors))
-    }
+    Error::from_list(errors)
 }
 
 /// Removes what the datapath knows of an endpoint on `ifindex`: its link,
@@ -542,11 +538,7 @@ fn cleanup(
     if let Err(e) = state::remove(&conf.state_dir, container_id, ifname) {
         errors.push(e);
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Many(errors))
-    }
+    Error::from_list(errors)
 }
 
 /// CHECK: the pod's interface, addresses, routes and endpoint record still
@@ -670,11 +662,7 @@ pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
             errors.push(e);
         }
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Many(errors))
-    }
+    Error::from_list(errors)
 }
 
 /// STATUS: unavailable while the datapath is not pinned or the agent not ready.
