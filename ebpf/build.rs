@@ -25,7 +25,12 @@ fn main() -> Result<()> {
     let include = manifest.join("include");
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".into());
 
-    for rel in ["include/xdpcni.h", "src/xdpcni.bpf.c", "build/layout.c"] {
+    for rel in [
+        "include/xdpcni.h",
+        "src/xdpcni.bpf.c",
+        "src/bench.bpf.c",
+        "build/layout.c",
+    ] {
         println!("cargo:rerun-if-changed={}", manifest.join(rel).display());
     }
     println!("cargo:rerun-if-env-changed=CLANG");
@@ -37,9 +42,14 @@ fn main() -> Result<()> {
 
     // The datapath, and a build of it that differs only in its instructions,
     // which the tests use to exercise an in-place upgrade.
-    for (name, defines) in [
-        ("xdpcni.bpf.o", &[][..]),
-        ("xdpcni-upgrade-test.bpf.o", &["-DXDPCNI_UPGRADE_TEST"][..]),
+    for (name, src, defines) in [
+        ("xdpcni.bpf.o", "src/xdpcni.bpf.c", &[][..]),
+        (
+            "xdpcni-upgrade-test.bpf.o",
+            "src/xdpcni.bpf.c",
+            &["-DXDPCNI_UPGRADE_TEST"][..],
+        ),
+        ("bench.bpf.o", "src/bench.bpf.c", &[][..]),
     ] {
         run(Command::new(&clang)
             .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
@@ -48,7 +58,7 @@ fn main() -> Result<()> {
             .arg(&include)
             .arg(format!("-I/usr/include/{multiarch}"))
             .arg("-c")
-            .arg(manifest.join("src/xdpcni.bpf.c"))
+            .arg(manifest.join(src))
             .arg("-o")
             .arg(out_dir.join(name)))?;
     }

@@ -24,6 +24,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# The benchmark's chart.
+if ! python3 -c 'import matplotlib' 2>/dev/null; then
+	python3 -m pip install --quiet --disable-pip-version-check matplotlib
+fi
+
 if ! command -v cargo >/dev/null; then
 	echo "setup.sh: cargo not found; install Rust 1.95 stable (rustup) first" >&2
 	exit 1

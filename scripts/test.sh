@@ -16,6 +16,10 @@ echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --workspace --locked 2>&1 | tee "$log"
+echo "== benchmark smoke test (checks every measurement runs, not the numbers)"
+target/debug/bench --quick --out target/bench-quick >/dev/null
+test -s target/bench-quick/bench.png
+echo "bench --quick: ok ($(grep -c '^| ' target/bench-quick/bench.md) table rows)"
 # One closing line over every test binary (cargo prints one per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

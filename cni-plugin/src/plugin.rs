@@ -114,16 +114,7 @@ fn online_cpus() -> u64 {
 
 /// ADD.
 pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
-    let netns = env.netns.clone().ok_or(Error::InvalidEnv {
-        var: "CNI_NETNS",
-        why: "not set".into(),
-    })?;
-    if !netns.exists() {
-        return Err(Error::ContainerUnknown(format!(
-            "network namespace {} does not exist",
-            netns.display()
-        )));
-    }
+    let netns = existing_netns(env)?;
     let host_name = state::host_veth_name(&env.container_id, &env.ifname);
     let mut nl = Netlink::new()?;
     if nl.link_by_name(&host_name)?.is_some() {
@@ -541,19 +532,20 @@ fn cleanup(
     Error::from_list(errors)
 }
 
-/// CHECK: the pod's interface, addresses, routes and endpoint record still
-/// match prevResult.
-pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
-    if types::version_tuple(&conf.cni_version) < (0, 4, 0) {
+/// Refuses `command` for a config older than `min` (CHECK came in 0.4.0,
+/// GC and STATUS in 1.1.0).
+fn require_version(conf: &NetConf, min: &str, command: &str) -> Result<()> {
+    if types::version_tuple(&conf.cni_version) < types::version_tuple(min) {
         return Err(Error::IncompatibleVersion(format!(
-            "CHECK needs cniVersion 0.4.0 or later, got {}",
+            "{command} needs cniVersion {min} or later, got {}",
             conf.cni_version
         )));
     }
-    let prev = conf
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| Error::config("prevResult", "CHECK needs a prevResult"))?;
+    Ok(())
+}
+
+/// CNI_NETNS, which must exist.
+fn existing_netns(env: &CniEnv) -> Result<std::path::PathBuf> {
     let netns = env.netns.clone().ok_or(Error::InvalidEnv {
         var: "CNI_NETNS",
         why: "not set".into(),
@@ -564,6 +556,18 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
             netns.display()
         )));
     }
+    Ok(netns)
+}
+
+/// CHECK: the pod's interface, addresses, routes and endpoint record still
+/// match prevResult.
+pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
+    require_version(conf, "0.4.0", "CHECK")?;
+    let prev = conf
+        .prev_result
+        .as_ref()
+        .ok_or_else(|| Error::config("prevResult", "CHECK needs a prevResult"))?;
+    let netns = existing_netns(env)?;
     let bad = |s: String| Err(Error::CheckFailed(s));
     let want: Vec<IpAddr> = prev.ips.iter().map(|c| c.address.ip).collect();
     let ifname = env.ifname.clone();
@@ -632,12 +636,7 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
 
 /// GC: removes attachments not in `cni.dev/valid-attachments`.
 pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
-    if types::version_tuple(&conf.cni_version) < (1, 1, 0) {
-        return Err(Error::IncompatibleVersion(format!(
-            "GC needs cniVersion 1.1.0, got {}",
-            conf.cni_version
-        )));
-    }
+    require_version(conf, "1.1.0", "GC")?;
     let valid = conf
         .valid_attachments
         .as_ref()
@@ -667,12 +666,7 @@ pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
 
 /// STATUS: unavailable while the datapath is not pinned or the agent not ready.
 pub fn status(conf: &NetConf) -> Result<()> {
-    if types::version_tuple(&conf.cni_version) < (1, 1, 0) {
-        return Err(Error::IncompatibleVersion(format!(
-            "STATUS needs cniVersion 1.1.0, got {}",
-            conf.cni_version
-        )));
-    }
+    require_version(conf, "1.1.0", "STATUS")?;
     if !conf.datapath_present() {
         return Err(Error::Unavailable(format!(
             "the XDP datapath is not pinned at {}",

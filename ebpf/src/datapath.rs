@@ -187,6 +187,19 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// `Ok(true)` if a map delete removed something, `Ok(false)` if the key was
+/// not there (aya reports that as KeyNotFound or as ENOENT).
+fn removed(result: std::result::Result<(), MapError>, op: impl FnOnce() -> String) -> Result<bool> {
+    match result {
+        Ok(()) => Ok(true),
+        Err(MapError::KeyNotFound) => Ok(false),
+        Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
+            Ok(false)
+        }
+        Err(e) => Err(Error::map(op(), e)),
+    }
+}
+
 fn is_full(e: &MapError) -> bool {
     matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
 }
@@ -285,14 +298,9 @@ impl Maps {
 
     /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
     pub fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
-        match self.endpoints.remove(&EndpointKey::from(addr)) {
-            Ok(()) => Ok(true),
-            Err(MapError::KeyNotFound) => Ok(false),
-            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(false)
-            }
-            Err(e) => Err(Error::map(format!("removing endpoint {addr}"), e)),
-        }
+        removed(self.endpoints.remove(&EndpointKey::from(addr)), || {
+            format!("removing endpoint {addr}")
+        })
     }
 
     /// The endpoint record of `addr`, if any.
@@ -328,14 +336,9 @@ impl Maps {
 
     /// Removes host veth `ifindex` from the redirect targets.
     pub fn remove_tx_port(&mut self, ifindex: u32) -> Result<bool> {
-        match self.tx_ports.remove(ifindex) {
-            Ok(()) => Ok(true),
-            Err(MapError::KeyNotFound) => Ok(false),
-            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(false)
-            }
-            Err(e) => Err(Error::map(format!("removing tx port {ifindex}"), e)),
-        }
+        removed(self.tx_ports.remove(ifindex), || {
+            format!("removing tx port {ifindex}")
+        })
     }
 
     /// Whether `ifindex` is a redirect target.
@@ -375,14 +378,9 @@ impl Maps {
 
     /// Undoes [`Maps::add_nat_port`].
     pub fn remove_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<bool> {
-        match self.nat_ports.remove(&nat_key(addr, proto, port)) {
-            Ok(()) => Ok(true),
-            Err(MapError::KeyNotFound) => Ok(false),
-            Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(false)
-            }
-            Err(e) => Err(Error::map(format!("removing NAT port {addr}/{port}"), e)),
-        }
+        removed(self.nat_ports.remove(&nat_key(addr, proto, port)), || {
+            format!("removing NAT port {addr}/{port}")
+        })
     }
 
     /// Counters of host veth `ifindex`.
@@ -417,12 +415,9 @@ impl Maps {
                 ifindex,
                 verdict: verdict as u32,
             };
-            match self.stats.remove(&key) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(MapError::SyscallError(s))
-                    if s.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(Error::map(format!("removing counters of {ifindex}"), e)),
-            }
+            removed(self.stats.remove(&key), || {
+                format!("removing counters of {ifindex}")
+            })?;
         }
         Ok(())
     }

@@ -29,3 +29,9 @@ pub static DATAPATH_OBJECT: &[u8] =
 #[doc(hidden)]
 pub static UPGRADE_TEST_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-upgrade-test.bpf.o"));
+
+/// A benchmark helper object (not the datapath): `xdp_drop_count` drops
+/// every frame and counts it in the per-CPU array `drop_count`.
+#[doc(hidden)]
+pub static BENCH_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench.bpf.o"));
