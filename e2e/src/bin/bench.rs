@@ -1,0 +1,759 @@
+//! The benchmark: each path (Debian's reference `ptp` plugin, xdpcni with
+//! kernel routing, and xdpcni in every XDP mode) gets its own node of
+//! namespaces whose pods are made by real CNI calls; every workload runs on
+//! every path, interleaved, several times; the table gives median and min-max
+//! with the ratio to the ptp baseline measured in the same run. Also writes
+//! every sample as JSON and a PNG chart (python3 + matplotlib).
+//!
+//! `cargo run --release -p xdpcni-e2e --bin bench [-- --quick] [--reps N]
+//! [--secs S] [--out DIR]` as root. `--quick` is the CI smoke test: it checks
+//! that every measurement runs, not the numbers.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr, UdpSocket},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, AtomicU16, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use serde::Serialize;
+use serde_json::{json, Value};
+use xdpcni_e2e::{
+    cni::{Call, Network, REFERENCE_PLUGINS},
+    in_netns,
+    netns::Netns,
+    PinDir,
+};
+use xdpcni_ebpf::{Datapath, Maps};
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(20000);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+/// Ctrl-C / SIGTERM end the run between measurements, through the normal
+/// error path, so every namespace and pin is removed by Drop.
+fn install_signal_handlers() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+fn check_interrupt() -> Result<()> {
+    ensure!(!INTERRUPTED.load(Ordering::Relaxed), "interrupted");
+    Ok(())
+}
+
+fn port() -> u16 {
+    NEXT_PORT.fetch_add(1, Ordering::Relaxed)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Ptp,
+    Xdpcni {
+        mode: &'static str,
+        redirect: &'static str,
+        headroom: u16,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PathSpec {
+    label: &'static str,
+    kind: Kind,
+}
+
+const fn xdp(label: &'static str, mode: &'static str, redirect: &'static str) -> PathSpec {
+    PathSpec {
+        label,
+        kind: Kind::Xdpcni {
+            mode,
+            redirect,
+            headroom: 256,
+        },
+    }
+}
+
+const PATHS: &[PathSpec] = &[
+    PathSpec {
+        label: "ptp (baseline)",
+        kind: Kind::Ptp,
+    },
+    xdp("xdpcni off", "off", "devmap"),
+    xdp("native devmap", "native", "devmap"),
+    xdp("native cpumap", "native", "cpumap"),
+    xdp("generic devmap", "generic", "devmap"),
+    xdp("generic cpumap", "generic", "cpumap"),
+];
+
+/// A node of two pods made through real CNI calls, torn down on Drop.
+struct Bench {
+    spec: PathSpec,
+    net: Network,
+    _pins: PinDir,
+    pods: Vec<Netns>,
+    ips: Vec<IpAddr>,
+    hosts: Vec<String>,
+    conf_patch: Value,
+}
+
+fn cni_conf(spec: PathSpec, net: &mut Network) -> Value {
+    match spec.kind {
+        Kind::Ptp => {
+            net.plugin = Path::new(REFERENCE_PLUGINS).join("ptp");
+            net.conf["type"] = json!("ptp");
+            json!({})
+        }
+        Kind::Xdpcni {
+            mode,
+            redirect,
+            headroom,
+        } => json!({ "xdpMode": mode, "redirect": redirect, "headroom": headroom }),
+    }
+}
+
+impl Bench {
+    fn new(spec: PathSpec) -> Result<Self> {
+        let pins = PinDir::new("xb")?;
+        let mut net = Network::new(pins.path(), "1.0.0", json!([[{"subnet": "10.78.0.0/24"}]]))?;
+        let conf_patch = cni_conf(spec, &mut net);
+        if matches!(spec.kind, Kind::Xdpcni { .. }) {
+            in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?))?;
+        }
+        let mut b = Self {
+            spec,
+            net,
+            _pins: pins,
+            pods: Vec::new(),
+            ips: Vec::new(),
+            hosts: Vec::new(),
+            conf_patch,
+        };
+        for i in 0..2 {
+            let pod = Netns::new("xp")?;
+            let id = format!("bench{i}");
+            let out = b
+                .net
+                .call(&Call::new("ADD", &id, Some(&pod.path())), &b.conf_patch)?;
+            ensure!(out.status == 0, "{} ADD: {}", spec.label, out.json);
+            let ip: IpAddr = out.json["ips"][0]["address"]
+                .as_str()
+                .and_then(|a| a.split('/').next())
+                .context("no ip")?
+                .parse()?;
+            b.hosts.push(
+                out.json["interfaces"][0]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .into(),
+            );
+            b.ips.push(ip);
+            b.pods.push(pod);
+        }
+        Ok(b)
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for (i, pod) in self.pods.iter().enumerate() {
+            let id = format!("bench{i}");
+            let _ = self
+                .net
+                .call(&Call::new("DEL", &id, Some(&pod.path())), &self.conf_patch);
+        }
+    }
+}
+
+fn rx_packets(ns: &Netns) -> Result<u64> {
+    let out = ns.ip(&["-s", "-j", "link", "show", "eth0"])?;
+    let v: Value = serde_json::from_str(&out)?;
+    v[0]["stats64"]["rx"]["packets"]
+        .as_u64()
+        .context("no rx stats")
+}
+
+/// Sends UDP datagrams of `payload` bytes from `from` to `to` with sendmmsg
+/// from `threads` threads for `dur`. Returns datagrams sent.
+fn udp_flood(
+    from: &Netns,
+    to: SocketAddr,
+    payload: usize,
+    threads: usize,
+    dur: Duration,
+) -> Result<u64> {
+    const BATCH: usize = 64;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || {
+                    in_netns(from, || {
+                        let sock = UdpSocket::bind("0.0.0.0:0")?;
+                        sock.connect(to)?;
+                        let mut buf = vec![0x5au8; payload];
+                        let mut iov = libc::iovec {
+                            iov_base: buf.as_mut_ptr().cast(),
+                            iov_len: payload,
+                        };
+                        // SAFETY: zeroed mmsghdr is valid; each points at the one iovec.
+                        let mut msgs: Vec<libc::mmsghdr> =
+                            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
+                        for m in &mut msgs {
+                            m.msg_hdr.msg_iov = &mut iov;
+                            m.msg_hdr.msg_iovlen = 1;
+                        }
+                        let deadline = Instant::now() + dur;
+                        let mut sent = 0u64;
+                        while Instant::now() < deadline {
+                            // SAFETY: msgs/iov/buf outlive the call; fd is a connected socket.
+                            let n = unsafe {
+                                libc::sendmmsg(sock.as_raw_fd(), msgs.as_mut_ptr(), BATCH as u32, 0)
+                            };
+                            if n > 0 {
+                                sent += n as u64;
+                            }
+                        }
+                        Ok(sent)
+                    })
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for h in handles {
+            total += h.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+        }
+        Ok(total)
+    })
+}
+
+/// Packets per second delivered to pod 1's eth0 from pod 0's flood.
+fn pps(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
+    check_interrupt()?;
+    let to = SocketAddr::new(b.ips[1], port());
+    // A bound socket that is never read: datagrams are delivered (and then
+    // dropped at the full socket) without ICMP port-unreachable replies.
+    let sink = in_netns(&b.pods[1], || Ok(UdpSocket::bind(to)?))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let before = rx_packets(&b.pods[1])?;
+    let start = Instant::now();
+    let sent = udp_flood(&b.pods[0], to, payload, threads, dur)?;
+    let elapsed = start.elapsed();
+    std::thread::sleep(Duration::from_millis(100));
+    let delivered = rx_packets(&b.pods[1])? - before;
+    drop(sink);
+    ensure!(sent > 0, "nothing sent");
+    Ok(delivered as f64 / elapsed.as_secs_f64())
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One iperf3 TCP stream from pod 0 to pod 1, Gbit/s.
+fn tcp(b: &Bench, secs: u32) -> Result<f64> {
+    check_interrupt()?;
+    let p = port().to_string();
+    let ip = b.ips[1].to_string();
+    let _server = KillOnDrop(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                b.pods[1].name(),
+                "iperf3",
+                "-s",
+                "-1",
+                "-B",
+                &ip,
+                "-p",
+                &p,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let mut out = String::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(50));
+        match b.pods[0].exec(&["iperf3", "-c", &ip, "-p", &p, "-t", &secs.to_string(), "-J"]) {
+            Ok(o) => {
+                out = o;
+                break;
+            }
+            Err(e) if e.to_string().contains("Connection refused") => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    let v: Value = serde_json::from_str(&out).context("iperf3 JSON")?;
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 result")?;
+    Ok(bps / 1e9)
+}
+
+/// UDP ping-pong from pod 0 to an echo in pod 1: RTTs in microseconds.
+fn latency(b: &Bench, rounds: usize) -> Result<Vec<f64>> {
+    check_interrupt()?;
+    let to = SocketAddr::new(b.ips[1], port());
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = &stop;
+        let server = s.spawn(move || {
+            in_netns(&b.pods[1], || {
+                // Busy-polling on both ends: on a VM, a sleeping receiver's
+                // wake-up (vCPU halt and IPI, tens of us) would dominate the
+                // round trip and hide the path being measured.
+                let sock = UdpSocket::bind(to)?;
+                sock.set_nonblocking(true)?;
+                tx.send(())?;
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, peer)) = sock.recv_from(&mut buf) {
+                        sock.send_to(&buf[..n], peer)?;
+                    }
+                }
+                Ok(())
+            })
+        });
+        rx.recv_timeout(Duration::from_secs(5))?;
+        let rtts = in_netns(&b.pods[0], || {
+            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            sock.connect(to)?;
+            sock.set_nonblocking(true)?;
+            let mut buf = [0u8; 64];
+            let msg = [7u8; 22];
+            let mut rtts = Vec::with_capacity(rounds);
+            for i in 0..rounds + 100 {
+                let t = Instant::now();
+                sock.send(&msg)?;
+                loop {
+                    match sock.recv(&mut buf) {
+                        Ok(_) => break,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            ensure!(t.elapsed() < Duration::from_secs(1), "echo {i} lost");
+                            std::hint::spin_loop();
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                if i >= 100 {
+                    rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            Ok(rtts)
+        });
+        stop.store(true, Ordering::Relaxed);
+        server
+            .join()
+            .map_err(|_| anyhow::anyhow!("echo server panicked"))??;
+        rtts
+    })
+}
+
+/// ADD latency in ms over `n` pods on a fresh node of this path (then DEL).
+fn add_latency(spec: PathSpec, n: usize) -> Result<Vec<f64>> {
+    let pins = PinDir::new("xa")?;
+    let mut net = Network::new(pins.path(), "1.0.0", json!([[{"subnet": "10.77.0.0/16"}]]))?;
+    let patch = cni_conf(spec, &mut net);
+    if matches!(spec.kind, Kind::Xdpcni { .. }) {
+        in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?))?;
+    }
+    let pods: Vec<Netns> = (0..n).map(|_| Netns::new("xp")).collect::<Result<_>>()?;
+    let mut ms = Vec::with_capacity(n);
+    for (i, pod) in pods.iter().enumerate() {
+        check_interrupt()?;
+        let id = format!("lat{i}");
+        let t = Instant::now();
+        let out = net.call(&Call::new("ADD", &id, Some(&pod.path())), &patch)?;
+        ms.push(t.elapsed().as_secs_f64() * 1e3);
+        ensure!(out.status == 0, "{} ADD: {}", spec.label, out.json);
+    }
+    for (i, pod) in pods.iter().enumerate() {
+        let _ = net.call(
+            &Call::new("DEL", &format!("lat{i}"), Some(&pod.path())),
+            &patch,
+        );
+    }
+    Ok(ms)
+}
+
+/// The ceiling: pod 0 floods, and its host veth drops everything in native
+/// XDP (a counting drop program instead of the datapath). Packets/s dropped.
+fn ceiling(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
+    let host = b.net.node.ifindex(&b.hosts[0])?;
+    let pin = b._pins.path().to_path_buf();
+    let ebpf = in_netns(&b.net.node, || {
+        let mut dp = Datapath::open_existing(&pin)?;
+        dp.detach(host)?;
+        let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
+        let prog: &mut aya::programs::Xdp = ebpf
+            .program_mut("xdp_drop_count")
+            .context("drop program")?
+            .try_into()?;
+        prog.load()?;
+        prog.attach_to_if_index(host, aya::programs::XdpMode::Driver)?;
+        Ok(ebpf)
+    })?;
+    let count = |ebpf: &aya::Ebpf| -> Result<u64> {
+        let map = ebpf.map("drop_count").context("drop_count")?;
+        let arr = aya::maps::PerCpuArray::<_, u64>::try_from(map)?;
+        Ok(arr.get(&0, 0)?.iter().sum())
+    };
+    let before = count(&ebpf)?;
+    let to = SocketAddr::new(b.ips[1], port());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let start = Instant::now();
+    udp_flood(&b.pods[0], to, payload, threads, dur)?;
+    let rate = (count(&ebpf)? - before) as f64 / start.elapsed().as_secs_f64();
+    // Dropping the Ebpf object detaches and unloads the drop program.
+    drop(ebpf);
+    Ok(rate)
+}
+
+/// `kernel.bpf_stats_enabled`, restored to what it was on Drop.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> Result<Self> {
+        const P: &str = "/proc/sys/kernel/bpf_stats_enabled";
+        let old = std::fs::read_to_string(P)?.trim().to_string();
+        std::fs::write(P, "1")?;
+        Ok(Self(old))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+    }
+}
+
+/// Where a 64-byte packet's time goes on `b` (an XDP path): the datapath
+/// program's own run time per packet (kernel BPF stats) against the CPU time
+/// per delivered packet of the whole path (2 CPUs busy / delivered rate).
+fn profile(b: &Bench, dur: Duration) -> Result<String> {
+    let prog = aya::programs::Xdp::from_pin(
+        b._pins
+            .path()
+            .join("progs")
+            .join(xdpcni_ebpf::FROM_POD_PROGRAM),
+        aya_obj::programs::XdpAttachType::Interface,
+    )?;
+    let stats = BpfStats::enable()?;
+    let before = prog.info()?;
+    let rate = pps(b, 22, dur)?;
+    let after = prog.info()?;
+    drop(stats);
+    let runs = after.run_count().saturating_sub(before.run_count());
+    let ns = after
+        .run_time()
+        .saturating_sub(before.run_time())
+        .as_nanos() as f64;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    ensure!(runs > 0, "the datapath program did not run");
+    Ok(format!(
+        "{}: XDP program {:.0} ns/packet over {runs} runs (bpf_stats); the whole path costs {:.0} ns of CPU per delivered packet ({:.3} Mpps on {cpus} CPUs), so {:.0}% of it is the XDP program",
+        b.spec.label,
+        ns / runs as f64,
+        cpus * 1e9 / rate,
+        rate / 1e6,
+        100.0 * (ns / runs as f64) / (cpus * 1e9 / rate),
+    ))
+}
+
+#[derive(Serialize)]
+struct Sample {
+    workload: String,
+    path: String,
+    rep: usize,
+    value: f64,
+}
+
+struct Opts {
+    quick: bool,
+    reps: usize,
+    secs: u32,
+    out: PathBuf,
+}
+
+fn parse_args() -> Result<Opts> {
+    let mut o = Opts {
+        quick: false,
+        reps: 5,
+        secs: 3,
+        out: PathBuf::from("target/bench"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--quick" => {
+                o.quick = true;
+                o.reps = 1;
+                o.secs = 1;
+            }
+            "--reps" => o.reps = args.next().context("--reps N")?.parse()?,
+            "--secs" => o.secs = args.next().context("--secs S")?.parse()?,
+            "--out" => o.out = args.next().context("--out DIR")?.into(),
+            other => bail!("unknown argument {other} (--quick, --reps N, --secs S, --out DIR)"),
+        }
+    }
+    ensure!(
+        o.reps > 0 && o.secs > 0,
+        "--reps and --secs must be positive"
+    );
+    Ok(o)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let idx = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[idx.min(v.len() - 1)]
+}
+
+/// (name, unit, higher is better)
+const WORKLOADS: &[(&str, &str, bool)] = &[
+    ("UDP 64-byte frames", "Mpps", true),
+    ("UDP 1400-byte payload", "Mpps", true),
+    ("TCP 1 stream (iperf3)", "Gbit/s", true),
+    ("UDP RTT p50 (busy-poll)", "us", false),
+    ("UDP RTT p99 (busy-poll)", "us", false),
+    ("CNI ADD p50", "ms", false),
+    ("CNI ADD p99", "ms", false),
+];
+
+fn main() -> Result<()> {
+    let o = parse_args()?;
+    install_signal_handlers();
+    let dur = Duration::from_secs(u64::from(o.secs));
+    let rounds = if o.quick { 200 } else { 5000 };
+    let pods_for_add = if o.quick { 10 } else { 100 };
+    let machine = format!(
+        "{} vCPU, kernel {}",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim()
+    );
+    eprintln!(
+        "bench: building {} paths through real CNI calls...",
+        PATHS.len()
+    );
+    let benches: Vec<Bench> = PATHS
+        .iter()
+        .map(|p| Bench::new(*p))
+        .collect::<Result<_>>()?;
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut push = |w: &str, path: &str, rep: usize, value: f64| {
+        eprintln!("  rep {rep} {path:16} {w:24} {value:.3}");
+        samples.push(Sample {
+            workload: w.into(),
+            path: path.into(),
+            rep,
+            value,
+        });
+    };
+    for rep in 0..o.reps {
+        // Interleaved: every path once per repetition and workload, starting
+        // from a different path each repetition so none always goes first.
+        let order: Vec<&Bench> = (0..benches.len())
+            .map(|i| &benches[(i + rep) % benches.len()])
+            .collect();
+        for b in &order {
+            push(WORKLOADS[0].0, b.spec.label, rep, pps(b, 22, dur)? / 1e6);
+        }
+        for b in &order {
+            push(WORKLOADS[1].0, b.spec.label, rep, pps(b, 1400, dur)? / 1e6);
+        }
+        for b in &order {
+            push(WORKLOADS[2].0, b.spec.label, rep, tcp(b, o.secs)?);
+        }
+        for b in &order {
+            let mut rtts = latency(b, rounds)?;
+            push(
+                WORKLOADS[3].0,
+                b.spec.label,
+                rep,
+                percentile(&mut rtts, 0.5),
+            );
+            push(
+                WORKLOADS[4].0,
+                b.spec.label,
+                rep,
+                percentile(&mut rtts, 0.99),
+            );
+        }
+    }
+    // CNI ADD latency: ptp, xdpcni without XDP, xdpcni native (attach included).
+    for spec in [PATHS[0], PATHS[1], PATHS[2]] {
+        let mut ms = add_latency(spec, pods_for_add)?;
+        push(WORKLOADS[5].0, spec.label, 0, percentile(&mut ms, 0.5));
+        push(WORKLOADS[6].0, spec.label, 0, percentile(&mut ms, 0.99));
+    }
+    // The ceiling and the headroom effect, on their own nodes.
+    let mut extra = Vec::new();
+    {
+        let headroom0 = Bench::new(PathSpec {
+            label: "native devmap, headroom 0",
+            kind: Kind::Xdpcni {
+                mode: "native",
+                redirect: "devmap",
+                headroom: 0,
+            },
+        })?;
+        let native = &benches[2];
+        for rep in 0..o.reps {
+            push(
+                WORKLOADS[0].0,
+                native.spec.label,
+                1000 + rep,
+                pps(native, 22, dur)? / 1e6,
+            );
+            push(
+                WORKLOADS[0].0,
+                headroom0.spec.label,
+                rep,
+                pps(&headroom0, 22, dur)? / 1e6,
+            );
+        }
+        let hr = |b: &Bench| -> Result<String> {
+            let Some(rec) = std::fs::read_dir(b.net.dir.path().join("state"))?
+                .flatten()
+                .next()
+            else {
+                return Ok("no record".into());
+            };
+            let v: Value = serde_json::from_slice(&std::fs::read(rec.path())?)?;
+            Ok(format!(
+                "requested {}, effective {}",
+                v["headroomRequested"], v["headroomEffective"]
+            ))
+        };
+        extra.push(format!("headroom 256 path: {}", hr(native)?));
+        extra.push(format!("headroom 0 path: {}", hr(&headroom0)?));
+        let ceiling_node = Bench::new(PATHS[2])?;
+        for rep in 0..o.reps {
+            push(
+                "UDP 64-byte XDP-drop ceiling",
+                "sender -> XDP_DROP",
+                rep,
+                ceiling(&ceiling_node, 22, dur)? / 1e6,
+            );
+        }
+    }
+    extra.push(profile(&benches[2], dur)?);
+    // Make sure the XDP paths really redirected.
+    for b in &benches[2..] {
+        let maps = Maps::open_pinned(b._pins.path())?;
+        let idx = b.net.node.ifindex(&b.hosts[0])?;
+        let c = maps.counters(idx)?;
+        let redirected = c.packets(xdpcni_ebpf::abi::Verdict::RedirectDevmap)
+            + c.packets(xdpcni_ebpf::abi::Verdict::RedirectCpumap);
+        ensure!(
+            redirected > 0,
+            "{}: nothing was redirected: {c:?}",
+            b.spec.label
+        );
+        extra.push(format!(
+            "{}: {redirected} packets redirected by XDP from pod 0",
+            b.spec.label
+        ));
+    }
+
+    // Summaries.
+    let mut groups: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    for s in &samples {
+        if s.rep >= 1000 {
+            continue; // headroom comparison re-runs, reported separately
+        }
+        groups
+            .entry((s.workload.clone(), s.path.clone()))
+            .or_default()
+            .push(s.value);
+    }
+    let mut table = String::new();
+    table.push_str(&format!(
+        "Machine: {machine}. {} repetitions x {} s per figure, medians (min-max); vs ptp > 1x is better.\n\n",
+        o.reps, o.secs
+    ));
+    table.push_str(
+        "| workload | path | median | min-max | vs ptp |\n| --- | --- | ---: | ---: | ---: |\n",
+    );
+    let mut summary = Vec::new();
+    let workload_rows: Vec<(&str, &str, bool)> = WORKLOADS
+        .iter()
+        .copied()
+        .chain([("UDP 64-byte XDP-drop ceiling", "Mpps", true)])
+        .collect();
+    for (w, unit, higher) in &workload_rows {
+        let base = groups
+            .get(&(w.to_string(), PATHS[0].label.to_string()))
+            .map(|v| median(&mut v.clone()));
+        let mut paths: Vec<String> = PATHS.iter().map(|p| p.label.to_string()).collect();
+        paths.push("native devmap, headroom 0".into());
+        paths.push("sender -> XDP_DROP".into());
+        for p in paths {
+            let Some(v) = groups.get(&(w.to_string(), p.clone())) else {
+                continue;
+            };
+            let mut v = v.clone();
+            let m = median(&mut v);
+            let (lo, hi) = (v[0], v[v.len() - 1]);
+            let ratio = match base {
+                Some(b) if b > 0.0 && m > 0.0 => {
+                    let r = if *higher { m / b } else { b / m };
+                    format!("{r:.2}x")
+                }
+                _ => "-".into(),
+            };
+            table.push_str(&format!(
+                "| {w} | {p} | {m:.3} {unit} | {lo:.3}-{hi:.3} | {ratio} |\n"
+            ));
+            summary.push(json!({"workload": w, "unit": unit, "path": p, "median": m, "min": lo, "max": hi, "ratio": ratio}));
+        }
+    }
+    table.push('\n');
+    for e in &extra {
+        table.push_str(&format!("- {e}\n"));
+    }
+    println!("{table}");
+
+    std::fs::create_dir_all(&o.out)?;
+    std::fs::write(o.out.join("bench.md"), &table)?;
+    let doc = json!({ "machine": machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": samples, "notes": extra });
+    std::fs::write(o.out.join("bench.json"), serde_json::to_vec_pretty(&doc)?)?;
+    let plot = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/plot.py");
+    let status = Command::new("python3")
+        .arg(&plot)
+        .arg(o.out.join("bench.json"))
+        .arg(o.out.join("bench.png"))
+        .status()
+        .context("running python3 for the chart")?;
+    ensure!(status.success(), "chart rendering failed");
+    eprintln!(
+        "bench: wrote {}/bench.md, bench.json, bench.png",
+        o.out.display()
+    );
+    Ok(())
+}
