@@ -236,6 +236,24 @@ impl Netlink {
         }
     }
 
+    /// The link with ifindex `index`, or `None`.
+    pub fn link_by_index(&mut self, index: u32) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        match self.request(
+            &format!("looking up link {index}"),
+            RouteNetlinkMessage::GetLink(msg),
+            0,
+        ) {
+            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
+                _ => None,
+            })),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every link of the namespace.
     pub fn links(&mut self) -> Result<Vec<Link>> {
         let msgs = self.request(

@@ -16,7 +16,7 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_ebpf::{
-    abi::{EndpointInfo, RedirectPolicy},
+    abi::{EndpointInfo, RedirectPolicy, EP_KERNEL_ONLY},
     AttachMode, Datapath,
 };
 
@@ -350,11 +350,17 @@ fn register(
         0 => online_cpus(),
         m => m,
     };
-    let info = EndpointInfo {
+    let mut info = EndpointInfo {
         ifindex: host.index,
         pod_mac,
         host_mac: host.mac,
-        flags: 0,
+        // A pod in mode `off` gets kernel routing both ways: no XDP program
+        // redirects to it either.
+        flags: if conf.xdp_mode == XdpMode::Off {
+            EP_KERNEL_ONLY
+        } else {
+            0
+        },
         redirect: conf.redirect.as_raw(),
         mtu: conf.mtu,
         pad: 0,
@@ -395,6 +401,10 @@ fn register(
     }
     let ifname = ifname.to_string();
     in_netns(netns, || pod_offloads(&ifname, XdpMode::Off))?;
+    info.flags |= EP_KERNEL_ONLY;
+    for ip in ips {
+        dp.maps_mut().upsert_endpoint(*ip, &info)?;
+    }
     log.warn(&format!(
         "{}: no XDP mode accepted, kernel routing only",
         host.name
@@ -419,7 +429,7 @@ fn undo_add(
         if p.attached || p.tx_port || !p.endpoints.is_empty() {
             match Datapath::open_existing(&conf.pin_dir) {
                 Ok(mut dp) => {
-                    if let Err(e) = forget_endpoint(&mut dp, index, &p.endpoints) {
+                    if let Err(e) = forget_endpoint(&mut dp, index, &p.endpoints, true) {
                         errors.push(e);
                     }
                 }
@@ -444,11 +454,18 @@ fn undo_add(
     Error::from_list(errors)
 }
 
-/// Removes what the datapath knows of an endpoint on `ifindex`: its link,
-/// devmap entry, counters, and the addresses still pointing at `ifindex`
-/// (an address already handed to another pod is left alone).
-fn forget_endpoint(dp: &mut Datapath, ifindex: u32, ips: &[IpAddr]) -> Result<()> {
-    dp.detach(ifindex)?;
+/// Removes what the datapath knows of an endpoint on `ifindex`: the addresses
+/// still pointing at `ifindex` (an address already handed to another pod is
+/// left alone) and, when `owns_ifindex`, its link, devmap entry and counters.
+fn forget_endpoint(
+    dp: &mut Datapath,
+    ifindex: u32,
+    ips: &[IpAddr],
+    owns_ifindex: bool,
+) -> Result<()> {
+    if owns_ifindex {
+        dp.detach(ifindex)?;
+    }
     for ip in ips {
         if dp
             .maps()
@@ -458,8 +475,10 @@ fn forget_endpoint(dp: &mut Datapath, ifindex: u32, ips: &[IpAddr]) -> Result<()
             dp.maps_mut().remove_endpoint(*ip)?;
         }
     }
-    dp.maps_mut().remove_tx_port(ifindex)?;
-    dp.maps_mut().remove_counters(ifindex)?;
+    if owns_ifindex {
+        dp.maps_mut().remove_tx_port(ifindex)?;
+        dp.maps_mut().remove_counters(ifindex)?;
+    }
     Ok(())
 }
 
@@ -498,16 +517,30 @@ fn cleanup(
     }
     let mut nl = Netlink::new()?;
     let link = nl.link_by_name(&host_name)?;
-    let ifindex = link
-        .as_ref()
-        .map(|l| l.index)
-        .or(rec.map(|r| r.host_ifindex));
+    // Our veth's ifindex, and whether it is still ours. If the veth is gone
+    // (its netns was deleted), the recorded ifindex may since have been given
+    // to another pod's veth: its link, devmap entry and counters are then that
+    // pod's, and only our addresses' records are removed.
+    let ifindex = match (&link, rec) {
+        (Some(l), _) => Some((l.index, true)),
+        (None, Some(r)) => {
+            let reused = nl.link_by_index(r.host_ifindex)?.is_some();
+            if reused {
+                log.info(&format!(
+                    "{host_name} is gone and ifindex {} belongs to another link now",
+                    r.host_ifindex
+                ));
+            }
+            Some((r.host_ifindex, !reused))
+        }
+        (None, None) => None,
+    };
 
     if conf.datapath_present() {
-        if let Some(index) = ifindex {
+        if let Some((index, owns)) = ifindex {
             match Datapath::open_existing(&conf.pin_dir) {
                 Ok(mut dp) => {
-                    if let Err(e) = forget_endpoint(&mut dp, index, &ips) {
+                    if let Err(e) = forget_endpoint(&mut dp, index, &ips, owns) {
                         errors.push(e);
                     }
                 }

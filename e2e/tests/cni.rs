@@ -643,3 +643,105 @@ fn chained_with_portmap_and_bandwidth() {
     assert!(!nat.contains("18080"), "portmap rules removed: {nat}");
     assert_nothing_left(&net, Some(&pins), &[]);
 }
+
+#[test]
+fn pods_in_mode_off_are_kernel_only_both_ways() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    let (fast, off) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
+    let a = net
+        .call(&Call::new("ADD", "fast", Some(&fast.path())), &json!({}))
+        .unwrap();
+    let b = net
+        .call(
+            &Call::new("ADD", "off", Some(&off.path())),
+            &json!({ "xdpMode": "off" }),
+        )
+        .unwrap();
+    assert_eq!((a.status, b.status), (0, 0), "{:?} {:?}", a.json, b.json);
+    let off_host = b.json["interfaces"][0]["name"].as_str().unwrap();
+    assert!(net.node.xdp_attached(off_host).unwrap().is_none());
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    let off_ip = v4(&result_ips(&b.json));
+    let ep = maps.endpoint(off_ip).unwrap().unwrap();
+    assert_eq!(
+        ep.flags & xdpcni_ebpf::abi::EP_KERNEL_ONLY,
+        xdpcni_ebpf::abi::EP_KERNEL_ONLY
+    );
+    // The fast pod's traffic to it goes through the kernel, and works.
+    ping(&fast, off_ip, 2).unwrap();
+    let fast_idx = net
+        .node
+        .ifindex(a.json["interfaces"][0]["name"].as_str().unwrap())
+        .unwrap();
+    let c = maps.counters(fast_idx).unwrap();
+    assert!(c.packets(Verdict::PassKernelOnly) >= 2, "{c:?}");
+    assert_eq!(c.packets(Verdict::RedirectDevmap), 0, "{c:?}");
+    assert_eq!(
+        off.offload("eth0", "tcp-segmentation-offload").unwrap(),
+        "on"
+    );
+    for (id, ns) in [("fast", &fast), ("off", &off)] {
+        let d = net
+            .call(&Call::new("DEL", id, Some(&ns.path())), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0);
+    }
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
+
+#[test]
+fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    let (old, new) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
+    let a = net
+        .call(&Call::new("ADD", "old", Some(&old.path())), &json!({}))
+        .unwrap();
+    let b = net
+        .call(&Call::new("ADD", "new", Some(&new.path())), &json!({}))
+        .unwrap();
+    assert_eq!((a.status, b.status), (0, 0));
+    let (ips_a, ips_b) = (result_ips(&a.json), result_ips(&b.json));
+    let a_host = a.json["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b_host = b.json["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b_idx = net.node.ifindex(&b_host).unwrap();
+    // The old pod's veth goes with its netns (the runtime deleted it before
+    // DEL), and its ifindex is handed to the new pod's veth: simulated by
+    // pointing the old record at the new veth's ifindex.
+    net.node.ip(&["link", "del", &a_host]).unwrap();
+    let rec_path = net.dir.path().join("state").join("old_eth0.json");
+    let mut rec: Value = serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    rec["hostIfindex"] = json!(b_idx);
+    std::fs::write(&rec_path, rec.to_string()).unwrap();
+    let d = net
+        .call(&Call::new("DEL", "old", None), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0, "{:?}", d.json);
+    // The new pod keeps its link, devmap entry, endpoints and fast path.
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    assert!(
+        net.node.xdp_attached(&b_host).unwrap().is_some(),
+        "new pod still attached"
+    );
+    assert!(maps.has_tx_port(b_idx).unwrap());
+    for ip in &ips_b {
+        assert_eq!(maps.endpoint(*ip).unwrap().unwrap().ifindex, b_idx);
+    }
+    // The old pod's addresses are released.
+    for ip in &ips_a {
+        assert!(!net.allocated_ips().contains(ip));
+    }
+    let d = net
+        .call(&Call::new("DEL", "new", Some(&new.path())), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0);
+}
