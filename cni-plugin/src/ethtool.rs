@@ -85,3 +85,16 @@ pub fn get(ifname: &str, offload: Offload) -> io::Result<bool> {
 pub fn set(ifname: &str, offload: Offload, on: bool) -> io::Result<()> {
     ioctl(ifname, offload.cmds().1, u32::from(on)).map(drop)
 }
+
+/// Sets an offload, accepting a refusal when the device already is in the
+/// wanted state (veth refuses to toggle TSO while native XDP on its peer
+/// has forced it off, for instance).
+pub fn ensure(ifname: &str, offload: Offload, on: bool) -> io::Result<()> {
+    match set(ifname, offload, on) {
+        Ok(()) => Ok(()),
+        Err(e) => match get(ifname, offload) {
+            Ok(now) if now == on => Ok(()),
+            _ => Err(e),
+        },
+    }
+}

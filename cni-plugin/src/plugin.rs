@@ -88,7 +88,8 @@ struct Progress {
 /// The mode and offloads the pod ends up with.
 fn pod_offloads(ifname: &str, mode: XdpMode) -> Result<()> {
     let set = |o, on| {
-        ethtool::set(ifname, o, on).map_err(|e| Error::io(format!("ethtool {o:?} on {ifname}"), e))
+        ethtool::ensure(ifname, o, on)
+            .map_err(|e| Error::io(format!("ethtool {o:?} on {ifname}"), e))
     };
     // Always GRO: a veth only receives redirected frames with GRO or XDP on it.
     set(Offload::Gro, true)?;

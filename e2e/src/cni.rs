@@ -289,3 +289,102 @@ impl Network {
         std::fs::read_to_string(self.dir.path().join("xdpcni.log")).unwrap_or_default()
     }
 }
+
+/// The `xdpcni-agent` binary of this build.
+pub fn agent_binary() -> Result<PathBuf> {
+    let plugin = plugin_binary()?;
+    let agent = plugin.with_file_name("xdpcni-agent");
+    if !agent.is_file() {
+        bail!(
+            "{} is not built (cargo build --workspace --bins)",
+            agent.display()
+        );
+    }
+    Ok(agent)
+}
+
+/// A process started inside `node`'s network namespace, killed (by its PID)
+/// on Drop.
+#[derive(Debug)]
+pub struct NodeProcess {
+    child: Option<std::process::Child>,
+}
+
+impl NodeProcess {
+    /// Spawns `cmd args` in the namespace, stderr to `log`.
+    pub fn spawn(node: &Netns, cmd: &Path, args: &[&str], log: &Path) -> Result<Self> {
+        let ns = std::fs::File::open(node.path())?;
+        let fd = ns.as_raw_fd();
+        let mut c = Command::new(cmd);
+        c.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log)?);
+        // SAFETY: setns(2) is async-signal-safe; `ns` outlives spawn().
+        unsafe {
+            c.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = c
+            .spawn()
+            .with_context(|| format!("spawning {}", cmd.display()))?;
+        drop(ns);
+        Ok(Self { child: Some(child) })
+    }
+
+    /// Its PID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
+    /// Sends `signal` and waits for the exit; returns the exit status code
+    /// (None when killed by a signal).
+    pub fn stop(mut self, signal: i32) -> Result<Option<i32>> {
+        let mut child = self.child.take().context("already stopped")?;
+        let pid = i32::try_from(child.id())?;
+        // SAFETY: kill(2) on the PID of a child we own and have not reaped.
+        unsafe { libc::kill(pid, signal) };
+        Ok(child.wait()?.code())
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `GET path` on `addr` from inside `node`: (status code, body).
+pub fn http_get(node: &Netns, addr: &str, path: &str) -> Result<(u16, String)> {
+    use std::io::Read;
+    let addr = addr.to_string();
+    let path = path.to_string();
+    crate::in_netns(node, move || {
+        let mut s = std::net::TcpStream::connect(&addr)?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+        // One write: a request split over several segments could be read
+        // in part by a server that answers on the first read.
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        let code = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("no status")?;
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    })
+}

@@ -607,7 +607,7 @@ impl Datapath {
         let want = self.from_pod_program_id()?;
         let other = self.link_pin(ifindex, mode.other());
         if other.exists() {
-            fs::remove_file(&other).map_err(|e| Error::io("unpinning", &other, e))?;
+            unpin_link(&other)?;
         }
         let pin = self.link_pin(ifindex, mode);
         if pin.exists() {
@@ -805,6 +805,26 @@ impl Datapath {
     }
 }
 
+/// Detaches the link pinned at `pin` *now* (BPF_LINK_DETACH), then removes
+/// the pin. Unlinking a bpffs pin alone releases the link only when the
+/// inode's reference goes, later, from an RCU callback: the program would
+/// linger on the device for a moment, and the device's features with it (a
+/// veth peer's TSO is forced off while native XDP is on). `Ok(false)` if
+/// there was no pin.
+fn unpin_link(pin: &Path) -> Result<bool> {
+    if !pin.exists() {
+        return Ok(false);
+    }
+    if let Err(e) = sys::detach_pinned_link(pin) {
+        warn!(pin = %pin.display(), error = %e, "BPF_LINK_DETACH failed; unpinning only");
+    }
+    match fs::remove_file(pin) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io("unpinning", pin, e)),
+    }
+}
+
 fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
     let dir = pin_dir.join("links");
     let mut out = Vec::new();
@@ -832,11 +852,7 @@ fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
         let pin = pin_dir
             .join("links")
             .join(format!("{ifindex}_{}", mode.as_str()));
-        match fs::remove_file(&pin) {
-            Ok(()) => any = true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("unpinning", &pin, e)),
-        }
+        any |= unpin_link(&pin)?;
     }
     Ok(any)
 }

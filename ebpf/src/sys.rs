@@ -14,6 +14,7 @@ use std::{
 
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_DETACH: libc::c_long = 34;
 /// `union bpf_attr` is larger than any member we set; zeroed tail is required.
 const ATTR_SIZE: usize = 128;
 
@@ -38,8 +39,7 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> io::Result<libc::c_long
     Ok(ret)
 }
 
-/// Reads the state of the XDP link pinned at `path`.
-pub fn pinned_xdp_link(path: &Path) -> io::Result<XdpLinkState> {
+fn open_pin(path: &Path) -> io::Result<OwnedFd> {
     let cpath = CString::new(path.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut attr = [0u8; ATTR_SIZE];
@@ -47,7 +47,27 @@ pub fn pinned_xdp_link(path: &Path) -> io::Result<XdpLinkState> {
     let raw = bpf(BPF_OBJ_GET, &mut attr)?;
     let raw = i32::try_from(raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     // SAFETY: BPF_OBJ_GET returned a new file descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Detaches the link pinned at `path` now (BPF_LINK_DETACH), whoever else
+/// holds it. Unpinning alone releases the link only when its last reference
+/// goes, which for a bpffs inode happens later, from an RCU callback.
+pub fn detach_pinned_link(path: &Path) -> io::Result<()> {
+    let fd = open_pin(path)?;
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
+    match bpf(BPF_LINK_DETACH, &mut attr) {
+        // A defunct link (its device is gone) has nothing left to detach.
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOLINK) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads the state of the XDP link pinned at `path`.
+pub fn pinned_xdp_link(path: &Path) -> io::Result<XdpLinkState> {
+    let fd = open_pin(path)?;
 
     // struct bpf_link_info { u32 type, id, prog_id; union { ... xdp { u32 ifindex } } }
     // The union is 8-aligned, so xdp.ifindex sits at offset 16.

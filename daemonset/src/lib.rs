@@ -1,0 +1,7 @@
+//! The xdpcni node agent: turns each pod's policy (annotations in Kubernetes,
+//! a file in standalone mode) into the datapath's state, and reports it.
+
+pub mod apply;
+pub mod metrics;
+pub mod policy;
+pub mod standalone;

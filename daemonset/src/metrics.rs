@@ -1,0 +1,178 @@
+//! Prometheus text exposition of the agent's view: per-pod datapath counters,
+//! attach modes, reconcile errors and latency.
+
+use std::fmt::Write;
+
+use xdpcni_ebpf::Counters;
+
+/// One pod's line-up for /metrics.
+#[derive(Clone, Debug)]
+pub struct PodMetrics {
+    /// Kubernetes namespace (or empty).
+    pub namespace: String,
+    /// Pod name (or the container ID when unknown).
+    pub pod: String,
+    /// Host veth.
+    pub interface: String,
+    /// `native`, `generic` or `off`.
+    pub mode: String,
+    /// Datapath counters of its host veth.
+    pub counters: Counters,
+}
+
+/// Agent-wide figures.
+#[derive(Clone, Debug, Default)]
+pub struct AgentMetrics {
+    /// Reconcile passes that failed for some pod.
+    pub reconcile_errors: u64,
+    /// Reconcile passes.
+    pub reconciles: u64,
+    /// Sum of reconcile pass durations, seconds.
+    pub reconcile_seconds: f64,
+    /// Annotation values refused (each reported once per change).
+    pub policy_problems: u64,
+    /// Whether the agent is ready.
+    pub ready: bool,
+}
+
+/// Escapes a label value (backslash, quote, newline).
+pub fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Renders the exposition text.
+pub fn render(pods: &[PodMetrics], agent: &AgentMetrics) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_packets_total Packets seen by the XDP datapath, by pod and verdict."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_packets_total counter");
+    for p in pods {
+        for (v, s) in p.counters.iter() {
+            let _ = writeln!(
+                out,
+                "xdpcni_packets_total{{namespace=\"{}\",pod=\"{}\",interface=\"{}\",verdict=\"{}\"}} {}",
+                escape(&p.namespace),
+                escape(&p.pod),
+                escape(&p.interface),
+                v.label(),
+                s.packets
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_bytes_total Bytes seen by the XDP datapath, by pod and verdict."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_bytes_total counter");
+    for p in pods {
+        for (v, s) in p.counters.iter() {
+            let _ = writeln!(
+                out,
+                "xdpcni_bytes_total{{namespace=\"{}\",pod=\"{}\",interface=\"{}\",verdict=\"{}\"}} {}",
+                escape(&p.namespace),
+                escape(&p.pod),
+                escape(&p.interface),
+                v.label(),
+                s.bytes
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_attach_mode The XDP mode of each pod's host veth (1 for the mode in force)."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_attach_mode gauge");
+    for p in pods {
+        for mode in ["native", "generic", "off"] {
+            let _ = writeln!(
+                out,
+                "xdpcni_attach_mode{{namespace=\"{}\",pod=\"{}\",mode=\"{mode}\"}} {}",
+                escape(&p.namespace),
+                escape(&p.pod),
+                u8::from(p.mode == mode)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_reconcile_errors_total Reconcile passes that failed for some pod."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_reconcile_errors_total counter");
+    let _ = writeln!(
+        out,
+        "xdpcni_reconcile_errors_total {}",
+        agent.reconcile_errors
+    );
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_reconcile_duration_seconds Time spent reconciling the node."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_reconcile_duration_seconds summary");
+    let _ = writeln!(
+        out,
+        "xdpcni_reconcile_duration_seconds_sum {}",
+        agent.reconcile_seconds
+    );
+    let _ = writeln!(
+        out,
+        "xdpcni_reconcile_duration_seconds_count {}",
+        agent.reconciles
+    );
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_policy_problems_total Annotation values refused, with a fallback used."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_policy_problems_total counter");
+    let _ = writeln!(
+        out,
+        "xdpcni_policy_problems_total {}",
+        agent.policy_problems
+    );
+    let _ = writeln!(
+        out,
+        "# HELP xdpcni_ready Whether the agent has reconciled the node."
+    );
+    let _ = writeln!(out, "# TYPE xdpcni_ready gauge");
+    let _ = writeln!(out, "xdpcni_ready {}", u8::from(agent.ready));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped_and_every_family_is_typed() {
+        let text = render(
+            &[PodMetrics {
+                namespace: "ns".into(),
+                pod: "we\"ird\\pod".into(),
+                interface: "xdp0".into(),
+                mode: "generic".into(),
+                counters: Counters::default(),
+            }],
+            &AgentMetrics {
+                ready: true,
+                ..Default::default()
+            },
+        );
+        assert!(
+            text.contains(r#"pod="we\"ird\\pod",mode="generic"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"mode="native"} 0"#));
+        assert!(text.contains("xdpcni_ready 1"));
+        for family in [
+            "xdpcni_packets_total",
+            "xdpcni_attach_mode",
+            "xdpcni_reconcile_errors_total",
+            "xdpcni_reconcile_duration_seconds",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! A pod's fast-path policy from its annotations (`xdpcni.io/...`), with the
+//! node defaults for what is absent and a fallback, plus a problem report, for
+//! every value that is wrong.
+
+use std::collections::BTreeMap;
+
+use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
+use xdpcni_plugin::config::{parse_cpu_list, XdpMode};
+
+/// `xdpcni.io/xdp-mode`: `native`, `generic` or `off`.
+pub const ANNOTATION_MODE: &str = "xdpcni.io/xdp-mode";
+/// `xdpcni.io/redirect`: `devmap` or `cpumap`.
+pub const ANNOTATION_REDIRECT: &str = "xdpcni.io/redirect";
+/// `xdpcni.io/cpus`: CPU list a cpumap may deliver on (`1`, `0-3`, `0,2`).
+pub const ANNOTATION_CPUS: &str = "xdpcni.io/cpus";
+
+/// What the datapath does for one pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// XDP mode on the pod's host veth.
+    pub mode: XdpMode,
+    /// How frames to the pod are delivered.
+    pub redirect: RedirectPolicy,
+    /// CPUs a cpumap may deliver on.
+    pub cpu_mask: u64,
+}
+
+/// An annotation value that could not be honoured, and what was used instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The annotation (or `attach` for a kernel refusal).
+    pub key: String,
+    /// The value given.
+    pub value: String,
+    /// Why it was refused.
+    pub why: String,
+    /// What the pod gets instead.
+    pub fallback: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}={:?}: {}; using {}",
+            self.key, self.value, self.why, self.fallback
+        )
+    }
+}
+
+/// The label of a redirect policy.
+pub fn redirect_str(r: RedirectPolicy) -> &'static str {
+    match r {
+        RedirectPolicy::Devmap => "devmap",
+        RedirectPolicy::Cpumap => "cpumap",
+    }
+}
+
+/// Resolves a pod's policy from `annotations`, `defaults` for what is absent,
+/// and `online` (mask of online CPUs) to check CPU lists against.
+pub fn resolve(
+    annotations: &BTreeMap<String, String>,
+    defaults: &Policy,
+    online: u64,
+) -> (Policy, Vec<Problem>) {
+    let mut p = *defaults;
+    let mut problems = Vec::new();
+    if let Some(v) = annotations.get(ANNOTATION_MODE) {
+        match XdpMode::parse(v.trim()) {
+            Some(m) => p.mode = m,
+            None => problems.push(Problem {
+                key: ANNOTATION_MODE.into(),
+                value: v.clone(),
+                why: "not one of native, generic, off".into(),
+                fallback: format!("the node default {}", defaults.mode.as_str()),
+            }),
+        }
+    }
+    if let Some(v) = annotations.get(ANNOTATION_REDIRECT) {
+        match v.trim() {
+            "devmap" => p.redirect = RedirectPolicy::Devmap,
+            "cpumap" => p.redirect = RedirectPolicy::Cpumap,
+            _ => problems.push(Problem {
+                key: ANNOTATION_REDIRECT.into(),
+                value: v.clone(),
+                why: "not one of devmap, cpumap".into(),
+                fallback: format!("the node default {}", redirect_str(defaults.redirect)),
+            }),
+        }
+    }
+    if let Some(v) = annotations.get(ANNOTATION_CPUS) {
+        match parse_cpu_list(v.trim()) {
+            Ok(mask) if mask & !online == 0 => p.cpu_mask = mask,
+            Ok(mask) => problems.push(Problem {
+                key: ANNOTATION_CPUS.into(),
+                value: v.clone(),
+                why: format!(
+                    "names offline CPUs (mask {:#x}, online {online:#x})",
+                    mask & !online
+                ),
+                fallback: "all online CPUs".into(),
+            }),
+            Err(e) => problems.push(Problem {
+                key: ANNOTATION_CPUS.into(),
+                value: v.clone(),
+                why: e,
+                fallback: "all online CPUs".into(),
+            }),
+        }
+    }
+    if p.cpu_mask == 0 || p.cpu_mask & !online != 0 {
+        p.cpu_mask = online;
+    }
+    (p, problems)
+}
+
+/// The node default a config names (`native`, `generic` or `off`).
+pub fn default_mode(s: &str) -> Option<XdpMode> {
+    XdpMode::parse(s)
+}
+
+/// The next mode to try when the kernel refuses `mode`.
+pub fn fallback(mode: XdpMode) -> XdpMode {
+    match mode {
+        XdpMode::Xdp(AttachMode::Native) => XdpMode::Xdp(AttachMode::Generic),
+        XdpMode::Xdp(AttachMode::Generic) | XdpMode::Off => XdpMode::Off,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const DEF: Policy = Policy {
+        mode: XdpMode::Xdp(AttachMode::Native),
+        redirect: RedirectPolicy::Devmap,
+        cpu_mask: 0,
+    };
+
+    #[test]
+    fn no_annotations_means_defaults() {
+        let (p, probs) = resolve(&ann(&[]), &DEF, 0b11);
+        assert_eq!(p.mode, DEF.mode);
+        assert_eq!(p.redirect, RedirectPolicy::Devmap);
+        assert_eq!(p.cpu_mask, 0b11);
+        assert!(probs.is_empty());
+    }
+
+    #[test]
+    fn every_valid_value() {
+        for (v, m) in [
+            ("native", XdpMode::Xdp(AttachMode::Native)),
+            ("generic", XdpMode::Xdp(AttachMode::Generic)),
+            ("off", XdpMode::Off),
+        ] {
+            let (p, probs) = resolve(&ann(&[(ANNOTATION_MODE, v)]), &DEF, 0b11);
+            assert_eq!(p.mode, m);
+            assert!(probs.is_empty());
+        }
+        let (p, _) = resolve(
+            &ann(&[(ANNOTATION_REDIRECT, "cpumap"), (ANNOTATION_CPUS, "1")]),
+            &DEF,
+            0b11,
+        );
+        assert_eq!((p.redirect, p.cpu_mask), (RedirectPolicy::Cpumap, 0b10));
+    }
+
+    #[test]
+    fn bad_values_fall_back_and_say_why() {
+        let (p, probs) = resolve(
+            &ann(&[
+                (ANNOTATION_MODE, "turbo"),
+                (ANNOTATION_REDIRECT, "bridge"),
+                (ANNOTATION_CPUS, "7"),
+            ]),
+            &DEF,
+            0b11,
+        );
+        assert_eq!(p.mode, DEF.mode);
+        assert_eq!(p.redirect, RedirectPolicy::Devmap);
+        assert_eq!(p.cpu_mask, 0b11);
+        assert_eq!(probs.len(), 3);
+        assert!(probs[0].to_string().contains("turbo"));
+        assert!(probs[2].why.contains("offline"));
+        let (_, probs) = resolve(&ann(&[(ANNOTATION_CPUS, "1-x")]), &DEF, 0b11);
+        assert_eq!(probs.len(), 1);
+    }
+
+    #[test]
+    fn fallback_chain_ends_in_kernel_routing() {
+        let m = fallback(XdpMode::Xdp(AttachMode::Native));
+        assert_eq!(m, XdpMode::Xdp(AttachMode::Generic));
+        assert_eq!(fallback(m), XdpMode::Off);
+        assert_eq!(fallback(XdpMode::Off), XdpMode::Off);
+    }
+}
