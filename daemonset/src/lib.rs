@@ -3,5 +3,6 @@
 
 pub mod apply;
 pub mod metrics;
+pub mod node;
 pub mod policy;
 pub mod standalone;

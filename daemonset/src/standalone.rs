@@ -5,7 +5,7 @@
 //! runtimes without Kubernetes.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     io::{Read, Write},
     net::TcpListener,
     path::PathBuf,
@@ -22,13 +22,13 @@ use tracing::{info, warn};
 use xdpcni_ebpf::{abi::RedirectPolicy, Datapath};
 use xdpcni_plugin::{
     config::{parse_cpu_list, XdpMode},
-    state::{self, Record},
+    state,
 };
 
 use crate::{
-    apply::apply,
-    metrics::{render, AgentMetrics, PodMetrics},
-    policy::{resolve, Policy},
+    metrics::render,
+    node::{Annotations, Pass, PodInput, Reconciler},
+    policy::Policy,
 };
 
 fn default_interval() -> u64 {
@@ -55,7 +55,11 @@ pub struct Config {
     #[serde(default)]
     pub cpus: String,
     /// Standalone: JSON object `{"namespace/name" | "containerID": {annotations}}`.
-    pub pods_file: PathBuf,
+    #[serde(default)]
+    pub pods_file: Option<PathBuf>,
+    /// Kubernetes: this node's name (default: the NODE_NAME variable).
+    #[serde(default)]
+    pub node_name: Option<String>,
     /// Reconcile period in milliseconds.
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
@@ -100,19 +104,63 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn install_signal_handlers() {
+/// Whether SIGTERM/SIGINT arrived.
+pub fn stopping() -> bool {
+    STOP.load(Ordering::Relaxed)
+}
+
+/// Installs the SIGTERM/SIGINT handlers that end the agent's loop.
+pub fn install_signal_handlers() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: the handler only stores to an atomic (async-signal-safe).
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
 }
 
-struct Shared {
+/// What the HTTP endpoints serve, updated after each pass.
+pub struct Shared {
     metrics: Mutex<String>,
     ready: AtomicBool,
 }
 
+impl Shared {
+    /// Serves /metrics, /healthz and /readyz on `listen` from a thread.
+    pub fn serve(listen: &str) -> Result<Arc<Self>> {
+        let shared = Arc::new(Self {
+            metrics: Mutex::new(String::new()),
+            ready: AtomicBool::new(false),
+        });
+        let listener =
+            TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
+        let s = Arc::clone(&shared);
+        std::thread::spawn(move || serve(listener, s));
+        Ok(shared)
+    }
+
+    /// Publishes a pass: metrics text, and readiness (with the CNI's ready
+    /// file) after the first pass that applied every pod.
+    pub fn publish(&self, cfg: &Config, rec: &mut Reconciler, pass: &Pass) -> Result<()> {
+        if !pass.failed && !rec.metrics.ready {
+            rec.metrics.ready = true;
+            self.ready.store(true, Ordering::Relaxed);
+            if let Some(f) = &cfg.ready_file {
+                if let Some(dir) = f.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                std::fs::write(f, b"ready\n")
+                    .with_context(|| format!("writing {}", f.display()))?;
+            }
+            info!("node reconciled: ready");
+        }
+        if let Ok(mut m) = self.metrics.lock() {
+            *m = render(&pass.pods, &rec.metrics);
+        }
+        Ok(())
+    }
+}
+
 fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let shared = &*shared;
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
         let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
@@ -146,9 +194,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-type Annotations = BTreeMap<String, String>;
-
-fn read_pods_file(path: &PathBuf) -> Result<HashMap<String, Annotations>> {
+fn read_pods_file(path: &std::path::Path) -> Result<HashMap<String, Annotations>> {
     match std::fs::read(path) {
         Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(HashMap::new()),
         Ok(bytes) => serde_json::from_slice(&bytes)
@@ -158,116 +204,36 @@ fn read_pods_file(path: &PathBuf) -> Result<HashMap<String, Annotations>> {
     }
 }
 
-fn pod_key(rec: &Record) -> (String, String) {
-    if rec.pod_name.is_empty() {
-        (String::new(), rec.container_id.clone())
-    } else {
-        (rec.pod_namespace.clone(), rec.pod_name.clone())
-    }
-}
-
 /// Runs the standalone agent until SIGTERM/SIGINT. The datapath stays attached.
 pub fn run(cfg: &Config) -> Result<()> {
     install_signal_handlers();
+    let pods_file = cfg
+        .pods_file
+        .clone()
+        .context("standalone mode needs podsFile")?;
     let online = online_cpus();
-    let defaults = cfg.defaults(online)?;
-    let mut dp = Datapath::open(&cfg.pin_dir)
-        .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
-    info!(
-        pin_dir = %cfg.pin_dir.display(),
-        upgraded = dp.upgraded(),
-        program = dp.from_pod_program_id().unwrap_or(0),
-        "datapath ready"
-    );
-    let shared = Arc::new(Shared {
-        metrics: Mutex::new(String::new()),
-        ready: AtomicBool::new(false),
-    });
-    let listener =
-        TcpListener::bind(&cfg.listen).with_context(|| format!("listening on {}", cfg.listen))?;
-    {
-        let shared = Arc::clone(&shared);
-        std::thread::spawn(move || serve(listener, shared));
-    }
-    let mut agent = AgentMetrics::default();
+    let mut rec = open_reconciler(cfg, online)?;
+    let shared = Shared::serve(&cfg.listen)?;
     let mut last_pods = HashMap::new();
-    let mut reported: HashMap<String, String> = HashMap::new();
     while !STOP.load(Ordering::Relaxed) {
-        let started = Instant::now();
-        match read_pods_file(&cfg.pods_file) {
+        match read_pods_file(&pods_file) {
             Ok(p) => last_pods = p,
             Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
         }
-        let mut failed = false;
-        let mut pods = Vec::new();
         let records = state::list(&cfg.state_dir).unwrap_or_default();
-        for rec in &records {
-            let (ns, name) = pod_key(rec);
+        let pass = rec.pass(&records, |ns, name| {
             let key = if ns.is_empty() {
-                name.clone()
+                name.to_string()
             } else {
                 format!("{ns}/{name}")
             };
-            let ann = last_pods.get(&key).cloned().unwrap_or_default();
-            let (policy, mut problems) = resolve(&ann, &defaults, online);
-            // Pods whose veth is gone (deleted, DEL pending) are skipped.
-            if !std::path::Path::new(&rec.netns).exists() {
-                continue;
-            }
-            let mode = match apply(&mut dp, rec, &policy, false) {
-                Ok(applied) => {
-                    if applied.changed {
-                        info!(pod = %key, mode = applied.mode.as_str(), "applied");
-                    }
-                    problems.extend(applied.problems);
-                    applied.mode.as_str().to_string()
-                }
-                Err(e) => {
-                    warn!(pod = %key, error = %e, "apply failed");
-                    failed = true;
-                    continue;
-                }
-            };
-            let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            let text = text.join("; ");
-            if !text.is_empty() && reported.get(&key) != Some(&text) {
-                // Standalone has no Events: the log and the counter carry it.
-                warn!(pod = %key, problem = %text, "policy refused, fallback in use");
-                agent.policy_problems += problems.len() as u64;
-            }
-            reported.insert(key.clone(), text);
-            pods.push(PodMetrics {
-                namespace: ns,
-                pod: name,
-                interface: rec.host_veth.clone(),
-                mode,
-                counters: dp.maps().counters(rec.host_ifindex).unwrap_or_default(),
-            });
-        }
-        if let Ok(gone) = dp.gc_links() {
-            for ifindex in gone {
-                info!(ifindex, "collected the link pin of a deleted veth");
-            }
-        }
-        agent.reconciles += 1;
-        agent.reconcile_seconds += started.elapsed().as_secs_f64();
-        if failed {
-            agent.reconcile_errors += 1;
-        } else if !agent.ready {
-            agent.ready = true;
-            shared.ready.store(true, Ordering::Relaxed);
-            if let Some(f) = &cfg.ready_file {
-                if let Some(dir) = f.parent() {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                std::fs::write(f, b"ready\n")
-                    .with_context(|| format!("writing {}", f.display()))?;
-            }
-            info!("node reconciled: ready");
-        }
-        if let Ok(mut m) = shared.metrics.lock() {
-            *m = render(&pods, &agent);
-        }
+            last_pods.get(&key).map(|a| PodInput {
+                annotations: a.clone(),
+                kernel_only: false,
+            })
+        });
+        // Standalone has no Events: the log and the counter carry problems.
+        shared.publish(cfg, &mut rec, &pass)?;
         let deadline = Instant::now() + Duration::from_millis(cfg.interval_ms);
         while Instant::now() < deadline && !STOP.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(20));
@@ -275,4 +241,18 @@ pub fn run(cfg: &Config) -> Result<()> {
     }
     info!("stopping; the datapath stays attached");
     Ok(())
+}
+
+/// Loads or takes over the datapath and builds the reconciler.
+pub fn open_reconciler(cfg: &Config, online: u64) -> Result<Reconciler> {
+    let defaults = cfg.defaults(online)?;
+    let dp = Datapath::open(&cfg.pin_dir)
+        .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
+    info!(
+        pin_dir = %cfg.pin_dir.display(),
+        upgraded = dp.upgraded(),
+        program = dp.from_pod_program_id().unwrap_or(0),
+        "datapath ready"
+    );
+    Ok(Reconciler::new(dp, defaults, online))
 }
