@@ -12,6 +12,7 @@ packages=(
 	clang llvm clang-format libbpf-dev linux-libc-dev libc6-dev gcc # BPF build
 	iproute2 ethtool iputils-ping procps iptables netcat-openbsd  # datapath and CNI tests
 	iperf3 containernetworking-plugins                            # benchmark, baseline CNI
+	openssl                                                       # test API server keys
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -36,6 +37,10 @@ fi
 for c in rustfmt clippy; do
 	rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c" || true
 done
+
+# kube-apiserver (built from Debian's source, cached) and etcd for the
+# agent's tests against a real API server.
+bash "$(dirname "$0")/k8s-apiserver.sh" >/dev/null
 
 if ! mountpoint -q /sys/fs/bpf; then
 	mount -t bpf bpf /sys/fs/bpf

@@ -1,6 +1,7 @@
 //! `xdpcni-agent`: the node agent.
 //!
 //! ```text
+//! xdpcni-agent run --config FILE          watch this node's pods (NODE_NAME, KUBECONFIG or in-cluster)
 //! xdpcni-agent standalone --config FILE   run without Kubernetes (pods file)
 //! xdpcni-agent uninstall [--pin-dir DIR]  detach the datapath everywhere and unpin it
 //! ```
@@ -13,11 +14,16 @@ fn main() -> Result<()> {
     tracing_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("run") => {
+            let cfg = read_config(&args)?;
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(xdpcni_agent::kube::run(cfg))
+        }
         Some("standalone") => {
-            let cfg_path = flag(&args, "--config").context("standalone needs --config FILE")?;
-            let bytes = std::fs::read(&cfg_path).with_context(|| format!("reading {cfg_path}"))?;
-            let cfg: xdpcni_agent::standalone::Config =
-                serde_json::from_slice(&bytes).with_context(|| format!("parsing {cfg_path}"))?;
+            let cfg = read_config(&args)?;
             xdpcni_agent::standalone::run(&cfg)
         }
         Some("uninstall") => {
@@ -28,8 +34,16 @@ fn main() -> Result<()> {
             eprintln!("xdpcni-agent: datapath at {dir} detached and unpinned");
             Ok(())
         }
-        _ => bail!("usage: xdpcni-agent standalone --config FILE | uninstall [--pin-dir DIR]"),
+        _ => bail!(
+            "usage: xdpcni-agent run --config FILE | standalone --config FILE | uninstall [--pin-dir DIR]"
+        ),
     }
+}
+
+fn read_config(args: &[String]) -> Result<xdpcni_agent::standalone::Config> {
+    let path = flag(args, "--config").context("--config FILE is required")?;
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {path}"))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {path}"))
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {

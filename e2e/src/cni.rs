@@ -313,10 +313,22 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Spawns `cmd args` in the namespace, stderr to `log`.
     pub fn spawn(node: &Netns, cmd: &Path, args: &[&str], log: &Path) -> Result<Self> {
+        Self::spawn_env(node, cmd, args, &[], log)
+    }
+
+    /// [`NodeProcess::spawn`] with extra environment variables.
+    pub fn spawn_env(
+        node: &Netns,
+        cmd: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<Self> {
         let ns = std::fs::File::open(node.path())?;
         let fd = ns.as_raw_fd();
         let mut c = Command::new(cmd);
         c.args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log)?);

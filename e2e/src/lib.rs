@@ -4,6 +4,7 @@
 //! hand-built packets.
 
 pub mod cni;
+pub mod kube;
 pub mod netns;
 pub mod packet;
 pub mod testrun;

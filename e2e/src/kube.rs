@@ -1,0 +1,183 @@
+//! A real Kubernetes control plane for the agent's tests: etcd (Debian) and
+//! kube-apiserver 1.20.2 (built from Debian's source by
+//! scripts/k8s-apiserver.sh) started inside a node's network namespace, with
+//! a token kubeconfig. Both processes are killed by PID and their data
+//! removed on Drop.
+
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    cni::{NodeProcess, TempDir},
+    netns::{run, Netns},
+};
+
+/// Where scripts/k8s-apiserver.sh puts the binary (or XDPCNI_KUBE_APISERVER).
+pub fn apiserver_binary() -> Result<PathBuf> {
+    let p = std::env::var("XDPCNI_KUBE_APISERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/var/cache/xdpcni-k8s/bin/kube-apiserver"));
+    if !p.is_file() {
+        bail!(
+            "{} is missing: run scripts/k8s-apiserver.sh (scripts/setup.sh does)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// etcd + kube-apiserver inside a namespace.
+#[derive(Debug)]
+pub struct ApiServer {
+    apiserver: Option<NodeProcess>,
+    etcd: Option<NodeProcess>,
+    dir: TempDir,
+    /// A kubeconfig for it (system:masters token).
+    pub kubeconfig: PathBuf,
+}
+
+const TOKEN: &str = "xdpcni-test-token";
+
+impl ApiServer {
+    /// Starts both in `node` and waits until the `default` namespace exists.
+    pub fn start(node: &Netns) -> Result<Self> {
+        let bin = apiserver_binary()?;
+        let dir = TempDir::new("xdpcni-k8s-")?;
+        let d = dir.path();
+        let key = d.join("sa.key");
+        let key_s = key.to_string_lossy().to_string();
+        run(&["openssl", "genrsa", "-out", &key_s, "2048"])?;
+        let pubk = d.join("sa.pub");
+        run(&[
+            "openssl",
+            "rsa",
+            "-in",
+            &key_s,
+            "-pubout",
+            "-out",
+            &pubk.to_string_lossy(),
+        ])?;
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{TOKEN},admin,admin,system:masters\n"),
+        )?;
+        let etcd = NodeProcess::spawn(
+            node,
+            Path::new("/usr/bin/etcd"),
+            &[
+                "--data-dir",
+                &d.join("etcd").to_string_lossy(),
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "t=http://127.0.0.1:2380",
+                "--name",
+                "t",
+            ],
+            &d.join("etcd.log"),
+        )?;
+        let apiserver = NodeProcess::spawn(
+            node,
+            &bin,
+            &[
+                "--etcd-servers=http://127.0.0.1:2379",
+                "--bind-address=127.0.0.1",
+                "--secure-port=6443",
+                &format!("--cert-dir={}", d.join("certs").display()),
+                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--authorization-mode=RBAC",
+                &format!("--service-account-key-file={}", pubk.display()),
+                &format!("--service-account-signing-key-file={}", key.display()),
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--insecure-port=0",
+                "--advertise-address=127.0.0.1",
+                "--disable-admission-plugins=ServiceAccount",
+            ],
+            &d.join("apiserver.log"),
+        )?;
+        let kubeconfig = d.join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://127.0.0.1:6443\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {TOKEN}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: admin\n    namespace: default\ncurrent-context: t\n"
+            ),
+        )?;
+        let s = Self {
+            apiserver: Some(apiserver),
+            etcd: Some(etcd),
+            dir,
+            kubeconfig,
+        };
+        let start = Instant::now();
+        loop {
+            let ok = s.with_client(node, |c| async move {
+                let ns: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(c);
+                Ok(ns.get("default").await.is_ok())
+            });
+            if matches!(ok, Ok(true)) {
+                return Ok(s);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "kube-apiserver not ready after 60 s: {}",
+                    std::fs::read_to_string(s.dir.path().join("apiserver.log")).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Runs `f` with a client, on a thread inside `node` (where the API
+    /// server listens) with its own single-threaded runtime.
+    pub fn with_client<T, F, Fut>(&self, node: &Netns, f: F) -> Result<T>
+    where
+        T: Send,
+        F: FnOnce(kube::Client) -> Fut + Send,
+        Fut: Future<Output = Result<T>>,
+    {
+        let path = self.kubeconfig.clone();
+        crate::in_netns(node, move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let kc = kube::config::Kubeconfig::read_from(&path)?;
+                let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .context("kubeconfig")?;
+                let client = kube::Client::try_from(cfg)?;
+                f(client).await
+            })
+        })
+    }
+
+    /// The API server's log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        // SIGKILL: a graceful stop waits up to a minute for open watches, and
+        // the data directory goes with the test anyway.
+        if let Some(a) = self.apiserver.take() {
+            let _ = a.stop(libc::SIGKILL);
+        }
+        if let Some(e) = self.etcd.take() {
+            let _ = e.stop(libc::SIGKILL);
+        }
+    }
+}

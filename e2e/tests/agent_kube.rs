@@ -1,0 +1,263 @@
+//! The `xdpcni-agent` against a real kube-apiserver (1.20.2, etcd from
+//! Debian), both running in the test's node namespace: Pod objects bound to
+//! the node and backed by namespaces made through the real CNI plugin with
+//! the matching K8S_POD_* args; annotations switch modes (seen over
+//! netlink), a bad value becomes an Event and a fallback, and a
+//! NetworkPolicy makes the pods it selects kernel-only.
+//! Needs root, bpffs, containernetworking-plugins, and scripts/k8s-apiserver.sh.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    events::v1::Event,
+    networking::v1::NetworkPolicy,
+};
+use kube::{
+    api::{Patch, PatchParams, PostParams},
+    Api,
+};
+use serde_json::{json, Value};
+use xdpcni_e2e::{
+    cni::{agent_binary, http_get, Call, Network, NodeProcess},
+    kube::ApiServer,
+    netns::Netns,
+    traffic::ping,
+    PinDir,
+};
+use xdpcni_ebpf::{
+    abi::{Verdict, EP_KERNEL_ONLY},
+    Maps,
+};
+
+const LISTEN: &str = "127.0.0.1:9966";
+const NODE: &str = "node-a";
+
+fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    start.elapsed()
+}
+
+fn ipv4(res: &Value) -> IpAddr {
+    res["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
+        .find(IpAddr::is_ipv4)
+        .unwrap()
+}
+
+#[test]
+fn annotations_events_and_network_policies_from_the_api_server() {
+    let pins = PinDir::new("xk").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    let api = ApiServer::start(&net.node).unwrap();
+
+    // The node and two pods bound to it, as the scheduler would leave them.
+    api.with_client(&net.node, |c| async move {
+        let nodes: Api<Node> = Api::all(c.clone());
+        nodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": NODE },
+                    "spec": { "podCIDR": "10.78.0.0/24" },
+                }))?,
+            )
+            .await?;
+        let pods: Api<Pod> = Api::namespaced(c, "default");
+        for name in ["a", "b"] {
+            pods.create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": name, "labels": { "app": name } },
+                    "spec": { "nodeName": NODE, "containers": [{ "name": "c", "image": "pause" }] },
+                }))?,
+            )
+            .await?;
+        }
+        Ok(())
+    })
+    .unwrap();
+
+    // The agent: loads the datapath, watches this node's pods.
+    let cfg = net.dir.path().join("agent.json");
+    std::fs::write(
+        &cfg,
+        json!({
+            "pinDir": pins.path(),
+            "stateDir": net.dir.path().join("state"),
+            "listen": LISTEN,
+            "xdpMode": "native",
+            "redirect": "devmap",
+            "intervalMs": 200,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let log = net.dir.path().join("agent.log");
+    let kubeconfig = api.kubeconfig.to_string_lossy().to_string();
+    let agent = NodeProcess::spawn_env(
+        &net.node,
+        &agent_binary().unwrap(),
+        &["run", "--config", cfg.to_str().unwrap()],
+        &[("NODE_NAME", NODE), ("KUBECONFIG", &kubeconfig)],
+        &log,
+    )
+    .unwrap();
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let start = Instant::now();
+    while !matches!(http_get(&net.node, LISTEN, "/readyz"), Ok((200, _))) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "agent not ready: {}",
+            agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The runtime creates the pods' networks through the CNI.
+    let mut pods = Vec::new();
+    for name in ["a", "b"] {
+        let ns = Netns::new("xp").unwrap();
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}");
+        let path = ns.path();
+        let mut call = Call::new("ADD", name, Some(&path));
+        call.args = &args;
+        let out = net.call(&call, &json!({})).unwrap();
+        assert_eq!(out.status, 0, "{:?}", out.json);
+        pods.push((ns, out.json));
+    }
+    let (ha, b_ip) = (
+        pods[0].1["interfaces"][0]["name"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        ipv4(&pods[1].1),
+    );
+    let mode = |h: &str| {
+        net.node
+            .xdp_attached(h)
+            .unwrap()
+            .map_or("none".to_string(), |(m, _)| m)
+    };
+    ping(&pods[0].0, b_ip, 2).unwrap();
+
+    let annotate = |name: &'static str, value: Value| {
+        api.with_client(&net.node, move |c| async move {
+            let pods: Api<Pod> = Api::namespaced(c, "default");
+            pods.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "annotations": value } })),
+            )
+            .await?;
+            Ok(())
+        })
+        .unwrap();
+    };
+
+    // An annotation change switches the mode within 2 seconds.
+    annotate("a", json!({ "xdpcni.io/xdp-mode": "generic" }));
+    let took = wait_for("generic on a", Duration::from_secs(2), || {
+        mode(&ha) == "xdpgeneric"
+    });
+    eprintln!("annotation -> generic in {took:?}");
+    ping(&pods[0].0, b_ip, 2).unwrap();
+
+    // A bad value: an Event on the pod naming the problem and the fallback,
+    // and the pod keeps working on the node default.
+    annotate("a", json!({ "xdpcni.io/xdp-mode": "turbo" }));
+    wait_for("fallback to native", Duration::from_secs(2), || {
+        mode(&ha) == "xdp"
+    });
+    let event = || {
+        api.with_client(&net.node, |c| async move {
+            let events: Api<Event> = Api::namespaced(c, "default");
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("a")
+                        && e.reason.as_deref() == Some("XdpcniFallback")
+                }))
+        })
+        .unwrap()
+    };
+    wait_for("an Event on pod a", Duration::from_secs(5), || {
+        event().is_some()
+    });
+    let note = event().unwrap().note.unwrap_or_default();
+    assert!(note.contains("turbo") && note.contains("native"), "{note}");
+    ping(&pods[0].0, b_ip, 2).unwrap();
+
+    // A NetworkPolicy selecting b: b's traffic goes through the kernel.
+    api.with_client(&net.node, |c| async move {
+        let nps: Api<NetworkPolicy> = Api::namespaced(c, "default");
+        nps.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "only-b" },
+                "spec": { "podSelector": { "matchLabels": { "app": "b" } }, "policyTypes": ["Ingress"] },
+            }))?,
+        )
+        .await?;
+        Ok(())
+    })
+    .unwrap();
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    wait_for("b kernel-only", Duration::from_secs(2), || {
+        maps.endpoint(b_ip)
+            .unwrap()
+            .is_some_and(|e| e.flags & EP_KERNEL_ONLY != 0)
+    });
+    let a_idx = net.node.ifindex(&ha).unwrap();
+    let before = maps
+        .counters(a_idx)
+        .unwrap()
+        .packets(Verdict::PassKernelOnly);
+    ping(&pods[0].0, b_ip, 3).unwrap();
+    let after = maps
+        .counters(a_idx)
+        .unwrap()
+        .packets(Verdict::PassKernelOnly);
+    assert!(
+        after >= before + 3,
+        "a->b counted as passed to the kernel: {before} -> {after}"
+    );
+    let hb = pods[1].1["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        mode(&hb),
+        "none",
+        "a policy-selected pod has no XDP program"
+    );
+
+    for (i, (ns, _)) in pods.iter().enumerate() {
+        let name = ["a", "b"][i];
+        let d = net
+            .call(&Call::new("DEL", name, Some(&ns.path())), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0);
+    }
+    assert_eq!(
+        agent.stop(libc::SIGTERM).unwrap(),
+        Some(0),
+        "clean exit on SIGTERM"
+    );
+    drop(api);
+}
