@@ -12,7 +12,10 @@ use std::{
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::{
-    api::{core::v1::Pod, networking::v1::NetworkPolicy},
+    api::{
+        core::v1::{Node, Pod},
+        networking::v1::NetworkPolicy,
+    },
     apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
 use kube::{
@@ -28,6 +31,7 @@ use xdpcni_plugin::state;
 
 use crate::{
     node::{PodInput, Reconciler},
+    routes,
     standalone::{install_signal_handlers, online_cpus, open_reconciler, stopping, Config, Shared},
 };
 
@@ -118,6 +122,9 @@ pub async fn run(cfg: Config) -> Result<()> {
         Api::<NetworkPolicy>::all(client.clone()),
         watcher::Config::default(),
     );
+    let nodes = drive(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
+    tokio::spawn(conn);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -134,6 +141,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     // are not known yet would undo their modes after a restart.
     let _ = tokio::time::timeout(Duration::from_secs(30), pods.wait_until_ready()).await;
     let _ = tokio::time::timeout(Duration::from_secs(30), policies.wait_until_ready()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), nodes.wait_until_ready()).await;
     info!(node = %node, "watching pods and network policies");
     while !stopping() {
         let pod_list = pods.state();
@@ -184,6 +192,12 @@ pub async fn run(cfg: Config) -> Result<()> {
             if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
                 warn!(pod = %np.name, error = %e, "could not publish the Event");
             }
+        }
+        // Host-gateway routes to the other nodes' pod CIDRs.
+        match routes::sync(&netlink, &routes::desired(&nodes.state(), &node)).await {
+            Ok((0, 0)) => {}
+            Ok((added, removed)) => info!(added, removed, "node routes updated"),
+            Err(e) => warn!(error = %e, "node routes"),
         }
         shared.publish(&cfg, &mut rec, &pass)?;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.interval_ms);

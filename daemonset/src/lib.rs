@@ -6,4 +6,5 @@ pub mod kube;
 pub mod metrics;
 pub mod node;
 pub mod policy;
+pub mod routes;
 pub mod standalone;

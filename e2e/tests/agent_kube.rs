@@ -247,6 +247,66 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         "a policy-selected pod has no XDP program"
     );
 
+    // Another node: a route to its pod CIDR via its InternalIP appears, and
+    // goes with the node. (192.0.2.0/24 is made on-link for the gateway.)
+    let link = xdpcni_e2e::unique_name("xg");
+    net.node
+        .ip(&[
+            "link",
+            "add",
+            &link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("{link}p"),
+        ])
+        .unwrap();
+    net.node
+        .ip(&["addr", "add", "192.0.2.1/24", "dev", &link])
+        .unwrap();
+    net.node.ip(&["link", "set", &link, "up"]).unwrap();
+    net.node
+        .ip(&["link", "set", &format!("{link}p"), "up"])
+        .unwrap();
+    api.with_client(&net.node, |c| async move {
+        let nodes: Api<Node> = Api::all(c);
+        nodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": "node-b" },
+                    "spec": { "podCIDR": "10.79.0.0/24" },
+                }))?,
+            )
+            .await?;
+        nodes
+            .patch_status(
+                "node-b",
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "status": { "addresses": [{ "type": "InternalIP", "address": "192.0.2.50" }] },
+                })),
+            )
+            .await?;
+        Ok(())
+    })
+    .unwrap();
+    let route = || net.node.ip(&["route", "show", "10.79.0.0/24"]).unwrap();
+    wait_for("route to node-b's pods", Duration::from_secs(3), || {
+        route().contains("via 192.0.2.50") && route().contains("proto 90")
+    });
+    api.with_client(&net.node, |c| async move {
+        Api::<Node>::all(c)
+            .delete("node-b", &Default::default())
+            .await?;
+        Ok(())
+    })
+    .unwrap();
+    wait_for("route gone with node-b", Duration::from_secs(3), || {
+        route().trim().is_empty()
+    });
+
     for (i, (ns, _)) in pods.iter().enumerate() {
         let name = ["a", "b"][i];
         let d = net
