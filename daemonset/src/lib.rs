@@ -2,6 +2,7 @@
 //! a file in standalone mode) into the datapath's state, and reports it.
 
 pub mod apply;
+pub mod install;
 pub mod kube;
 pub mod metrics;
 pub mod node;

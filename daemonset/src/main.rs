@@ -3,6 +3,7 @@
 //! ```text
 //! xdpcni-agent run --config FILE          watch this node's pods (NODE_NAME, KUBECONFIG or in-cluster)
 //! xdpcni-agent standalone --config FILE   run without Kubernetes (pods file)
+//! xdpcni-agent install-cni --config FILE [--cni-conf-dir D] [--cni-bin-dir D] [--plugin P] [--pod-cidr C]...
 //! xdpcni-agent uninstall [--pin-dir DIR]  detach the datapath everywhere and unpin it
 //! ```
 
@@ -22,6 +23,40 @@ fn main() -> Result<()> {
                 .build()?
                 .block_on(xdpcni_agent::kube::run(cfg))
         }
+        Some("install-cni") => {
+            let cfg = read_config(&args)?;
+            let conf_dir = flag(&args, "--cni-conf-dir").unwrap_or_else(|| "/etc/cni/net.d".into());
+            let bin_dir = flag(&args, "--cni-bin-dir").unwrap_or_else(|| "/opt/cni/bin".into());
+            let plugin = match flag(&args, "--plugin") {
+                Some(p) => PathBuf::from(p),
+                None => std::env::current_exe()?.with_file_name("xdpcni"),
+            };
+            let mut cidrs: Vec<String> = args
+                .windows(2)
+                .filter(|w| w[0] == "--pod-cidr")
+                .map(|w| w[1].clone())
+                .collect();
+            if cidrs.is_empty() {
+                let node = cfg
+                    .node_name
+                    .clone()
+                    .or_else(|| std::env::var("NODE_NAME").ok())
+                    .context("NODE_NAME (or --pod-cidr) is needed")?;
+                cidrs = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(xdpcni_agent::install::node_pod_cidrs(&node))?;
+            }
+            let dest = xdpcni_agent::install::install(
+                &cfg,
+                &cidrs,
+                std::path::Path::new(&conf_dir),
+                std::path::Path::new(&bin_dir),
+                &plugin,
+            )?;
+            eprintln!("xdpcni-agent: wrote {} for {cidrs:?}, installed xdpcni in {bin_dir}", dest.display());
+            Ok(())
+        }
         Some("standalone") => {
             let cfg = read_config(&args)?;
             xdpcni_agent::standalone::run(&cfg)
@@ -35,7 +70,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         _ => bail!(
-            "usage: xdpcni-agent run --config FILE | standalone --config FILE | uninstall [--pin-dir DIR]"
+            "usage: xdpcni-agent run|standalone|install-cni --config FILE ... | uninstall [--pin-dir DIR]"
         ),
     }
 }

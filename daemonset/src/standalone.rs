@@ -60,6 +60,12 @@ pub struct Config {
     /// Kubernetes: this node's name (default: the NODE_NAME variable).
     #[serde(default)]
     pub node_name: Option<String>,
+    /// install-cni: MTU of pod interfaces (default 1500).
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    /// install-cni: headroom asked of pod veths (default 256).
+    #[serde(default)]
+    pub headroom: Option<u16>,
     /// Reconcile period in milliseconds.
     #[serde(default = "default_interval")]
     pub interval_ms: u64,

@@ -90,23 +90,75 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     })
     .unwrap();
 
-    // The agent: loads the datapath, watches this node's pods.
+    // install-cni (the chart's init container): the conflist for this node's
+    // pod CIDR, the plugin binary, both in place.
+    let conf_dir = net.dir.path().join("net.d");
+    let bin_dir = net.dir.path().join("bin");
+    let agent_cfg = json!({
+        "pinDir": pins.path(), "stateDir": net.dir.path().join("state"), "listen": LISTEN,
+        "xdpMode": "native", "redirect": "devmap", "intervalMs": 200,
+    });
     let cfg = net.dir.path().join("agent.json");
-    std::fs::write(
-        &cfg,
-        json!({
-            "pinDir": pins.path(),
-            "stateDir": net.dir.path().join("state"),
-            "listen": LISTEN,
-            "xdpMode": "native",
-            "redirect": "devmap",
-            "intervalMs": 200,
-        })
-        .to_string(),
+    std::fs::write(&cfg, agent_cfg.to_string()).unwrap();
+    let kubeconfig = api.kubeconfig.to_string_lossy().to_string();
+    let install = NodeProcess::spawn_env(
+        &net.node,
+        &agent_binary().unwrap(),
+        &[
+            "install-cni",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--cni-conf-dir",
+            conf_dir.to_str().unwrap(),
+            "--cni-bin-dir",
+            bin_dir.to_str().unwrap(),
+        ],
+        &[("NODE_NAME", NODE), ("KUBECONFIG", &kubeconfig)],
+        &net.dir.path().join("install.log"),
     )
     .unwrap();
+    let start = Instant::now();
+    while !conf_dir.join("10-xdpcni.conflist").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "install-cni: {}",
+            std::fs::read_to_string(net.dir.path().join("install.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(install);
+    let list: Value =
+        serde_json::from_slice(&std::fs::read(conf_dir.join("10-xdpcni.conflist")).unwrap())
+            .unwrap();
+    assert_eq!(list["plugins"][0]["type"], "xdpcni");
+    assert_eq!(
+        list["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.78.0.0/24",
+        "the Node's podCIDR"
+    );
+    assert_eq!(list["plugins"][1]["type"], "portmap");
+    let installed = bin_dir.join("xdpcni");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&installed).unwrap().permissions().mode() & 0o111,
+        0o111
+    );
+    // The installed plugin accepts the installed config (VERSION, then a
+    // STATUS against it: the datapath is not loaded yet, so 50).
+    let mut plugin_conf = list["plugins"][0].clone();
+    plugin_conf["cniVersion"] = json!("1.1.0");
+    plugin_conf["name"] = json!("xdpcni");
+    let status = xdpcni_e2e::cni::exec(
+        &installed,
+        &net.cni_path,
+        &net.node,
+        &plugin_conf,
+        &Call::new("STATUS", "", None),
+    )
+    .unwrap();
+    assert_eq!(status.code(), Some(50), "{:?}", status.json);
+
+    // The agent: loads the datapath, watches this node's pods.
     let log = net.dir.path().join("agent.log");
-    let kubeconfig = api.kubeconfig.to_string_lossy().to_string();
     let agent = NodeProcess::spawn_env(
         &net.node,
         &agent_binary().unwrap(),
