@@ -25,10 +25,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The benchmark's chart.
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
+# The benchmark's chart, and schema validation of the Helm chart.
+python3 -c 'import matplotlib' 2>/dev/null ||
 	python3 -m pip install --quiet --disable-pip-version-check matplotlib
-fi
+command -v kubernetes-validate >/dev/null ||
+	python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate
+bash "$(dirname "$0")/helm.sh" >/dev/null
 
 if ! command -v cargo >/dev/null; then
 	echo "setup.sh: cargo not found; install Rust 1.95 stable (rustup) first" >&2

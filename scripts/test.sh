@@ -12,6 +12,23 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo build (the e2e tests exec the real xdpcni binary)"
 cargo build --workspace --bins --locked
+echo "== helm chart: lint, render, schema, and the agent reads its config"
+helm=$(bash scripts/helm.sh)
+helm_home=$(mktemp -d)
+HOME=$helm_home "$helm" lint --strict charts/xdpcni
+HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system >target/chart.yaml
+rm -rf "$helm_home"
+kubernetes-validate --strict -k 1.30.0 target/chart.yaml >/dev/null
+python3 - <<'PY'
+import json, re
+text = open("target/chart.yaml").read()
+body = re.search(r"agent\.json: \|\n((?:    .*\n)+)", text).group(1)
+open("target/chart-agent.json", "w").write(json.dumps(json.loads(body)))
+PY
+rm -rf target/chart-cni
+target/debug/xdpcni-agent install-cni --config target/chart-agent.json --pod-cidr 10.244.0.0/24 \
+	--cni-conf-dir target/chart-cni/net.d --cni-bin-dir target/chart-cni/bin --plugin target/debug/xdpcni
+test -x target/chart-cni/bin/xdpcni && test -s target/chart-cni/net.d/10-xdpcni.conflist
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -92,6 +92,21 @@ pub fn install(
 ) -> Result<PathBuf> {
     let bin = std::fs::read(plugin).with_context(|| format!("reading {}", plugin.display()))?;
     atomic_write(&bin_dir.join("xdpcni"), &bin, 0o755)?;
+    // The conflist also names host-local and portmap: install them from the
+    // image (next to the plugin) or Debian's package when the node lacks them.
+    for extra in ["host-local", "portmap"] {
+        if bin_dir.join(extra).exists() {
+            continue;
+        }
+        let candidates = [
+            plugin.with_file_name(extra),
+            Path::new("/usr/lib/cni").join(extra),
+        ];
+        if let Some(src) = candidates.iter().find(|p| p.is_file()) {
+            let bytes = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
+            atomic_write(&bin_dir.join(extra), &bytes, 0o755)?;
+        }
+    }
     let list = conflist(cfg, cidrs);
     let dest = conf_dir.join(CONFLIST_NAME);
     atomic_write(
