@@ -57,6 +57,13 @@ pub fn pod_key(rec: &Record) -> (String, String) {
     }
 }
 
+/// Whether a device with `ifindex` exists in this network namespace.
+fn link_exists(ifindex: u32) -> bool {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
+    !unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null()
+}
+
 /// The datapath and what the agent remembers between passes.
 pub struct Reconciler {
     /// The datapath.
@@ -77,6 +84,24 @@ impl Reconciler {
             online,
             reported: HashMap::new(),
             metrics: AgentMetrics::default(),
+        }
+    }
+
+    /// Removes endpoint records (and their devmap entries and counters) whose
+    /// veth is gone and that no attachment record claims: pods whose DEL
+    /// never came.
+    fn gc_endpoints(&mut self, records: &[Record]) {
+        let Ok(endpoints) = self.dp.maps().endpoints() else {
+            return;
+        };
+        for (ip, ep) in endpoints {
+            if records.iter().any(|r| r.host_ifindex == ep.ifindex) || link_exists(ep.ifindex) {
+                continue;
+            }
+            info!(%ip, ifindex = ep.ifindex, "removing the endpoint of a vanished veth");
+            let _ = self.dp.maps_mut().remove_endpoint(ip);
+            let _ = self.dp.maps_mut().remove_tx_port(ep.ifindex);
+            let _ = self.dp.maps_mut().remove_counters(ep.ifindex);
         }
     }
 
@@ -144,6 +169,7 @@ impl Reconciler {
                 info!(ifindex, "collected the link pin of a deleted veth");
             }
         }
+        self.gc_endpoints(records);
         self.metrics.reconciles += 1;
         self.metrics.reconcile_seconds += started.elapsed().as_secs_f64();
         if out.failed {

@@ -344,6 +344,25 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     assert!(sample(&scrape, "xdpcni_reconcile_duration_seconds_count", &[]).unwrap() > 1.0);
     assert_eq!(http_get(&node.net.node, LISTEN, "/healthz").unwrap().0, 200);
 
+    // An endpoint whose veth vanished without a DEL is collected.
+    let mut maps = Maps::open_pinned(node.pins.path()).unwrap();
+    let ghost: IpAddr = "10.78.0.250".parse().unwrap();
+    let mut info = maps.endpoint(b_ip).unwrap().unwrap();
+    info.ifindex = 999_999;
+    maps.upsert_endpoint(ghost, &info).unwrap();
+    let start = Instant::now();
+    while maps.endpoint(ghost).unwrap().is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "ghost endpoint not collected"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        maps.endpoint(b_ip).unwrap().is_some(),
+        "live endpoints stay"
+    );
+
     // SIGTERM: the agent exits cleanly and leaves the datapath attached.
     assert_eq!(agent.stop(libc::SIGTERM).unwrap(), Some(0));
     node.wait_mode(&ha, "xdp", Duration::from_secs(1));
