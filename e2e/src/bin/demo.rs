@@ -1,97 +1,211 @@
-//! The local demo (no Kubernetes): a node made of network namespaces with
-//! three pods, the XDP datapath loaded into a private pin directory, and
-//! traffic between the pods in each mode, with the counters that show which
-//! path it took. Cleans up after itself. Run as root: `scripts/demo.sh`.
+//! The local demo, without Kubernetes: a node made of network namespaces,
+//! the `xdpcni-agent` in standalone mode (it loads and pins the datapath),
+//! three pods created through the real `xdpcni` CNI plugin with Debian's
+//! host-local, and traffic between the pods in each mode, with the counters
+//! that show which path it took. Cleans up after itself. Run as root:
+//! `scripts/demo.sh`.
 
-use std::net::IpAddr;
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
 use xdpcni_e2e::{
-    in_netns,
-    topo::{Node, Pod},
+    cni::{agent_binary, http_get, Call, Network, NodeProcess},
+    netns::Netns,
     traffic::{ping, tcp_transfer, udp_echo},
     PinDir,
 };
-use xdpcni_ebpf::{
-    abi::{RedirectPolicy, Verdict},
-    AttachMode, Datapath,
-};
+use xdpcni_ebpf::{abi::Verdict, Maps};
 
+const LISTEN: &str = "127.0.0.1:9965";
 const TCP_BYTES: usize = 32 << 20;
 
-fn traffic(pods: &[Pod]) -> Result<f64> {
-    let mut best = 0f64;
-    for (i, from) in pods.iter().enumerate() {
-        let to = &pods[(i + 1) % pods.len()];
-        for addr in to.addrs() {
-            ping(&from.ns, addr, 2)?;
-            udp_echo(&from.ns, &to.ns, addr, 20, 1000)?;
-        }
-        best = best.max(tcp_transfer(
-            &from.ns,
-            &to.ns,
-            IpAddr::V4(to.ipv4),
-            TCP_BYTES,
-        )?);
-    }
-    Ok(best)
+struct Pod {
+    name: String,
+    ns: Netns,
+    host: String,
+    ips: Vec<IpAddr>,
 }
 
 fn main() -> Result<()> {
-    println!("building a node namespace with 3 pod namespaces...");
-    let node = Node::new(3)?;
+    println!("== a node namespace, the xdpcni-agent (standalone), three pods through the CNI");
     let pins = PinDir::new("xdemo")?;
-    let mut dp = in_netns(&node.ns, || Ok(Datapath::open(pins.path())?))?;
-    let ncpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
-    println!(
-        "datapath pinned at {} (program id {})\n",
-        pins.path().display(),
-        dp.from_pod_program_id()?
-    );
-    println!(
-        "| mode | redirect | via XDP devmap | via XDP cpumap | passed to kernel | best TCP Mbit/s |"
-    );
-    println!("| --- | --- | ---: | ---: | ---: | ---: |");
-
-    // Kernel routing first: no program, forwarding on in the node.
-    node.ns.sysctl("net.ipv4.ip_forward", "1")?;
-    node.ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
-    let mbps = traffic(&node.pods)?;
-    println!("| off (kernel routing) | - | 0 | 0 | all | {mbps:.0} |");
-    node.ns.sysctl("net.ipv4.ip_forward", "0")?;
-    node.ns.sysctl("net.ipv6.conf.all.forwarding", "0")?;
-
-    for mode in [AttachMode::Native, AttachMode::Generic] {
-        for redirect in [RedirectPolicy::Devmap, RedirectPolicy::Cpumap] {
-            let mask = (1u64 << ncpus.min(63)) - 1;
-            in_netns(&node.ns, || {
-                node.register_all(dp.maps_mut(), redirect, mask)?;
-                for cpu in 0..ncpus {
-                    dp.enable_cpu(cpu, 2048)?;
-                }
-                for pod in &node.pods {
-                    dp.maps_mut().remove_counters(pod.host_ifindex)?;
-                    dp.attach(pod.host_ifindex, mode)?;
-                }
-                Ok(())
-            })?;
-            for pod in &node.pods {
-                pod.apply_mode_offloads(mode)?;
-            }
-            let mbps = traffic(&node.pods)?;
-            let (mut devmap, mut cpumap, mut passed) = (0, 0, 0);
-            for pod in &node.pods {
-                let c = dp.maps().counters(pod.host_ifindex)?;
-                devmap += c.packets(Verdict::RedirectDevmap);
-                cpumap += c.packets(Verdict::RedirectCpumap);
-                passed += c.passed();
-            }
-            println!("| {mode} | {redirect:?} | {devmap} | {cpumap} | {passed} | {mbps:.0} |");
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack())?;
+    let pods_file = net.dir.path().join("pods.json");
+    std::fs::write(&pods_file, "{}")?;
+    let cfg = net.dir.path().join("agent.json");
+    std::fs::write(
+        &cfg,
+        json!({
+            "pinDir": pins.path(), "stateDir": net.dir.path().join("state"),
+            "readyFile": net.dir.path().join("agent-ready"), "listen": LISTEN,
+            "xdpMode": "native", "redirect": "devmap", "podsFile": pods_file, "intervalMs": 200,
+        })
+        .to_string(),
+    )?;
+    let agent = NodeProcess::spawn(
+        &net.node,
+        &agent_binary()?,
+        &["standalone", "--config", &cfg.to_string_lossy()],
+        &net.dir.path().join("agent.log"),
+    )?;
+    let start = Instant::now();
+    while !matches!(http_get(&net.node, LISTEN, "/readyz"), Ok((200, _))) {
+        if start.elapsed() > Duration::from_secs(15) {
+            bail!(
+                "agent not ready: {}",
+                std::fs::read_to_string(net.dir.path().join("agent.log"))?
+            );
         }
+        std::thread::sleep(Duration::from_millis(100));
     }
     println!(
-        "\n(forwarding is off in the node namespace while XDP runs: what arrived, XDP carried;"
+        "agent ready (pid {}), datapath pinned at {}",
+        agent.pid(),
+        pins.path().display()
     );
-    println!(" 'passed' is ND/multicast control traffic. Cleaning up namespaces and pins.)");
+
+    let mut pods = Vec::new();
+    for i in 1..=3 {
+        let name = format!("p{i}");
+        let ns = Netns::new("xp")?;
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}");
+        let path = ns.path();
+        let mut call = Call::new("ADD", &name, Some(&path));
+        call.args = &args;
+        let out = net.call(&call, &json!({}))?;
+        if out.status != 0 {
+            bail!("CNI ADD {name}: {}", out.json);
+        }
+        let ips: Vec<IpAddr> = out.json["ips"]
+            .as_array()
+            .context("ips")?
+            .iter()
+            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
+            .collect();
+        let host = out.json["interfaces"][0]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        println!(
+            "  CNI ADD {name}: {} on {host}",
+            ips.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        pods.push(Pod {
+            name,
+            ns,
+            host,
+            ips,
+        });
+    }
+    let maps = Maps::open_pinned(pins.path())?;
+
+    println!("\n== traffic between the pods in each mode (set through the agent's pods file)\n");
+    println!("| xdpcni.io/xdp-mode | xdpcni.io/redirect | XDP devmap | XDP cpumap | to the kernel | best TCP Mbit/s |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    for (mode, redirect, want) in [
+        ("off", "devmap", "none"),
+        ("native", "devmap", "xdp"),
+        ("native", "cpumap", "xdp"),
+        ("generic", "devmap", "xdpgeneric"),
+        ("generic", "cpumap", "xdpgeneric"),
+    ] {
+        let mut file = serde_json::Map::new();
+        for p in &pods {
+            file.insert(
+                format!("default/{}", p.name),
+                json!({ "xdpcni.io/xdp-mode": mode, "xdpcni.io/redirect": redirect }),
+            );
+        }
+        std::fs::write(&pods_file, Value::Object(file).to_string())?;
+        let start = Instant::now();
+        for p in &pods {
+            loop {
+                let now = net
+                    .node
+                    .xdp_attached(&p.host)?
+                    .map_or("none".to_string(), |(m, _)| m);
+                if now == want {
+                    break;
+                }
+                if start.elapsed() > Duration::from_secs(5) {
+                    bail!("{} did not switch to {mode}", p.name);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        // Let the agent finish the pass (endpoint records, offloads).
+        std::thread::sleep(Duration::from_millis(400));
+        let count = |v: Verdict| -> Result<u64> {
+            let mut n = 0;
+            for p in &pods {
+                n += maps.counters(net.node.ifindex(&p.host)?)?.packets(v);
+            }
+            Ok(n)
+        };
+        let passed = || -> Result<u64> {
+            let mut n = 0;
+            for p in &pods {
+                n += maps.counters(net.node.ifindex(&p.host)?)?.passed();
+            }
+            Ok(n)
+        };
+        let before = (
+            count(Verdict::RedirectDevmap)?,
+            count(Verdict::RedirectCpumap)?,
+            passed()?,
+        );
+        let mut best = 0f64;
+        for (i, from) in pods.iter().enumerate() {
+            let to = &pods[(i + 1) % pods.len()];
+            for addr in &to.ips {
+                ping(&from.ns, *addr, 2)?;
+                udp_echo(&from.ns, &to.ns, *addr, 20, 1000)?;
+            }
+            best = best.max(tcp_transfer(&from.ns, &to.ns, to.ips[0], TCP_BYTES)?);
+        }
+        let after = (
+            count(Verdict::RedirectDevmap)?,
+            count(Verdict::RedirectCpumap)?,
+            passed()?,
+        );
+        println!(
+            "| {mode} | {redirect} | {} | {} | {} | {best:.0} |",
+            after.0 - before.0,
+            after.1 - before.1,
+            after.2 - before.2
+        );
+    }
+    println!(
+        "\n(\"off\": no program on the pods' veths, so no counter moves and the kernel routes"
+    );
+    println!(" everything; in the XDP modes, what goes to the kernel is ARP/ND/multicast.)");
+
+    let (_, metrics) = http_get(&net.node, LISTEN, "/metrics")?;
+    println!("\n== a few lines of the agent's /metrics\n");
+    for line in metrics
+        .lines()
+        .filter(|l| {
+            l.contains("pod=\"p1\"") && (l.contains("redirect_") || l.contains("attach_mode"))
+        })
+        .take(6)
+    {
+        println!("  {line}");
+    }
+
+    println!("\n== cleaning up: CNI DEL, agent SIGTERM, datapath unpinned, namespaces deleted");
+    for p in &pods {
+        let out = net.call(&Call::new("DEL", &p.name, Some(&p.ns.path())), &json!({}))?;
+        if out.status != 0 {
+            bail!("CNI DEL {}: {}", p.name, out.json);
+        }
+    }
+    agent.stop(libc::SIGTERM)?;
     Ok(())
 }
