@@ -227,6 +227,37 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     eprintln!("annotation -> generic in {took:?}");
     ping(&pods[0].0, b_ip, 2).unwrap();
 
+    // off: no program, kernel routing both ways.
+    annotate("a", json!({ "xdpcni.io/xdp-mode": "off" }));
+    wait_for("off on a", Duration::from_secs(2), || mode(&ha) == "none");
+    ping(&pods[0].0, b_ip, 2).unwrap();
+    // cpumap toward b on CPU 0: a's frames to b go through the cpumap.
+    annotate("a", json!({ "xdpcni.io/xdp-mode": "native" }));
+    annotate(
+        "b",
+        json!({ "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" }),
+    );
+    wait_for("native on a", Duration::from_secs(2), || mode(&ha) == "xdp");
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    wait_for("b via cpumap", Duration::from_secs(2), || {
+        maps.endpoint(b_ip)
+            .unwrap()
+            .is_some_and(|e| e.redirect == 1 && e.cpu_mask == 1)
+    });
+    let a_idx = net.node.ifindex(&ha).unwrap();
+    let via = || {
+        maps.counters(a_idx)
+            .unwrap()
+            .packets(Verdict::RedirectCpumap)
+    };
+    let before = via();
+    ping(&pods[0].0, b_ip, 3).unwrap();
+    assert!(via() >= before + 3, "a->b through the cpumap");
+    annotate(
+        "b",
+        json!({ "xdpcni.io/redirect": null, "xdpcni.io/cpus": null }),
+    );
+
     // A bad value: an Event on the pod naming the problem and the fallback,
     // and the pod keeps working on the node default.
     annotate("a", json!({ "xdpcni.io/xdp-mode": "turbo" }));
@@ -269,7 +300,6 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         Ok(())
     })
     .unwrap();
-    let maps = Maps::open_pinned(pins.path()).unwrap();
     wait_for("b kernel-only", Duration::from_secs(2), || {
         maps.endpoint(b_ip)
             .unwrap()
