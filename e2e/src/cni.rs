@@ -353,6 +353,12 @@ impl NodeProcess {
         self.child.as_ref().map_or(0, std::process::Child::id)
     }
 
+    /// Waits for the process to exit by itself; its exit code.
+    pub fn wait(mut self) -> Result<Option<i32>> {
+        let mut child = self.child.take().context("already stopped")?;
+        Ok(child.wait()?.code())
+    }
+
     /// Sends `signal` and waits for the exit; returns the exit status code
     /// (None when killed by a signal).
     pub fn stop(mut self, signal: i32) -> Result<Option<i32>> {

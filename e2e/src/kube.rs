@@ -104,6 +104,9 @@ impl ApiServer {
                 "--insecure-port=0",
                 "--advertise-address=127.0.0.1",
                 "--disable-admission-plugins=ServiceAccount",
+                // As kubeadm and every CNI-carrying cluster: DaemonSets like
+                // ours run privileged.
+                "--allow-privileged=true",
             ],
             &d.join("apiserver.log"),
         )?;

@@ -403,3 +403,76 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     );
     drop(api);
 }
+
+/// `helm install` of the chart into the real API server, then the RBAC
+/// authorizer asked (SubjectAccessReview) what the agent's ServiceAccount
+/// may do: everything the agent uses, nothing more.
+#[test]
+fn the_chart_installs_and_grants_exactly_what_the_agent_uses() {
+    let node = Netns::new("xn").unwrap();
+    let api = ApiServer::start(&node).unwrap();
+    let helm = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/helm.sh"))
+        .output()
+        .unwrap();
+    let helm = String::from_utf8(helm.stdout).unwrap().trim().to_string();
+    let home = xdpcni_e2e::cni::TempDir::new("xdpcni-helm-").unwrap();
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/xdpcni");
+    let out = node
+        .exec(&[
+            "env",
+            &format!("HOME={}", home.path().display()),
+            &helm,
+            "install",
+            "xdpcni",
+            chart,
+            "--namespace",
+            "kube-system",
+            "--kubeconfig",
+            api.kubeconfig.to_str().unwrap(),
+        ])
+        .unwrap();
+    assert!(out.contains("STATUS: deployed"), "{out}");
+
+    let checks: Vec<(&str, &str, &str, bool)> = vec![
+        ("", "pods", "watch", true),
+        ("", "pods", "list", true),
+        ("", "nodes", "get", true),
+        ("", "nodes", "watch", true),
+        ("networking.k8s.io", "networkpolicies", "watch", true),
+        ("events.k8s.io", "events", "create", true),
+        ("events.k8s.io", "events", "patch", true),
+        // No more than that:
+        ("", "pods", "delete", false),
+        ("", "pods", "patch", false),
+        ("", "secrets", "get", false),
+        ("", "nodes", "update", false),
+        ("networking.k8s.io", "networkpolicies", "delete", false),
+    ];
+    let results = api
+        .with_client(&node, move |c| async move {
+            let sar: Api<k8s_openapi::api::authorization::v1::SubjectAccessReview> = Api::all(c.clone());
+            let ds: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(c, "kube-system");
+            let d = ds.get("xdpcni-agent").await?;
+            let spec = d.spec.unwrap().template.spec.unwrap();
+            assert_eq!(spec.service_account_name.as_deref(), Some("xdpcni-agent"));
+            assert_eq!(spec.init_containers.unwrap()[0].name, "install-cni");
+            let mut out = Vec::new();
+            for (group, resource, verb, want) in checks {
+                let review = serde_json::from_value(json!({
+                    "spec": {
+                        "user": "system:serviceaccount:kube-system:xdpcni-agent",
+                        "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system"],
+                        "resourceAttributes": { "group": group, "resource": resource, "verb": verb, "namespace": "default" },
+                    }
+                }))?;
+                let r = sar.create(&PostParams::default(), &review).await?;
+                out.push((resource, verb, want, r.status.map(|s| s.allowed)));
+            }
+            Ok(out)
+        })
+        .unwrap();
+    for (resource, verb, want, got) in results {
+        assert_eq!(got, Some(want), "{verb} {resource}");
+    }
+}

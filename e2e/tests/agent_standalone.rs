@@ -367,6 +367,19 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     assert_eq!(agent.stop(libc::SIGTERM).unwrap(), Some(0));
     node.wait_mode(&ha, "xdp", Duration::from_secs(1));
     ping(&pa, b_ip, 2).unwrap();
+    // uninstall: every link detached, every pin gone; kernel routing stays.
+    let un = NodeProcess::spawn(
+        &node.net.node,
+        &agent_binary().unwrap(),
+        &["uninstall", "--pin-dir", node.pins.path().to_str().unwrap()],
+        &node.net.dir.path().join("uninstall.log"),
+    )
+    .unwrap();
+    assert_eq!(un.wait().unwrap(), Some(0), "{}", node.log("uninstall.log"));
+    node.wait_mode(&ha, "none", Duration::from_secs(1));
+    node.wait_mode(&host(&rb), "none", Duration::from_secs(1));
+    assert!(!node.pins.path().exists(), "pins removed");
+    ping(&pa, b_ip, 2).unwrap();
     node.del_pod("a", &pa);
     node.del_pod("b", &pb);
 }
