@@ -222,29 +222,18 @@ impl Netlink {
     pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        match self.request(
-            &format!("looking up link {name}"),
-            RouteNetlinkMessage::GetLink(msg),
-            0,
-        ) {
-            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
-                _ => None,
-            })),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.get_link(&format!("looking up link {name}"), msg)
     }
 
     /// The link with ifindex `index`, or `None`.
     pub fn link_by_index(&mut self, index: u32) -> Result<Option<Link>> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
-        match self.request(
-            &format!("looking up link {index}"),
-            RouteNetlinkMessage::GetLink(msg),
-            0,
-        ) {
+        self.get_link(&format!("looking up link {index}"), msg)
+    }
+
+    fn get_link(&mut self, op: &str, msg: LinkMessage) -> Result<Option<Link>> {
+        match self.request(op, RouteNetlinkMessage::GetLink(msg), 0) {
             Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
                 _ => None,

@@ -45,40 +45,27 @@ pub fn escape(v: &str) -> String {
 /// Renders the exposition text.
 pub fn render(pods: &[PodMetrics], agent: &AgentMetrics) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_packets_total Packets seen by the XDP datapath, by pod and verdict."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_packets_total counter");
-    for p in pods {
-        for (v, s) in p.counters.iter() {
-            let _ = writeln!(
-                out,
-                "xdpcni_packets_total{{namespace=\"{}\",pod=\"{}\",interface=\"{}\",verdict=\"{}\"}} {}",
-                escape(&p.namespace),
-                escape(&p.pod),
-                escape(&p.interface),
-                v.label(),
-                s.packets
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_bytes_total Bytes seen by the XDP datapath, by pod and verdict."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_bytes_total counter");
-    for p in pods {
-        for (v, s) in p.counters.iter() {
-            let _ = writeln!(
-                out,
-                "xdpcni_bytes_total{{namespace=\"{}\",pod=\"{}\",interface=\"{}\",verdict=\"{}\"}} {}",
-                escape(&p.namespace),
-                escape(&p.pod),
-                escape(&p.interface),
-                v.label(),
-                s.bytes
-            );
+    for (family, help, bytes) in [
+        ("xdpcni_packets_total", "Packets", false),
+        ("xdpcni_bytes_total", "Bytes", true),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {family} {help} seen by the XDP datapath, by pod and verdict."
+        );
+        let _ = writeln!(out, "# TYPE {family} counter");
+        for p in pods {
+            for (v, s) in p.counters.iter() {
+                let _ = writeln!(
+                    out,
+                    "{family}{{namespace=\"{}\",pod=\"{}\",interface=\"{}\",verdict=\"{}\"}} {}",
+                    escape(&p.namespace),
+                    escape(&p.pod),
+                    escape(&p.interface),
+                    v.label(),
+                    if bytes { s.bytes } else { s.packets }
+                );
+            }
         }
     }
     let _ = writeln!(

@@ -406,3 +406,15 @@ pub fn http_get(node: &Netns, addr: &str, path: &str) -> Result<(u16, String)> {
         Ok((code, body))
     })
 }
+
+/// The addresses of a CNI result (`ips[].address` without the prefix).
+pub fn result_ips(result: &Value) -> Vec<IpAddr> {
+    result["ips"]
+        .as_array()
+        .map(|ips| {
+            ips.iter()
+                .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -169,3 +169,66 @@ pub fn tcp_transfer(from: &Netns, to_ns: &Netns, to: IpAddr, bytes: usize) -> Re
         Ok(mbps)
     })
 }
+
+/// `ping -i 0.01` from a namespace, running in the background while a test
+/// restarts or reconfigures things; killed by its PID on Drop.
+#[derive(Debug)]
+pub struct BackgroundPing {
+    child: Option<std::process::Child>,
+    count: u32,
+}
+
+impl BackgroundPing {
+    /// Starts `count` pings, one every 10 ms, from `from` to `to`.
+    pub fn start(from: &Netns, to: IpAddr, count: u32) -> Result<Self> {
+        let child = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                from.name(),
+                "ping",
+                "-n",
+                "-q",
+                "-i",
+                "0.01",
+                "-W",
+                "1",
+            ])
+            .arg("-c")
+            .arg(count.to_string())
+            .arg(to.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting ping")?;
+        Ok(Self {
+            child: Some(child),
+            count,
+        })
+    }
+
+    /// Waits for the end; how many replies were lost.
+    pub fn lost(mut self) -> Result<u32> {
+        let out = self
+            .child
+            .take()
+            .context("already waited")?
+            .wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let received: u32 = text
+            .split(',')
+            .find_map(|part| part.trim().strip_suffix(" received"))
+            .and_then(|n| n.trim().parse().ok())
+            .with_context(|| format!("no ping summary in {text}"))?;
+        Ok(self.count.saturating_sub(received))
+    }
+}
+
+impl Drop for BackgroundPing {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -24,7 +24,7 @@ use kube::{
 };
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
     kube::ApiServer,
     netns::Netns,
     traffic::ping,
@@ -48,13 +48,7 @@ fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Durati
 }
 
 fn ipv4(res: &Value) -> IpAddr {
-    res["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
-        .find(IpAddr::is_ipv4)
-        .unwrap()
+    *result_ips(res).iter().find(|i| i.is_ipv4()).unwrap()
 }
 
 #[test]

@@ -9,15 +9,14 @@
 use std::{
     net::IpAddr,
     path::PathBuf,
-    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
     netns::Netns,
-    traffic::{ping, tcp_transfer},
+    traffic::{ping, tcp_transfer, BackgroundPing},
     PinDir,
 };
 use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Maps};
@@ -139,63 +138,8 @@ fn host(res: &Value) -> String {
     res["interfaces"][0]["name"].as_str().unwrap().to_string()
 }
 
-fn ipv4(res: &Value) -> IpAddr {
-    res["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
-        .find(IpAddr::is_ipv4)
-        .unwrap()
-}
-
-/// `ping -i 0.01` in the background; killed by PID on Drop.
-struct Pinger(Option<Child>, u32);
-
-impl Pinger {
-    fn start(from: &Netns, to: IpAddr, count: u32) -> Self {
-        let c = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                from.name(),
-                "ping",
-                "-n",
-                "-q",
-                "-i",
-                "0.01",
-                "-W",
-                "1",
-                "-c",
-            ])
-            .arg(count.to_string())
-            .arg(to.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Self(Some(c), count)
-    }
-
-    fn lost(mut self) -> u32 {
-        let out = self.0.take().unwrap().wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let received: u32 = text
-            .split(',')
-            .find_map(|p| p.trim().strip_suffix(" received"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no summary: {text}"));
-        self.1 - received
-    }
-}
-
-impl Drop for Pinger {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+fn ipv4_of(res: &Value) -> IpAddr {
+    *result_ips(res).iter().find(|i| i.is_ipv4()).unwrap()
 }
 
 fn metrics(node: &Node) -> prometheus_parse::Scrape {
@@ -235,12 +179,12 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
 
     let (pa, ra) = node.add_pod("a");
     let (pb, rb) = node.add_pod("b");
-    let (ha, b_ip) = (host(&ra), ipv4(&rb));
+    let (ha, b_ip) = (host(&ra), ipv4_of(&rb));
     node.wait_mode(&ha, "xdp", Duration::from_secs(2));
     ping(&pa, b_ip, 2).unwrap();
 
     // Switch a: generic, off, native, while a pings b every 10 ms.
-    let pinger = Pinger::start(&pa, b_ip, 600);
+    let pinger = BackgroundPing::start(&pa, b_ip, 600).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     for (mode, want) in [
         ("generic", "xdpgeneric"),
@@ -265,7 +209,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         }
         if mode == "off" {
             let maps = Maps::open_pinned(node.pins.path()).unwrap();
-            let ep = maps.endpoint(ipv4(&ra)).unwrap().unwrap();
+            let ep = maps.endpoint(ipv4_of(&ra)).unwrap().unwrap();
             assert_eq!(
                 ep.flags & EP_KERNEL_ONLY,
                 EP_KERNEL_ONLY,
@@ -274,7 +218,11 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         }
         tcp_transfer(&pa, &pb, b_ip, 1 << 20).unwrap();
     }
-    assert_eq!(pinger.lost(), 0, "no ping lost across three mode switches");
+    assert_eq!(
+        pinger.lost().unwrap(),
+        0,
+        "no ping lost across three mode switches"
+    );
 
     // A bad value: an Event in Kubernetes, here the log and a counter; the
     // pod keeps working on the node default (native).
@@ -390,12 +338,12 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
     let agent = node.start_agent("agent1.log");
     let (pa, ra) = node.add_pod("a");
     let (pb, rb) = node.add_pod("b");
-    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4(&rb));
+    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4_of(&rb));
     node.wait_mode(&ha, "xdp", Duration::from_secs(2));
     let ids = |h: &str| node.net.node.xdp_attached(h).unwrap().unwrap().1;
     let before = (ids(&ha), ids(&hb));
 
-    let pinger = Pinger::start(&pa, b_ip, 400);
+    let pinger = BackgroundPing::start(&pa, b_ip, 400).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         agent.stop(libc::SIGKILL).unwrap(),
@@ -411,7 +359,7 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
     let _agent = node.start_agent("agent2.log");
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(
-        pinger.lost(),
+        pinger.lost().unwrap(),
         0,
         "no ping lost while the agent was killed and restarted"
     );

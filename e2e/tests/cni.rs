@@ -9,7 +9,7 @@ use std::{collections::HashSet, net::IpAddr, path::Path};
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{exec, Call, Network, REFERENCE_PLUGINS},
+    cni::{exec, result_ips, Call, Network, REFERENCE_PLUGINS},
     in_netns,
     netns::Netns,
     traffic::{ping, tcp_transfer},
@@ -22,18 +22,6 @@ const VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 /// Loads the datapath into `pins` from inside the node namespace.
 fn load_datapath(net: &Network, pins: &PinDir) {
     in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
-}
-
-fn result_ips(result: &Value) -> Vec<IpAddr> {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|ip| {
-            let a = ip["address"].as_str().unwrap();
-            a.split('/').next().unwrap().parse().unwrap()
-        })
-        .collect()
 }
 
 fn v4(ips: &[IpAddr]) -> IpAddr {

@@ -9,74 +9,18 @@
 use std::{
     io::Write,
     net::IpAddr,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
     in_netns,
-    topo::{fmt_mac, Node, Pod},
-    traffic::ping,
+    topo::{fmt_mac, Node},
+    traffic::{ping, BackgroundPing},
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode, Datapath, UPGRADE_TEST_OBJECT};
-
-/// `ping -i 0.01` running in the background; killed by PID on Drop.
-struct BackgroundPing {
-    child: Option<Child>,
-    count: u32,
-}
-
-impl BackgroundPing {
-    fn start(from: &Pod, to: IpAddr, count: u32) -> Self {
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                from.ns.name(),
-                "ping",
-                "-n",
-                "-q",
-                "-i",
-                "0.01",
-                "-W",
-                "1",
-            ])
-            .arg("-c")
-            .arg(count.to_string())
-            .arg(to.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ping");
-        Self {
-            child: Some(child),
-            count,
-        }
-    }
-
-    /// Waits for the end and returns how many replies were lost.
-    fn lost(mut self) -> u32 {
-        let out = self.child.take().unwrap().wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let received = text
-            .split(',')
-            .find_map(|part| part.trim().strip_suffix(" received"))
-            .and_then(|n| n.trim().parse::<u32>().ok())
-            .unwrap_or_else(|| panic!("no ping summary in {text}"));
-        self.count - received
-    }
-}
-
-impl Drop for BackgroundPing {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn spec(node: &Node, pins: &PinDir) -> Value {
     json!({
@@ -157,7 +101,7 @@ fn a_new_process_takes_over_without_dropping_traffic() {
     ping(&a.ns, IpAddr::V4(b.ipv4), 3).unwrap();
 
     // Two more processes come and go while A pings B every 10 ms.
-    let bg = BackgroundPing::start(a, IpAddr::V4(b.ipv4), 400);
+    let bg = BackgroundPing::start(&a.ns, IpAddr::V4(b.ipv4), 400).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     for _ in 0..2 {
         let again = holder(&spec);
@@ -174,7 +118,7 @@ fn a_new_process_takes_over_without_dropping_traffic() {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert_eq!(bg.lost(), 0, "no reply lost across restarts");
+    assert_eq!(bg.lost().unwrap(), 0, "no reply lost across restarts");
     assert_eq!(netlink_prog_ids(&node), ids, "program ids unchanged");
 }
 
@@ -198,7 +142,7 @@ fn an_upgrade_swaps_programs_atomically_under_traffic() {
     }
     let ids_before = netlink_prog_ids(&node);
 
-    let bg = BackgroundPing::start(a, IpAddr::V6(b.ipv6), 300);
+    let bg = BackgroundPing::start(&a.ns, IpAddr::V6(b.ipv6), 300).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     // Upgrade to a build with other instructions, then roll back.
     let mut seen = Vec::new();
@@ -225,7 +169,7 @@ fn an_upgrade_swaps_programs_atomically_under_traffic() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_ne!(seen[0], seen[1]);
-    assert_eq!(bg.lost(), 0, "no reply lost across the swaps");
+    assert_eq!(bg.lost().unwrap(), 0, "no reply lost across the swaps");
 }
 
 #[test]

@@ -10,10 +10,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
     netns::Netns,
     traffic::{ping, tcp_transfer, udp_echo},
     PinDir,
@@ -80,12 +80,7 @@ fn main() -> Result<()> {
         if out.status != 0 {
             bail!("CNI ADD {name}: {}", out.json);
         }
-        let ips: Vec<IpAddr> = out.json["ips"]
-            .as_array()
-            .context("ips")?
-            .iter()
-            .filter_map(|i| i["address"].as_str()?.split('/').next()?.parse().ok())
-            .collect();
+        let ips: Vec<IpAddr> = result_ips(&out.json);
         let host = out.json["interfaces"][0]["name"]
             .as_str()
             .unwrap_or_default()
