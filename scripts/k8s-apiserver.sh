@@ -9,10 +9,11 @@ D=${XDPCNI_K8S_CACHE:-/var/cache/xdpcni-k8s}
 BIN=$D/bin/kube-apiserver
 export DEBIAN_FRONTEND=noninteractive
 need=()
-for p in etcd-server golang-go rsync golang-github-modern-go-reflect2-dev; do
+for p in etcd-server golang-go rsync golang-github-modern-go-reflect2-dev dpkg-dev make; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
 done
 if [ "${#need[@]}" -gt 0 ]; then
+	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 if [ -x "$BIN" ]; then
