@@ -84,47 +84,42 @@ pub fn render(pods: &[PodMetrics], agent: &AgentMetrics) -> String {
             );
         }
     }
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_reconcile_errors_total Reconcile passes that failed for some pod."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_reconcile_errors_total counter");
-    let _ = writeln!(
-        out,
-        "xdpcni_reconcile_errors_total {}",
-        agent.reconcile_errors
-    );
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_reconcile_duration_seconds Time spent reconciling the node."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_reconcile_duration_seconds summary");
-    let _ = writeln!(
-        out,
-        "xdpcni_reconcile_duration_seconds_sum {}",
-        agent.reconcile_seconds
-    );
-    let _ = writeln!(
-        out,
-        "xdpcni_reconcile_duration_seconds_count {}",
-        agent.reconciles
-    );
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_policy_problems_total Annotation values refused, with a fallback used."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_policy_problems_total counter");
-    let _ = writeln!(
-        out,
-        "xdpcni_policy_problems_total {}",
-        agent.policy_problems
-    );
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_ready Whether the agent has reconciled the node."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_ready gauge");
-    let _ = writeln!(out, "xdpcni_ready {}", u8::from(agent.ready));
+    let scalars: [(&str, &str, &str, String); 4] = [
+        (
+            "xdpcni_reconcile_errors_total",
+            "counter",
+            "Reconcile passes that failed for some pod.",
+            agent.reconcile_errors.to_string(),
+        ),
+        (
+            "xdpcni_reconcile_duration_seconds",
+            "summary",
+            "Time spent reconciling the node.",
+            String::new(),
+        ),
+        (
+            "xdpcni_policy_problems_total",
+            "counter",
+            "Annotation values refused, with a fallback used.",
+            agent.policy_problems.to_string(),
+        ),
+        (
+            "xdpcni_ready",
+            "gauge",
+            "Whether the agent has reconciled the node.",
+            u8::from(agent.ready).to_string(),
+        ),
+    ];
+    for (name, kind, help, value) in &scalars {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        if *kind == "summary" {
+            let _ = writeln!(out, "{name}_sum {}", agent.reconcile_seconds);
+            let _ = writeln!(out, "{name}_count {}", agent.reconciles);
+        } else {
+            let _ = writeln!(out, "{name} {value}");
+        }
+    }
     out
 }
 
