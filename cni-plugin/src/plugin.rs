@@ -210,12 +210,7 @@ fn add_steps(
             if ip.is_ipv4() {
                 pnl.add_route(gw, 32, None, pod.index)?;
             }
-            let any = if ip.is_ipv4() {
-                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-            } else {
-                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-            };
-            pnl.add_route(any, 0, Some(gw), pod.index)?;
+            pnl.add_route(unspecified(*ip), 0, Some(gw), pod.index)?;
         }
         pod_offloads(&ifname, want_mode)?;
         Ok(pod.mac)
@@ -309,27 +304,27 @@ fn add_steps(
     Ok(result.to_json(&conf.cni_version))
 }
 
+/// `0.0.0.0` or `::`, in the family of `ip`.
+fn unspecified(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// One default route per family present, via that family's gateway.
 fn default_routes(ips: &[IpAddr]) -> Vec<Route> {
-    let mut routes = Vec::new();
-    if ips.iter().any(IpAddr::is_ipv4) {
-        routes.push(Route {
+    [false, true]
+        .into_iter()
+        .filter_map(|v6| ips.iter().find(|ip| ip.is_ipv6() == v6))
+        .map(|ip| Route {
             dst: Cidr {
-                ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                ip: unspecified(*ip),
                 prefix: 0,
             },
-            gw: Some(IpAddr::V4(GATEWAY_V4)),
-        });
-    }
-    if ips.iter().any(IpAddr::is_ipv6) {
-        routes.push(Route {
-            dst: Cidr {
-                ip: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                prefix: 0,
-            },
-            gw: Some(IpAddr::V6(GATEWAY_V6)),
-        });
-    }
-    routes
+            gw: Some(gateway(*ip)),
+        })
+        .collect()
 }
 
 /// Registers the pod in the datapath and attaches it in the configured mode,
