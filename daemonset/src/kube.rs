@@ -4,7 +4,8 @@
 //! NetworkPolicy kernel-only, and reports refused values as Events on the pod.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    net::IpAddr,
     sync::Arc,
     time::Duration,
 };
@@ -13,7 +14,7 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Pod},
+        core::v1::{Endpoints, Node, Pod},
         networking::v1::NetworkPolicy,
     },
     apimachinery::pkg::apis::meta::v1::LabelSelector,
@@ -27,6 +28,7 @@ use kube::{
     Api, Client, Resource,
 };
 use tracing::{info, warn};
+use xdpcni_ebpf::L4Proto;
 use xdpcni_plugin::state;
 
 use crate::{
@@ -84,6 +86,69 @@ pub fn policy_selected(
     out
 }
 
+/// The NAT'd ports of this node's pods: every Endpoints address that is a
+/// local pod, with each port of its subset (a Service backend: replies to a
+/// ClusterIP client must be un-DNATed), and every container port published
+/// as a hostPort.
+pub fn nat_ports(
+    records: &[xdpcni_plugin::state::Record],
+    endpoints: &[Arc<Endpoints>],
+    pods: &[Arc<Pod>],
+) -> BTreeSet<(IpAddr, L4Proto, u16)> {
+    let local: HashSet<IpAddr> = records.iter().flat_map(|r| r.ips.iter().copied()).collect();
+    let proto = |p: Option<&str>| match p.unwrap_or("TCP") {
+        "TCP" => Some(L4Proto::Tcp),
+        "UDP" => Some(L4Proto::Udp),
+        _ => None,
+    };
+    let mut out = BTreeSet::new();
+    for ep in endpoints {
+        for subset in ep.subsets.iter().flatten() {
+            let addrs = subset
+                .addresses
+                .iter()
+                .flatten()
+                .chain(subset.not_ready_addresses.iter().flatten())
+                .filter_map(|a| a.ip.parse::<IpAddr>().ok())
+                .filter(|ip| local.contains(ip));
+            for ip in addrs {
+                for port in subset.ports.iter().flatten() {
+                    if let (Some(p), Ok(n)) =
+                        (proto(port.protocol.as_deref()), u16::try_from(port.port))
+                    {
+                        out.insert((ip, p, n));
+                    }
+                }
+            }
+        }
+    }
+    for pod in pods {
+        let ips: Vec<IpAddr> = records
+            .iter()
+            .filter(|r| {
+                Some(r.pod_namespace.as_str()) == pod.metadata.namespace.as_deref()
+                    && Some(r.pod_name.as_str()) == pod.metadata.name.as_deref()
+            })
+            .flat_map(|r| r.ips.iter().copied())
+            .collect();
+        let containers = pod.spec.iter().flat_map(|s| s.containers.iter());
+        for port in containers.flat_map(|c| c.ports.iter().flatten()) {
+            if port.host_port.is_none() {
+                continue;
+            }
+            if let (Some(p), Ok(n)) = (
+                proto(port.protocol.as_deref()),
+                u16::try_from(port.container_port),
+            ) {
+                for ip in &ips {
+                    out.insert((*ip, p, n));
+                }
+            }
+        }
+    }
+    out
+}
+
 fn drive<K>(api: Api<K>, cfg: watcher::Config) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -123,6 +188,10 @@ pub async fn run(cfg: Config) -> Result<()> {
         watcher::Config::default(),
     );
     let nodes = drive(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let endpoints = drive(
+        Api::<Endpoints>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
     tokio::spawn(conn);
     let recorder = Recorder::new(
@@ -142,6 +211,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(30), pods.wait_until_ready()).await;
     let _ = tokio::time::timeout(Duration::from_secs(30), policies.wait_until_ready()).await;
     let _ = tokio::time::timeout(Duration::from_secs(30), nodes.wait_until_ready()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(30), endpoints.wait_until_ready()).await;
     info!(node = %node, "watching pods and network policies");
     while !stopping() {
         let pod_list = pods.state();
@@ -161,10 +231,16 @@ pub async fn run(cfg: Config) -> Result<()> {
             })
             .collect();
         let records = state::list(&cfg.state_dir).unwrap_or_default();
+        let nat = nat_ports(&records, &endpoints.state(), &pod_list);
         let (back, pass) = tokio::task::spawn_blocking(move || {
             let pass = rec.pass(&records, |ns, name| {
                 inputs.get(&(ns.to_string(), name.to_string())).cloned()
             });
+            match rec.sync_nat_ports(&nat) {
+                Ok((0, 0)) => {}
+                Ok((added, removed)) => info!(added, removed, "NAT'd ports updated"),
+                Err(e) => warn!(error = %e, "NAT'd ports"),
+            }
             (rec, pass)
         })
         .await?;
@@ -220,6 +296,61 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn nat_ports_from_endpoints_and_host_ports() {
+        let rec = |ns: &str, name: &str, ip: &str| xdpcni_plugin::state::Record {
+            container_id: name.into(),
+            ifname: "eth0".into(),
+            netns: String::new(),
+            host_veth: String::new(),
+            host_ifindex: 1,
+            host_mac: String::new(),
+            pod_mac: String::new(),
+            ips: vec![ip.parse().unwrap()],
+            mtu: 1500,
+            headroom_requested: 256,
+            headroom_effective: None,
+            xdp_mode: "native".into(),
+            redirect: "devmap".into(),
+            pod_namespace: ns.into(),
+            pod_name: name.into(),
+        };
+        let records = vec![
+            rec("default", "a", "10.1.0.2"),
+            rec("default", "b", "10.1.0.3"),
+        ];
+        let eps: Vec<Arc<Endpoints>> = vec![Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "svc", "namespace": "default" },
+                "subsets": [{
+                    "addresses": [{ "ip": "10.1.0.2" }, { "ip": "10.9.9.9" }],
+                    "ports": [{ "port": 8080 }, { "port": 53, "protocol": "UDP" }, { "port": 9, "protocol": "SCTP" }],
+                }],
+            }))
+            .unwrap(),
+        )];
+        let pods: Vec<Arc<Pod>> = vec![Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "b", "namespace": "default" },
+                "spec": { "containers": [{ "name": "c", "ports": [
+                    { "containerPort": 80, "hostPort": 8000 },
+                    { "containerPort": 81 },
+                ] }] },
+            }))
+            .unwrap(),
+        )];
+        let got: Vec<_> = nat_ports(&records, &eps, &pods).into_iter().collect();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (ip("10.1.0.2"), L4Proto::Tcp, 8080),
+                (ip("10.1.0.2"), L4Proto::Udp, 53),
+                (ip("10.1.0.3"), L4Proto::Tcp, 80),
+            ]
+        );
     }
 
     #[test]

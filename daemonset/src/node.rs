@@ -105,6 +105,26 @@ impl Reconciler {
         }
     }
 
+    /// Makes the datapath's NAT'd ports equal `want`: the (address, protocol,
+    /// port) of local pods that are Service backends or hostPort targets,
+    /// whose replies conntrack must translate. Returns (added, removed).
+    pub fn sync_nat_ports(
+        &mut self,
+        want: &std::collections::BTreeSet<(std::net::IpAddr, xdpcni_ebpf::L4Proto, u16)>,
+    ) -> Result<(usize, usize), xdpcni_ebpf::Error> {
+        let have: std::collections::BTreeSet<_> = self.dp.maps().nat_ports()?.into_iter().collect();
+        let (mut added, mut removed) = (0, 0);
+        for (ip, proto, port) in want.difference(&have) {
+            self.dp.maps_mut().add_nat_port(*ip, *proto, *port)?;
+            added += 1;
+        }
+        for (ip, proto, port) in have.difference(want) {
+            self.dp.maps_mut().remove_nat_port(*ip, *proto, *port)?;
+            removed += 1;
+        }
+        Ok((added, removed))
+    }
+
     /// Applies every record's policy; `input` gives what is known of a pod
     /// (None: nothing, the node defaults apply).
     pub fn pass(

@@ -252,6 +252,59 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         json!({ "xdpcni.io/redirect": null, "xdpcni.io/cpus": null }),
     );
 
+    // b backs a Service on 8080/tcp (an Endpoints object): replies from
+    // b:8080 go to the kernel for un-DNAT, even to a pod that connects to b's
+    // address directly.
+    api.with_client(&net.node, move |c| async move {
+        let eps: Api<k8s_openapi::api::core::v1::Endpoints> = Api::namespaced(c, "default");
+        eps.create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "svc" },
+            "subsets": [{ "addresses": [{ "ip": b_ip.to_string() }], "ports": [{ "port": 8080, "protocol": "TCP" }] }],
+        }))?)
+        .await?;
+        Ok(())
+    })
+    .unwrap();
+    wait_for("b:8080 NAT'd", Duration::from_secs(2), || {
+        maps.nat_ports()
+            .unwrap()
+            .contains(&(b_ip, xdpcni_ebpf::L4Proto::Tcp, 8080))
+    });
+    let b_idx = net
+        .node
+        .ifindex(pods[1].1["interfaces"][0]["name"].as_str().unwrap())
+        .unwrap();
+    let nat_before = maps.counters(b_idx).unwrap().packets(Verdict::PassNat);
+    std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            xdpcni_e2e::in_netns(&pods[1].0, || {
+                let l = std::net::TcpListener::bind((b_ip, 8080))?;
+                let (mut c, _) = l.accept()?;
+                std::io::copy(&mut c.try_clone()?, &mut c)?;
+                Ok(())
+            })
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        xdpcni_e2e::in_netns(&pods[0].0, || {
+            use std::io::{Read, Write};
+            let mut c =
+                std::net::TcpStream::connect_timeout(&(b_ip, 8080).into(), Duration::from_secs(3))?;
+            c.write_all(b"through the kernel")?;
+            c.shutdown(std::net::Shutdown::Write)?;
+            let mut back = String::new();
+            c.read_to_string(&mut back)?;
+            assert_eq!(back, "through the kernel");
+            Ok(())
+        })
+        .unwrap();
+        server.join().unwrap().unwrap();
+    });
+    let nat_after = maps.counters(b_idx).unwrap().packets(Verdict::PassNat);
+    assert!(
+        nat_after >= nat_before + 2,
+        "replies from b:8080 passed for NAT: {nat_before} -> {nat_after}"
+    );
+
     // A bad value: an Event on the pod naming the problem and the fallback,
     // and the pod keeps working on the node default.
     annotate("a", json!({ "xdpcni.io/xdp-mode": "turbo" }));
@@ -434,6 +487,8 @@ fn the_chart_installs_and_grants_exactly_what_the_agent_uses() {
         ("", "nodes", "get", true),
         ("", "nodes", "watch", true),
         ("networking.k8s.io", "networkpolicies", "watch", true),
+        ("", "endpoints", "watch", true),
+        ("", "endpoints", "update", false),
         ("events.k8s.io", "events", "create", true),
         ("events.k8s.io", "events", "patch", true),
         // No more than that:

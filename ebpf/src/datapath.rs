@@ -158,7 +158,7 @@ impl Counters {
 }
 
 /// L4 protocol of a NAT'd port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum L4Proto {
     /// TCP.
     Tcp,
@@ -381,6 +381,28 @@ impl Maps {
         removed(self.nat_ports.remove(&nat_key(addr, proto, port)), || {
             format!("removing NAT port {addr}/{port}")
         })
+    }
+
+    /// Every NAT'd port as (address, protocol, port).
+    pub fn nat_ports(&self) -> Result<Vec<(IpAddr, L4Proto, u16)>> {
+        let mut out = Vec::new();
+        for k in self.nat_ports.keys() {
+            let k = k.map_err(|e| Error::map("listing NAT ports", e))?;
+            let ep = EndpointKey {
+                family: k.family,
+                pad: [0; 3],
+                addr: k.addr,
+            };
+            let proto = match k.proto {
+                6 => L4Proto::Tcp,
+                17 => L4Proto::Udp,
+                _ => continue,
+            };
+            if let Some(ip) = ep.ip() {
+                out.push((ip, proto, u16::from_be(k.port)));
+            }
+        }
+        Ok(out)
     }
 
     /// Counters of host veth `ifindex`.
