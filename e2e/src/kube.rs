@@ -1,6 +1,6 @@
 //! A real Kubernetes control plane for the agent's tests: etcd (Debian) and
 //! kube-apiserver 1.20.2 (built from Debian's source by
-//! scripts/k8s-apiserver.sh) started inside a node's network namespace, with
+//! scripts/k8s-build.sh) started inside a node's network namespace, with
 //! a token kubeconfig. Both processes are killed by PID and their data
 //! removed on Drop.
 
@@ -17,14 +17,17 @@ use crate::{
     netns::{run, Netns},
 };
 
-/// Where scripts/k8s-apiserver.sh puts the binary (or XDPCNI_KUBE_APISERVER).
+/// Where scripts/k8s-build.sh puts the binary: `$XDPCNI_K8S_CACHE/bin`
+/// (default /var/cache/xdpcni-k8s), or XDPCNI_KUBE_APISERVER.
 pub fn apiserver_binary() -> Result<PathBuf> {
+    let cache =
+        std::env::var("XDPCNI_K8S_CACHE").unwrap_or_else(|_| "/var/cache/xdpcni-k8s".into());
     let p = std::env::var("XDPCNI_KUBE_APISERVER")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from("/var/cache/xdpcni-k8s/bin/kube-apiserver"));
+        .unwrap_or_else(|_| PathBuf::from(cache).join("bin/kube-apiserver"));
     if !p.is_file() {
         bail!(
-            "{} is missing: run scripts/k8s-apiserver.sh (scripts/setup.sh does)",
+            "{} is missing: run scripts/k8s-build.sh (scripts/setup.sh does)",
             p.display()
         );
     }

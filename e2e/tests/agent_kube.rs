@@ -4,7 +4,7 @@
 //! the matching K8S_POD_* args; annotations switch modes (seen over
 //! netlink), a bad value becomes an Event and a fallback, and a
 //! NetworkPolicy makes the pods it selects kernel-only.
-//! Needs root, bpffs, containernetworking-plugins, and scripts/k8s-apiserver.sh.
+//! Needs root, bpffs, containernetworking-plugins, and scripts/k8s-build.sh.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
 
