@@ -7,6 +7,7 @@
 pub mod config;
 pub mod error;
 pub mod ethtool;
+pub mod install;
 pub mod ipam;
 pub mod log;
 pub mod netlink;

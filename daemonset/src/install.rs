@@ -1,20 +1,17 @@
-//! `install-cni`: what the chart's init container runs on every node. Writes
+//! `install-cni`: what the chart's init container runs on every node. Builds
 //! the CNI conflist for this node (its pod CIDRs from the Node object, the
-//! agent's datapath settings) and installs the `xdpcni` binary, each
-//! atomically (a temporary file renamed into place), so a runtime never reads
-//! half a file.
+//! agent's datapath settings) and hands it to the plugin crate's installer
+//! (`xdpcni_plugin::install`), which the node clean-up (`xdpcni uninstall`)
+//! shares.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Value};
+use xdpcni_plugin::install::{InstallPlan, Manifest};
 
 use crate::standalone::Config;
-
-/// The conflist file name: sorts before most others, as the runtime takes
-/// the first file.
-pub const CONFLIST_NAME: &str = "10-xdpcni.conflist";
 
 /// The pod CIDRs of `node` (IPv4 and/or IPv6).
 pub async fn node_pod_cidrs(node: &str) -> Result<Vec<String>> {
@@ -68,51 +65,24 @@ pub fn conflist(cfg: &Config, cidrs: &[String]) -> Value {
     })
 }
 
-fn atomic_write(dest: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = dest.parent().context("destination has no directory")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        dest.file_name().and_then(|n| n.to_str()).unwrap_or("x"),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
-    std::fs::rename(&tmp, dest).with_context(|| format!("renaming to {}", dest.display()))
-}
-
-/// Writes the conflist into `conf_dir` and copies `plugin` into `bin_dir`.
+/// Writes the conflist into `conf_dir` and installs `plugin` (and the
+/// reference plugins the node lacks) into `bin_dir`, recording what it
+/// created for `xdpcni uninstall`.
 pub fn install(
     cfg: &Config,
     cidrs: &[String],
     conf_dir: &Path,
     bin_dir: &Path,
     plugin: &Path,
-) -> Result<PathBuf> {
-    let bin = std::fs::read(plugin).with_context(|| format!("reading {}", plugin.display()))?;
-    atomic_write(&bin_dir.join("xdpcni"), &bin, 0o755)?;
-    // The conflist also names host-local and portmap: install them from the
-    // image (next to the plugin) or Debian's package when the node lacks them.
-    for extra in ["host-local", "portmap"] {
-        if bin_dir.join(extra).exists() {
-            continue;
-        }
-        let candidates = [
-            plugin.with_file_name(extra),
-            Path::new("/usr/lib/cni").join(extra),
-        ];
-        if let Some(src) = candidates.iter().find(|p| p.is_file()) {
-            let bytes = std::fs::read(src).with_context(|| format!("reading {}", src.display()))?;
-            atomic_write(&bin_dir.join(extra), &bytes, 0o755)?;
-        }
-    }
+) -> Result<Manifest> {
     let list = conflist(cfg, cidrs);
-    let dest = conf_dir.join(CONFLIST_NAME);
-    atomic_write(
-        &dest,
-        serde_json::to_string_pretty(&list)?.as_bytes(),
-        0o644,
-    )?;
-    Ok(dest)
+    Ok(xdpcni_plugin::install::install(&InstallPlan {
+        conflist: &list,
+        conf_dir,
+        bin_dir,
+        plugin,
+        system_plugins: Path::new("/usr/lib/cni"),
+        pin_dir: &cfg.pin_dir,
+        state_dir: &cfg.state_dir,
+    })?)
 }

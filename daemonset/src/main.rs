@@ -4,7 +4,11 @@
 //! xdpcni-agent run --config FILE          watch this node's pods (NODE_NAME, KUBECONFIG or in-cluster)
 //! xdpcni-agent standalone --config FILE   run without Kubernetes (pods file)
 //! xdpcni-agent install-cni --config FILE [--cni-conf-dir D] [--cni-bin-dir D] [--plugin P] [--pod-cidr C]...
-//! xdpcni-agent uninstall [--pin-dir DIR]  detach the datapath everywhere and unpin it
+//! xdpcni-agent prepare-node [--host-proc /host/proc] [--bpf-root /sys/fs/bpf] [--netns-dir /run/netns]
+//!                                         the chart's first init container: bpffs and the netns mount
+//! xdpcni-agent uninstall [--pin-dir DIR] [--state-dir DIR]
+//!                                         detach the datapath everywhere and unpin it; with
+//!                                         --state-dir, also remove what install-cni installed
 //! ```
 
 use std::path::PathBuf;
@@ -54,14 +58,39 @@ fn main() -> Result<()> {
                 std::path::Path::new(&bin_dir),
                 &plugin,
             )?;
-            eprintln!("xdpcni-agent: wrote {} for {cidrs:?}, installed xdpcni in {bin_dir}", dest.display());
+            eprintln!(
+                "xdpcni-agent: wrote {} for {cidrs:?}, installed {} in {bin_dir}",
+                dest.conflist.display(),
+                dest.binaries
+                    .iter()
+                    .filter_map(|b| b.file_name()?.to_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             Ok(())
         }
         Some("standalone") => {
             let cfg = read_config(&args)?;
             xdpcni_agent::standalone::run(&cfg)
         }
+        Some("prepare-node") => {
+            let host_proc = flag(&args, "--host-proc").map(PathBuf::from);
+            let bpf_root = flag(&args, "--bpf-root").unwrap_or_else(|| "/sys/fs/bpf".into());
+            let netns_dir = flag(&args, "--netns-dir").unwrap_or_else(|| "/run/netns".into());
+            xdpcni_agent::prepare::prepare_node(
+                host_proc.as_deref(),
+                std::path::Path::new(&bpf_root),
+                std::path::Path::new(&netns_dir),
+            )
+        }
         Some("uninstall") => {
+            if let Some(state) = flag(&args, "--state-dir") {
+                let removed = xdpcni_plugin::install::uninstall(std::path::Path::new(&state))
+                    .with_context(|| format!("uninstalling the installation recorded in {state}"))?;
+                for p in removed.paths {
+                    eprintln!("xdpcni-agent: removed {}", p.display());
+                }
+            }
             let dir =
                 flag(&args, "--pin-dir").unwrap_or_else(|| xdpcni_ebpf::DEFAULT_PIN_DIR.into());
             xdpcni_ebpf::Datapath::uninstall(&PathBuf::from(&dir))
@@ -70,7 +99,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         _ => bail!(
-            "usage: xdpcni-agent run|standalone|install-cni --config FILE ... | uninstall [--pin-dir DIR]"
+            "usage: xdpcni-agent run|standalone|install-cni --config FILE ... | prepare-node [...] | uninstall [--pin-dir DIR] [--state-dir DIR]"
         ),
     }
 }
