@@ -7,5 +7,6 @@ pub mod kube;
 pub mod metrics;
 pub mod node;
 pub mod policy;
+pub mod prepare;
 pub mod routes;
 pub mod standalone;

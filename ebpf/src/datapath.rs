@@ -48,7 +48,6 @@ const MAP_TX_PORTS: &str = "tx_ports";
 const MAP_CPU_MAP: &str = "cpu_map";
 const MAP_NAT_PORTS: &str = "nat_ports";
 const MAP_STATS: &str = "stats";
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// How the program runs on a host veth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -210,19 +209,7 @@ fn ensure_bpffs(dir: &Path) -> Result<()> {
     } else {
         dir.parent().unwrap_or(dir)
     };
-    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(probe.as_os_str()))
-        .map_err(|e| Error::Invalid {
-            what: "pin directory",
-            why: e.to_string(),
-        })?;
-    // SAFETY: statfs is plain old data; zeroed is a valid initial value.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is a valid NUL-terminated path and st a valid out-pointer.
-    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(Error::io("statfs", probe, std::io::Error::last_os_error()));
-    }
-    #[allow(clippy::unnecessary_cast)]
-    if st.f_type as i64 != BPF_FS_MAGIC {
+    if !crate::bpffs::is_bpffs(probe)? {
         return Err(Error::NotBpffs(probe.to_path_buf()));
     }
     Ok(())

@@ -6,12 +6,14 @@
 //! `#[repr(C)]` twins of the shared structs, [`Datapath`] loads, pins and
 //! attaches the programs, and [`Maps`] opens the pinned maps alone.
 
+mod bpffs;
 mod datapath;
 mod error;
 mod sys;
 
 pub mod abi;
 
+pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::{
     AttachMode, Attachment, Counters, Datapath, L4Proto, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR,
     FROM_POD_PROGRAM,

@@ -1,0 +1,57 @@
+//! The BPF filesystem the datapath is pinned on.
+
+use std::{ffi::CString, os::unix::ffi::OsStrExt, path::Path};
+
+use crate::{Error, Result};
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|e| Error::Invalid {
+        what: "path",
+        why: e.to_string(),
+    })
+}
+
+/// Whether `path` lies on a bpffs.
+pub fn is_bpffs(path: &Path) -> Result<bool> {
+    let c = c_path(path)?;
+    // SAFETY: statfs is plain old data; zeroed is a valid initial value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid NUL-terminated path and st a valid out-pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(Error::io("statfs", path, std::io::Error::last_os_error()));
+    }
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+}
+
+/// Mounts a bpffs on `path` (created if missing) unless one is there.
+/// `Ok(true)` if it mounted one.
+pub fn mount_bpffs(path: &Path) -> Result<bool> {
+    std::fs::create_dir_all(path).map_err(|e| Error::io("creating", path, e))?;
+    if is_bpffs(path)? {
+        return Ok(false);
+    }
+    let target = c_path(path)?;
+    let fstype = c"bpf";
+    let opts = c"mode=0700";
+    // SAFETY: every pointer is a valid NUL-terminated string for the call.
+    let rc = unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            opts.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(Error::io(
+            "mounting bpffs on",
+            path,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(true)
+}
