@@ -397,7 +397,7 @@ fn kernel_only_endpoints_go_to_kernel_both_ways() {
 }
 
 #[test]
-fn replies_from_nated_ports_go_to_kernel() {
+fn flows_from_and_to_nated_ports_go_to_kernel() {
     with_datapath(|node, dp| {
         let (a, b) = (&node.pods[0], &node.pods[1]);
         // B:8080/tcp and B:53/udp are Service backends: their replies to A
@@ -415,9 +415,16 @@ fn replies_from_nated_ports_go_to_kernel() {
         assert_eq!(run(dp, b, &direct).action, XDP_REDIRECT);
         let udp8080 = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_UDP, udp(8080, 40000, b"")));
         assert_eq!(run(dp, b, &udp8080).action, XDP_REDIRECT);
-        // Requests *to* the backend port addressed to the pod IP are not NAT'd.
+        // Requests *to* the backend port addressed to the pod IP take the
+        // kernel path too: conntrack must see them, or kube-proxy drops the
+        // replies above as INVALID (seen on a real node).
         let req = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40000, 8080)));
-        assert_eq!(run(dp, a, &req).action, XDP_REDIRECT);
+        expect_unchanged(dp, a, &req, XDP_PASS, Verdict::PassNat);
+        let req6 = v6_frame(a, a.ipv6, b.ipv6, 64, (IPPROTO_UDP, udp(40000, 53, b"q")));
+        expect_unchanged(dp, a, &req6, XDP_PASS, Verdict::PassNat);
+        // To another port of the same pod: fast path.
+        let other = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40000, 8081)));
+        assert_eq!(run(dp, a, &other).action, XDP_REDIRECT);
         // Removed: fast path again.
         assert!(dp
             .maps_mut()

@@ -51,8 +51,9 @@ struct endpoint_info {
 
 /*
  * A port the kernel translates: a Service backend or hostPort target. Packets
- * whose *source* is (addr, proto, port) may be replies that conntrack must
- * un-DNAT, so they go to the kernel.
+ * from (addr, proto, port) may be replies that conntrack must un-DNAT, and
+ * packets to it are requests conntrack must see for those replies to be valid:
+ * both go to the kernel.
  */
 struct nat_port_key {
 	__u8 family; /* XDPCNI_FAMILY_* */
@@ -77,7 +78,7 @@ enum xdpcni_verdict {
 	XDPCNI_V_PASS_TTL = 7,		/* TTL/hop limit would expire: kernel sends ICMP */
 	XDPCNI_V_PASS_KERNEL_ONLY = 8,	/* source or destination flagged kernel-only */
 	XDPCNI_V_PASS_MTU = 9,		/* larger than the destination MTU */
-	XDPCNI_V_PASS_NAT = 10,		/* source is a port the kernel NATs */
+	XDPCNI_V_PASS_NAT = 10,		/* from or to a port the kernel NATs */
 	XDPCNI_V_PASS_L4 = 11,		/* fragments, IPv6 ext headers, other protocols */
 	XDPCNI_V_PASS_NO_TARGET = 12,	/* no devmap/cpumap entry for the destination */
 	XDPCNI_V_PASS_MALFORMED = 13,	/* truncated or invalid headers */

@@ -137,6 +137,8 @@ struct packet {
 	__u8 proto;
 	__u8 pad;
 	__u16 sport; /* network order, 0 for ICMP */
+	__u16 dport; /* network order, 0 for ICMP */
+	__u16 pad2;
 	__u8 *ttl;   /* TTL or hop limit byte */
 	__u16 *csum; /* IPv4 header checksum, NULL for IPv6 */
 };
@@ -156,6 +158,7 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
 		p->sport = h->a;
+		p->dport = h->b;
 		p->flow_hash ^= mix(((__u32)h->a << 16) | h->b);
 		return PARSE_OK;
 	case IPPROTO_ICMP:
@@ -302,6 +305,12 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	if (p.l3_len > dst_ep->mtu)
 		return verdict(ctx, XDPCNI_V_PASS_MTU, XDP_PASS);
 	if (p.sport) {
+		/*
+		 * A flow from or to a port the kernel NATs takes the kernel path
+		 * both ways: replies need un-DNAT, and conntrack must see the
+		 * requests too, or it finds the replies INVALID (kube-proxy
+		 * drops those).
+		 */
 		struct nat_port_key nk = {
 		    .family = p.src.family,
 		    .proto = p.proto,
@@ -309,6 +318,10 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		};
 
 		__builtin_memcpy(nk.addr, p.src.addr, 16);
+		if (bpf_map_lookup_elem(&nat_ports, &nk))
+			return verdict(ctx, XDPCNI_V_PASS_NAT, XDP_PASS);
+		nk.port = p.dport;
+		__builtin_memcpy(nk.addr, p.dst.addr, 16);
 		if (bpf_map_lookup_elem(&nat_ports, &nk))
 			return verdict(ctx, XDPCNI_V_PASS_NAT, XDP_PASS);
 	}
