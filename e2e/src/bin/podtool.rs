@@ -1,0 +1,176 @@
+//! `podtool`: the traffic tool inside the local Kubernetes test pods
+//! (e2e/k8s), next to busybox. Every client is bounded in time and exits
+//! non-zero with a message when the network does not do what it checks.
+//!
+//! ```text
+//! podtool serve PORT...              on each PORT, TCP: greets every connection with the
+//!                                    pod's name, then discards what it is sent; UDP: echoes
+//! podtool greet ADDR PORT N          N TCP connections in a row, each must get a greeting;
+//!                                    prints each distinct greeting with its count
+//! podtool echo ADDR PORT N           N UDP datagrams, each must be echoed within 1 s
+//! podtool stream ADDR PORT SECS      one TCP stream for SECS seconds; prints Gbit/s and
+//!                                    the longest time no byte could be sent
+//! ```
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize, what: &str| -> Result<&str> {
+        args.get(i)
+            .map(String::as_str)
+            .with_context(|| format!("missing {what}; see the usage at the top of podtool.rs"))
+    };
+    match arg(0, "command")? {
+        "serve" => {
+            arg(1, "PORT")?;
+            let ports = args[1..]
+                .iter()
+                .map(|p| p.parse().with_context(|| format!("port {p:?}")))
+                .collect::<Result<Vec<u16>>>()?;
+            serve(&ports)
+        }
+        "greet" => greet(
+            target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
+            arg(3, "N")?.parse()?,
+        ),
+        "echo" => echo(
+            target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
+            arg(3, "N")?.parse()?,
+        ),
+        "stream" => stream(
+            target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
+            arg(3, "SECS")?.parse()?,
+        ),
+        other => bail!("unknown command {other:?}"),
+    }
+}
+
+fn target(addr: &str, port: &str) -> Result<SocketAddr> {
+    let ip: IpAddr = addr.parse().with_context(|| format!("address {addr:?}"))?;
+    Ok(SocketAddr::new(
+        ip,
+        port.parse().with_context(|| format!("port {port:?}"))?,
+    ))
+}
+
+fn serve(ports: &[u16]) -> Result<()> {
+    let name = std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "pod".into());
+    let mut listeners = Vec::new();
+    for &port in ports {
+        let udp =
+            UdpSocket::bind(("0.0.0.0", port)).with_context(|| format!("binding UDP {port}"))?;
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, peer)) = udp.recv_from(&mut buf) {
+                let _ = udp.send_to(&buf[..n], peer);
+            }
+        });
+        listeners.push(
+            TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding TCP {port}"))?,
+        );
+    }
+    eprintln!("podtool: serving on ports {ports:?} as {name}");
+    let mut threads = Vec::new();
+    for tcp in listeners {
+        let name = name.clone();
+        threads.push(std::thread::spawn(move || {
+            for conn in tcp.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let greeting = format!("{name}\n");
+                std::thread::spawn(move || {
+                    if conn.write_all(greeting.as_bytes()).is_err() {
+                        return;
+                    }
+                    let mut buf = vec![0u8; 1 << 16];
+                    while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+                });
+            }
+        }));
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn greet(to: SocketAddr, n: u32) -> Result<()> {
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    for i in 0..n {
+        let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2))
+            .with_context(|| format!("connection {i} of {n} to {to}"))?;
+        c.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while line.len() < 256 {
+            match c.read(&mut byte) {
+                Ok(1) if byte[0] != b'\n' => line.push(byte[0]),
+                Ok(_) => break,
+                Err(e) => bail!("connection {i} of {n} to {to}: no greeting: {e}"),
+            }
+        }
+        ensure!(
+            !line.is_empty(),
+            "connection {i} of {n} to {to}: empty greeting"
+        );
+        *seen
+            .entry(String::from_utf8_lossy(&line).into_owned())
+            .or_default() += 1;
+    }
+    for (who, count) in &seen {
+        println!("{who} {count}");
+    }
+    Ok(())
+}
+
+fn echo(to: SocketAddr, n: u32) -> Result<()> {
+    let sock = UdpSocket::bind(("0.0.0.0", 0))?;
+    sock.set_read_timeout(Some(Duration::from_secs(1)))?;
+    let mut buf = vec![0u8; 2048];
+    for i in 0..n {
+        let msg = format!("xdpcni echo {i}");
+        sock.send_to(msg.as_bytes(), to)?;
+        let (len, _) = sock
+            .recv_from(&mut buf)
+            .with_context(|| format!("no echo for datagram {i} of {n} from {to}"))?;
+        ensure!(&buf[..len] == msg.as_bytes(), "echo {i} differs");
+    }
+    println!("{n} echoed");
+    Ok(())
+}
+
+fn stream(to: SocketAddr, secs: f64) -> Result<()> {
+    let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2))
+        .with_context(|| format!("connecting to {to}"))?;
+    c.set_write_timeout(Some(Duration::from_secs(5)))?;
+    let chunk = vec![0x5au8; 1 << 16];
+    let start = Instant::now();
+    let mut last = start;
+    let mut stall = Duration::ZERO;
+    let mut sent: u64 = 0;
+    while start.elapsed().as_secs_f64() < secs {
+        let n = c
+            .write(&chunk)
+            .with_context(|| format!("stream to {to} broke after {sent} bytes"))?;
+        let now = Instant::now();
+        stall = stall.max(now - last);
+        last = now;
+        sent += n as u64;
+    }
+    let el = start.elapsed().as_secs_f64();
+    println!(
+        "bytes={sent} secs={el:.2} gbps={:.2} max_stall_ms={}",
+        sent as f64 * 8.0 / el / 1e9,
+        stall.as_millis()
+    );
+    Ok(())
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Checks that an image archive (from scripts/image.sh) holds what the chart
+runs, and that Containerfile lays out the same files.
+
+    check-image.py IMAGE.tar RENDERED-CHART.yaml Containerfile
+
+- the image's entrypoint is the agent;
+- every command the rendered chart's containers run exists in the image,
+  as an executable regular file;
+- the CNI plugin and the reference plugins install-cni copies (host-local,
+  portmap, loopback) sit next to the agent, where install-cni looks;
+- /var/run leads to /run (pod netns paths the runtime records under
+  /var/run/netns resolve to the chart's /run/netns mount);
+- Containerfile puts the same files in the same directory.
+Prints what it checked; exits 1 naming the first difference.
+"""
+
+import io
+import json
+import re
+import sys
+import tarfile
+
+PLUGINS = ["xdpcni", "host-local", "portmap", "loopback"]
+BIN = "usr/local/bin"
+
+
+def fail(msg: str) -> None:
+    print(f"check-image.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def image(path: str):
+    outer = tarfile.open(path)
+    blob = lambda d: outer.extractfile("blobs/sha256/" + d.split(":", 1)[1]).read()
+    index = json.load(outer.extractfile("index.json"))
+    manifest = json.loads(blob(index["manifests"][0]["digest"]))
+    config = json.loads(blob(manifest["config"]["digest"]))
+    files = {}
+    for layer in manifest["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(blob(layer["digest"]))) as t:
+            for m in t.getmembers():
+                files[m.name.lstrip("./")] = m
+    return config, files
+
+
+def main() -> None:
+    if len(sys.argv) != 4:
+        fail(__doc__.strip().splitlines()[3].strip())
+    config, files = image(sys.argv[1])
+    entry = (config.get("config") or {}).get("Entrypoint") or []
+    if entry != ["/usr/local/bin/xdpcni-agent"]:
+        fail(f"entrypoint is {entry}, not the agent")
+    chart = open(sys.argv[2]).read()
+    commands = set(re.findall(r'command: \["(/[^"]+)"', chart))
+    if not commands:
+        fail("the rendered chart runs no command")
+    for path in sorted(commands | {f"/{BIN}/{p}" for p in PLUGINS}):
+        m = files.get(path.lstrip("/"))
+        if m is None or not m.isreg() or not m.mode & 0o111:
+            fail(f"{path} is not an executable file in the image")
+    run = files.get("var/run")
+    if run is None or not run.issym() or run.linkname.rstrip("/") not in ("../run", "/run"):
+        fail("/var/run is not a link to /run")
+    containerfile = open(sys.argv[3]).read()
+    for p in ["xdpcni-agent"] + PLUGINS:
+        if not re.search(rf"\b{re.escape(p)}\b[^\n]*/{BIN}/?", containerfile):
+            fail(f"Containerfile does not put {p} in /{BIN}")
+    if 'ENTRYPOINT ["/usr/local/bin/xdpcni-agent"]' not in containerfile:
+        fail("Containerfile's entrypoint is not the agent")
+    print(f"image: entrypoint the agent; {len(commands)} chart command(s) "
+          f"{sorted(commands)} and {', '.join(PLUGINS)} executable in /{BIN}; Containerfile alike")
+
+
+if __name__ == "__main__":
+    main()
