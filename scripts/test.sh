@@ -1,42 +1,100 @@
 #!/usr/bin/env bash
-# Every check and test of xdpcni (as root: the tests load XDP programs and
-# build network namespaces). Run scripts/setup.sh once first.
-set -euo pipefail
+# Every check and test of xdpcni (as root: the tests load XDP programs, build
+# network namespaces and run a real Kubernetes node). Run scripts/setup.sh
+# once first. Ends with one line over everything: "tests: N passed, N failed".
+source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 
-echo "== cargo fmt"
+step "cargo fmt"
 cargo fmt --all --check
-echo "== clang-format"
-clang-format --dry-run --Werror ebpf/src/*.c ebpf/include/*.h ebpf/build/*.c
-echo "== cargo clippy"
+step "clang-format"
+clang-format --dry-run --Werror ebpf/src/*.c ebpf/include/*.h ebpf/build/*.c e2e/k8s/*.c
+step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "== cargo build (the e2e tests exec the real xdpcni binary)"
+step "setup scripts' own tests"
+bash scripts/test-setup.sh | tee -a "$log"
+step "cargo build (the e2e tests exec the real xdpcni binary)"
 cargo build --workspace --bins --locked
-echo "== helm chart: lint, render, schema, and the agent reads its config"
+
+step "helm chart: lint, render, schema, and the agent reads its config"
 helm=$(bash scripts/helm.sh)
 helm_home=$(mktemp -d)
 HOME=$helm_home "$helm" lint --strict charts/xdpcni
 HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system >target/chart.yaml
-rm -rf "$helm_home"
 kubernetes-validate --strict -k 1.30.0 target/chart.yaml >/dev/null
 python3 - <<'PY'
 import json, re
 text = open("target/chart.yaml").read()
-body = re.search(r"agent\.json: \|\n((?:    .*\n)+)", text).group(1)
-open("target/chart-agent.json", "w").write(json.dumps(json.loads(body)))
+body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", text).group(1))
+# The chart's config as the agent reads it, with the node paths moved into target/.
+body["stateDir"] = "target/chart-cni/state"
+body["pinDir"] = "target/chart-cni/pins"
+open("target/chart-agent.json", "w").write(json.dumps(body))
 PY
 rm -rf target/chart-cni
 target/debug/xdpcni-agent install-cni --config target/chart-agent.json --pod-cidr 10.244.0.0/24 \
 	--cni-conf-dir target/chart-cni/net.d --cni-bin-dir target/chart-cni/bin --plugin target/debug/xdpcni
 test -x target/chart-cni/bin/xdpcni && test -s target/chart-cni/net.d/10-xdpcni.conflist
-echo "== cargo test"
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-cargo test --workspace --locked 2>&1 | tee "$log"
-echo "== benchmark smoke test (checks every measurement runs, not the numbers)"
+target/debug/xdpcni uninstall target/chart-cni/state
+test ! -e target/chart-cni/bin/xdpcni && test ! -e target/chart-cni/net.d/10-xdpcni.conflist
+
+step "helm chart: values.schema.json refuses every bad value, naming it"
+schema_pass=0
+while read -r value path; do
+	if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set-string "$value" 2>&1); then
+		echo "chart accepted --set-string $value" >&2
+		false
+	fi
+	grep -q "at '$path'" <<<"$out" || { echo "refusal of $value does not name $path: $out" >&2; false; }
+	schema_pass=$((schema_pass + 1))
+done <<'BAD'
+datapath.xdpMode=turbo /datapath/xdpMode
+datapath.redirect=xdp /datapath/redirect
+datapath.cpus=0-3\,x /datapath/cpus
+datapath.cpus=64 /datapath/cpus
+datapath.mtu=notanumber /datapath/mtu
+datapath.pinDir=/tmp/pins /datapath/pinDir
+agent.metricsPort=notaport /agent/metricsPort
+agent.logLevel=loud /agent/logLevel
+cni.binDir=relative/bin /cni/binDir
+cni.netnsDir=/var/run/netns /cni/netnsDir
+image.pullPolicy=Sometimes /image/pullPolicy
+BAD
+for value in datapath.mtu=70000 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1; do
+	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then
+		echo "chart accepted --set $value" >&2
+		false
+	fi
+	schema_pass=$((schema_pass + 1))
+done
+HOME=$helm_home "$helm" template x charts/xdpcni --set datapath.xdpMode=generic \
+	--set-string 'datapath.cpus=0-1\,3' --set datapath.mtu=9000 >/dev/null
+schema_pass=$((schema_pass + 1))
+rm -rf "$helm_home"
+echo "chart schema: $schema_pass passed, 0 failed" | tee -a "$log"
+
+step "image: built without a registry, holds what the chart runs (scripts/image.sh)"
+bash scripts/image.sh >/dev/null
+python3 scripts/check-image.py target/images/xdpcni.tar target/chart.yaml Containerfile
+
+step "cargo test"
+cargo test --workspace --locked 2>&1 | tee -a "$log"
+
+step "benchmark smoke test (checks every measurement runs, not the numbers)"
 target/debug/bench --quick --out target/bench-quick >/dev/null
 test -s target/bench-quick/bench.png
 echo "bench --quick: ok ($(grep -c '^| ' target/bench-quick/bench.md) table rows)"
-# One closing line over every test binary (cargo prints one per binary).
+
+step "a real Kubernetes node: e2e/k8s/run.sh"
+set +e
+bash e2e/k8s/run.sh 2>&1 | tee -a "$log"
+set -e
+
+# One closing line over everything: cargo's per-binary lines and the
+# "N passed, N failed" lines of the other suites.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+     /^(setup scripts|chart schema): [0-9]+ passed, [0-9]+ failed$/ { p += $(NF-3); f += $(NF-1) }
+     /^[0-9]+ passed, [0-9]+ failed$/ { p += $1; f += $3 }
+     END { printf "tests: %d passed, %d failed\n", p, f; exit (f > 0) }' "$log"

@@ -1,0 +1,363 @@
+#!/usr/bin/env bash
+# The checks run.sh runs on the node up.sh started (with xdpcni installed by
+# helm). Each check is one numbered line, "ok N - ..." or "FAIL N - ..." with
+# what it saw; the last line is "N passed, N failed". Checks build on each
+# other in order (pods made by one are used by the next).
+source "$(dirname "$0")/lib.sh"
+set +e
+trap - ERR
+NS=xdpcni-e2e
+M=$REPO/e2e/k8s/manifests
+STATE_DIR=/var/lib/cni/xdpcni
+PIN_DIR=/sys/fs/bpf/xdpcni
+passed=0
+failed=0
+n=0
+
+check() {
+	local name=$1 out rc
+	shift
+	n=$((n + 1))
+	out=$("$@" 2>&1)
+	rc=$?
+	if [ "$rc" -eq 0 ]; then
+		passed=$((passed + 1))
+		echo "ok $n - $name${out:+: $(echo "$out" | tail -1)}"
+	else
+		failed=$((failed + 1))
+		echo "FAIL $n - $name"
+		echo "$out" | tail -25 | sed 's/^/    /'
+	fi
+}
+# Ends the check (each runs in its own subshell) with what it saw.
+fail() {
+	echo "$*"
+	exit 1
+}
+
+# --- helpers ----------------------------------------------------------------
+pods_of() { kc get pods -n "$NS" -l "app=$1" -o jsonpath='{.items[*].metadata.name}'; }
+pod_ip() { kc get pod -n "$NS" "$1" -o jsonpath='{.status.podIP}'; }
+x() {
+	local pod=$1
+	shift
+	kc exec -n "$NS" "$pod" -- "$@"
+}
+metrics() {
+	in_node python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9965/metrics", timeout=5).read().decode())'
+}
+# Sum of xdpcni_packets_total for pod $1 over verdicts matching regex $2.
+# The agent renders /metrics once per reconcile pass (agent.intervalMs, 500 ms
+# in the chart): wait for the pass after the traffic before reading.
+counter() {
+	sleep 1.1
+	metrics | awk -v pod="$1" -v re="$2" '
+		/^xdpcni_packets_total\{/ {
+			if (index($0, "pod=\"" pod "\"") == 0) next
+			match($0, /verdict="[^"]*"/); v = substr($0, RSTART + 9, RLENGTH - 10)
+			if (v ~ "^(" re ")$") s += $NF
+		}
+		END { print s + 0 }'
+}
+mode_of() {
+	metrics | awk -v pod="$1" '/^xdpcni_attach_mode\{/ && index($0, "pod=\"" pod "\"") && $NF == 1 {
+		match($0, /mode="[^"]*"/); print substr($0, RSTART + 6, RLENGTH - 7) }'
+}
+wait_mode() {
+	local pod=$1 want=$2 i
+	for i in $(seq 1 100); do
+		[ "$(mode_of "$pod")" = "$want" ] && return 0
+		sleep 0.1
+	done
+	fail "pod $pod: attach mode $(mode_of "$pod"), wanted $want after 10 s"
+}
+# The xdpcni attachment record of pod $1 (a JSON file in the state dir).
+record_of() {
+	python3 - "$STATE_DIR" "$1" <<'PY'
+import json, os, sys
+d, pod = sys.argv[1], sys.argv[2]
+for f in os.listdir(d):
+    if f.endswith(".json"):
+        r = json.load(open(os.path.join(d, f)))
+        if r.get("podName") == pod:
+            print(os.path.join(d, f)); sys.exit(0)
+sys.exit(1)
+PY
+}
+# `ethtool -k` feature $2 of pod $1's eth0, read from the node.
+pod_offload() {
+	local netns
+	netns=$(record_field "$(record_of "$1")" netns) || return 1
+	nsenter --net="$netns" ethtool -k eth0 | awk -v f="$2:" '$1 == f { print $2 }'
+}
+record_field() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r[sys.argv[2]])' "$1" "$2"; }
+# ping -c $3 -i $4 from pod $1 to $2; prints "sent received".
+ping_stats() {
+	x "$1" ping -q -c "$3" -i "$4" -W 1 "$2" | awk '/packets transmitted/ { print $1, $4 }'
+}
+traffic() { # pod-to-pod ping, UDP and TCP from $1 to pod $2 (port 9090: no Service)
+	local ip s
+	ip=$(pod_ip "$2")
+	s=$(ping_stats "$1" "$ip" 5 0.1)
+	[ "$s" = "5 5" ] || fail "ping $1 -> $2 ($ip): sent/received $s"
+	x "$1" podtool echo "$ip" 9090 20 >/dev/null || fail "UDP echo $1 -> $2 failed"
+	x "$1" podtool greet "$ip" 9090 20 >/dev/null || fail "TCP $1 -> $2 failed"
+}
+
+# --- the checks -------------------------------------------------------------
+c_install_cni() {
+	local f=/etc/cni/net.d/10-xdpcni.conflist b
+	[ -s "$f" ] || fail "$f missing"
+	grep -q "$(kc get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}')" "$f" || fail "conflist lacks the node's podCIDR"
+	for b in xdpcni host-local portmap loopback; do
+		[ -x "/opt/cni/bin/$b" ] || fail "/opt/cni/bin/$b missing"
+	done
+	echo "conflist for $(kc get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}'); xdpcni, host-local, portmap, loopback in /opt/cni/bin"
+}
+c_node_ready() {
+	node_ready || fail "node not Ready"
+	echo "Ready $(grep helm_install_to_node_ready_ms "$W/timings" | cut -d= -f2) ms after helm install"
+}
+c_agent_ready() {
+	local p
+	p=$(kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o jsonpath='{.items[0].metadata.name}')
+	[ "$(kc get pod -n kube-system "$p" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ] ||
+		fail "agent pod $p not ready"
+	metrics | grep -qx 'xdpcni_ready 1' || fail "xdpcni_ready is not 1"
+	echo "$p Running, readiness probe passing, xdpcni_ready 1"
+}
+c_status() {
+	local conf out
+	conf=$(python3 -c 'import json; c=json.load(open("/etc/cni/net.d/10-xdpcni.conflist")); p=c["plugins"][0]; p["cniVersion"]="1.1.0"; p["name"]=c["name"]; print(json.dumps(p))')
+	out=$(echo "$conf" | in_node env CNI_COMMAND=STATUS CNI_PATH=/opt/cni/bin /opt/cni/bin/xdpcni) ||
+		fail "STATUS failed: $out"
+	echo "STATUS exit 0${out:+ ($out)}"
+}
+c_pods() {
+	local t0 ms p ip cidr
+	kc apply -f "$M/namespace.yaml" >/dev/null || return 1
+	t0=$(date +%s%N)
+	kc apply -f "$M/web.yaml" >/dev/null || return 1
+	kc rollout status -n "$NS" deploy/web --timeout=120s >/dev/null || fail "web not available"
+	ms=$((($(date +%s%N) - t0) / 1000000))
+	kc rollout status -n "$NS" deploy/client --timeout=60s >/dev/null || fail "client not available"
+	cidr=$(kc get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}')
+	for p in $(pods_of web) $(pods_of client); do
+		ip=$(pod_ip "$p")
+		python3 -c 'import ipaddress,sys; sys.exit(ipaddress.ip_address(sys.argv[1]) not in ipaddress.ip_network(sys.argv[2]))' "$ip" "$cidr" ||
+			fail "$p has $ip, outside $cidr"
+	done
+	echo "3 pods with addresses in $cidr; both web pods Running ${ms} ms after kubectl apply"
+}
+c_default_mode() {
+	local a b before after
+	read -r a b <<<"$(pods_of web)"
+	wait_mode "$a" native && wait_mode "$b" native || return 1
+	before=$(counter "$a" 'redirect_devmap')
+	traffic "$a" "$b" && traffic "$b" "$a" || return 1
+	after=$(counter "$a" 'redirect_devmap')
+	[ "$after" -gt "$before" ] || fail "redirect_devmap of $a did not move ($before -> $after)"
+	echo "node default native: ping, UDP, TCP both ways; $a redirect_devmap +$((after - before))"
+}
+# Switches both web pods to mode $1 / redirect $2 while a TCP stream runs
+# from one to the other; then checks ping/UDP/TCP, and that the stream's
+# packets were counted under verdict $3 (not for off: no XDP at all).
+switch_under_load() {
+	local mode=$1 redirect=$2 verdict=$3 a b ip before after out stream_pid
+	read -r a b <<<"$(pods_of web)"
+	ip=$(pod_ip "$b")
+	before=$(counter "$a" "$verdict")
+	x "$a" podtool stream "$ip" 9090 6 >"$W/stream.out" 2>&1 &
+	stream_pid=$!
+	sleep 1.5
+	kc annotate -n "$NS" pod "$a" "$b" --overwrite "xdpcni.io/xdp-mode=$mode" "xdpcni.io/redirect=$redirect" >/dev/null
+	wait_mode "$a" "$mode" && wait_mode "$b" "$mode" || return 1
+	# off: from here on, nothing may be counted.
+	[ "$mode" = off ] && before=$(counter "$a" "$verdict")
+	wait "$stream_pid" || fail "TCP stream broke during the switch: $(cat "$W/stream.out")"
+	out=$(tail -1 "$W/stream.out")
+	traffic "$a" "$b" || return 1
+	after=$(counter "$a" "$verdict")
+	# What ethtool in the pod shows for the offloads each mode needs.
+	case $mode in
+	native) [ "$(pod_offload "$a" tx-checksumming)" = off ] || fail "native: tx checksumming not off in $a" ;;
+	generic) [ "$(pod_offload "$a" tcp-segmentation-offload)" = off ] || fail "generic: $a shows TSO $(pod_offload "$a" tcp-segmentation-offload)" ;;
+	esac
+	if [ "$mode" = off ]; then
+		[ "$after" -eq "$before" ] || fail "off: XDP still counted $verdict ($before -> $after)"
+		echo "off: kernel routing, no XDP verdicts; stream through the switch: $out"
+	else
+		[ "$((after - before))" -gt 10000 ] || fail "$mode/$redirect: the stream was not on the fast path ($verdict $before -> $after)"
+		echo "$mode/$redirect: $verdict +$((after - before)); stream through the switch: $out"
+	fi
+}
+c_bad_annotation() {
+	local a b i
+	read -r a b <<<"$(pods_of web)"
+	kc annotate -n "$NS" pod "$a" --overwrite xdpcni.io/xdp-mode=turbo >/dev/null
+	for i in $(seq 1 50); do
+		if kc get events -n "$NS" --field-selector "involvedObject.name=$a" -o jsonpath='{range .items[*]}{.reason} {.message}{"\n"}{end}' 2>/dev/null |
+			grep -q 'turbo'; then
+			traffic "$a" "$b" >/dev/null || fail "pod $a lost its network on a bad value"
+			echo "Event on $a: $(kc get events -n "$NS" --field-selector "involvedObject.name=$a" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' | grep turbo | tail -1); mode $(mode_of "$a")"
+			kc annotate -n "$NS" pod "$a" xdpcni.io/xdp-mode- xdpcni.io/redirect- >/dev/null
+			return 0
+		fi
+		sleep 0.2
+	done
+	fail "no Event for xdpcni.io/xdp-mode=turbo on $a"
+}
+c_service() {
+	local c a b ip out nat0 nat1
+	read -r a b <<<"$(pods_of web)"
+	c=$(pods_of client)
+	kc annotate -n "$NS" pod "$a" "$b" xdpcni.io/xdp-mode- xdpcni.io/redirect- >/dev/null
+	wait_mode "$a" native && wait_mode "$b" native && wait_mode "$c" native || return 1
+	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
+	nat0=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
+	out=$(x "$c" podtool greet "$ip" 80 100) || fail "ClusterIP $ip: $out"
+	nat1=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
+	[ "$nat1" -gt "$nat0" ] || fail "backends' replies were not passed for un-DNAT (pass_nat $nat0 -> $nat1)"
+	echo "100/100 connections to ClusterIP $ip:80 ($(echo "$out" | tr '\n' ' ')); backends pass_nat +$((nat1 - nat0))"
+}
+c_hostport() {
+	local c out
+	kc apply -f "$M/hostport.yaml" >/dev/null || return 1
+	kc wait -n "$NS" --for=condition=Ready pod/hostport --timeout=60s >/dev/null || fail "hostport pod not Ready"
+	c=$(pods_of client)
+	out=$(x "$c" podtool greet "$NODE_IP" 30080 10) || fail "$NODE_IP:30080 from $c: $out"
+	echo "$NODE_IP:30080 -> pod hostport: $out"
+}
+c_netpol() {
+	local a b t0 ms before after
+	read -r a b <<<"$(pods_of web)"
+	kc label -n "$NS" pod "$b" role=isolated --overwrite >/dev/null
+	t0=$(date +%s%N)
+	kc apply -f "$M/netpol.yaml" >/dev/null || return 1
+	wait_mode "$b" off || return 1
+	ms=$((($(date +%s%N) - t0) / 1000000))
+	before=$(counter "$a" pass_kernel_only)
+	traffic "$a" "$b" || return 1
+	after=$(counter "$a" pass_kernel_only)
+	[ "$after" -gt "$before" ] || fail "$a -> $b not passed as kernel-only ($before -> $after)"
+	kc delete -f "$M/netpol.yaml" >/dev/null
+	kc label -n "$NS" pod "$b" role- >/dev/null
+	wait_mode "$b" native || return 1
+	echo "$b kernel-only ${ms} ms after the policy; $a pass_kernel_only +$((after - before)); back to native when the policy goes"
+}
+c_delete() {
+	local rec ip veth ifindex i
+	kc apply -f "$M/victim.yaml" >/dev/null || return 1
+	kc wait -n "$NS" --for=condition=Ready pod/victim --timeout=60s >/dev/null || fail "victim not Ready"
+	wait_mode victim native || return 1
+	rec=$(record_of victim) || fail "no record for victim"
+	ip=$(pod_ip victim)
+	veth=$(record_field "$rec" hostVeth)
+	ifindex=$(record_field "$rec" hostIfindex)
+	ls "$PIN_DIR"/links/"${ifindex}"_* >/dev/null 2>&1 || fail "no link pin for $veth ($ifindex)"
+	kc delete -n "$NS" pod victim --wait=true --timeout=60s >/dev/null || fail "delete timed out"
+	for i in $(seq 1 50); do
+		if ! in_node ip link show "$veth" >/dev/null 2>&1 && [ ! -e "$rec" ] && [ ! -e "/var/lib/cni/networks/xdpcni/$ip" ] &&
+			! ls "$PIN_DIR"/links/"${ifindex}"_* >/dev/null 2>&1 && ! metrics | grep -q 'pod="victim"'; then
+			echo "veth $veth, IP $ip, record, link pin and metrics series gone"
+			return 0
+		fi
+		sleep 0.2
+	done
+	in_node ip link show "$veth" >/dev/null 2>&1 && echo "veth $veth still there"
+	[ -e "$rec" ] && echo "record $rec still there"
+	[ -e "/var/lib/cni/networks/xdpcni/$ip" ] && echo "IP $ip still allocated"
+	ls "$PIN_DIR"/links/"${ifindex}"_* 2>/dev/null
+	metrics | grep 'pod="victim"' | head -3
+	return 1
+}
+# A 10 ms ping from web pod a to b while $@ runs; prints "sent received".
+ping_during() {
+	local a b ip ping_pid
+	read -r a b <<<"$(pods_of web)"
+	ip=$(pod_ip "$b")
+	ping_stats "$a" "$ip" 2000 0.01 >"$W/ping.out" 2>&1 &
+	ping_pid=$!
+	sleep 1
+	"$@" || return 1
+	wait "$ping_pid"
+	cat "$W/ping.out"
+}
+agent_pod() { kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o jsonpath='{.items[0].metadata.name}'; }
+roll_agent() {
+	local old
+	old=$(agent_pod)
+	helm_ upgrade xdpcni "$REPO/charts/xdpcni" --namespace kube-system --reuse-values --set agent.logLevel=debug >/dev/null || return 1
+	kc rollout status -n kube-system ds/xdpcni-agent --timeout=120s >/dev/null || return 1
+	[ "$(agent_pod)" != "$old" ] || fail "the agent pod was not replaced"
+}
+c_rollout() {
+	local s
+	s=$(ping_during roll_agent) || fail "rollout failed: $s"
+	read -r sent recv <<<"$s"
+	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping during the rollout: sent/received $s"
+	echo "helm upgrade rolled the agent; 10 ms ping: $recv/$sent received"
+}
+xdp_ids() { in_node ip -o link show | grep -oE '^[0-9]+: [^:@]+|prog/xdp id [0-9]+' | paste -sd' '; }
+kill_agent() {
+	local pid restarts
+	restarts=$(kc get pod -n kube-system "$(agent_pod)" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+	pid=$(pgrep -f '^/usr/local/bin/xdpcni-agent run' | head -1)
+	[ -n "$pid" ] || fail "no agent process"
+	kill -KILL "$pid"
+	for _ in $(seq 1 100); do
+		now=$(kc get pod -n kube-system "$(agent_pod)" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+		ready=$(kc get pod -n kube-system "$(agent_pod)" -o jsonpath='{.status.containerStatuses[0].ready}')
+		[ "$now" -gt "$restarts" ] && [ "$ready" = true ] && return 0
+		sleep 0.3
+	done
+	fail "kubelet did not restart the agent (restarts $restarts -> $now, ready $ready)"
+}
+c_kill_agent() {
+	local before after s
+	before=$(xdp_ids)
+	s=$(ping_during kill_agent) || fail "$s"
+	read -r sent recv <<<"$s"
+	after=$(xdp_ids)
+	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping across the kill: sent/received $s"
+	[ "$before" = "$after" ] || fail "XDP attachments changed: $before / $after"
+	echo "agent SIGKILLed and restarted by the kubelet; 10 ms ping $recv/$sent; XDP programs unchanged"
+}
+c_uninstall() {
+	local left=""
+	kc delete ns "$NS" --wait=true --timeout=120s >/dev/null || fail "deleting $NS timed out"
+	helm_ uninstall xdpcni --namespace kube-system --wait >/dev/null || return 1
+	for _ in $(seq 1 100); do
+		[ -z "$(kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o name)" ] && break
+		sleep 0.3
+	done
+	/opt/cni/bin/xdpcni uninstall >"$W/uninstall.out" 2>&1 || fail "xdpcni uninstall: $(cat "$W/uninstall.out")"
+	in_node ip -o link show | grep -q ' xdp' && left="$left XDP-on-$(in_node ip -o link show | grep ' xdp' | cut -d: -f2)"
+	[ -e "$PIN_DIR" ] && left="$left $PIN_DIR"
+	[ -e /etc/cni/net.d/10-xdpcni.conflist ] && left="$left conflist"
+	for b in xdpcni host-local portmap loopback; do [ -e "/opt/cni/bin/$b" ] && left="$left /opt/cni/bin/$b"; done
+	[ -e "$STATE_DIR" ] && left="$left $STATE_DIR"
+	[ -z "$left" ] || fail "left on the node:$left"
+	echo "no XDP program, pin, conflist, plugin binary or state left ($(wc -l <"$W/uninstall.out") lines from xdpcni uninstall)"
+}
+
+check "install-cni wrote the conflist and the plugins" c_install_cni
+check "the node turned Ready" c_node_ready
+check "the agent pod is Running and ready" c_agent_ready
+check "CNI STATUS answers success" c_status
+check "Deployment pods got addresses from the node's podCIDR" c_pods
+check "pod-to-pod ping/UDP/TCP in the node default mode, redirect counters moving" c_default_mode
+check "annotate native/devmap under a TCP stream" switch_under_load native devmap redirect_devmap
+check "annotate generic/devmap under a TCP stream" switch_under_load generic devmap redirect_devmap
+check "annotate native/cpumap under a TCP stream" switch_under_load native cpumap redirect_cpumap
+check "annotate off under a TCP stream" switch_under_load off devmap 'redirect_.*|pass_.*'
+check "an invalid annotation value becomes an Event, the pod keeps its network" c_bad_annotation
+check "a ClusterIP Service (kube-proxy DNAT) 100 times in a row on the fast path" c_service
+check "a hostPort pod through portmap, reached on the node address" c_hostport
+check "a NetworkPolicy makes its pod kernel-only" c_netpol
+check "deleting a pod removes its veth, IP, record, pin and metrics" c_delete
+check "helm upgrade rolls the agent with no lost 10 ms ping" c_rollout
+check "a killed agent: traffic flows, the kubelet restarts it, nothing changes" c_kill_agent
+check "helm uninstall and xdpcni uninstall leave nothing on the node" c_uninstall
+echo "checks: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
