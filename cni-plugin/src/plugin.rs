@@ -95,9 +95,11 @@ fn pod_offloads(ifname: &str, mode: XdpMode) -> Result<()> {
     set(Offload::Gro, true)?;
     match mode {
         XdpMode::Xdp(AttachMode::Native) => set(Offload::TxChecksum, false),
+        // Hybrid: the pod keeps TSO; the datapath passes its GSO
+        // super-packets to the kernel (pass_gso) and redirects the rest.
         XdpMode::Xdp(AttachMode::Generic) => {
             set(Offload::TxChecksum, true)?;
-            set(Offload::Tso, false)
+            set(Offload::Tso, true)
         }
         XdpMode::Off => {
             set(Offload::TxChecksum, true)?;

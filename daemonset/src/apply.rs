@@ -94,7 +94,7 @@ fn before(target: XdpMode) -> Vec<(Offload, bool)> {
         XdpMode::Xdp(AttachMode::Native) => {
             vec![(Offload::Gro, true), (Offload::TxChecksum, false)]
         }
-        XdpMode::Xdp(AttachMode::Generic) => vec![(Offload::Gro, true), (Offload::Tso, false)],
+        XdpMode::Xdp(AttachMode::Generic) => vec![(Offload::Gro, true)],
         XdpMode::Off => vec![],
     }
 }
@@ -103,12 +103,10 @@ fn before(target: XdpMode) -> Vec<(Offload, bool)> {
 fn after(target: XdpMode) -> Vec<(Offload, bool)> {
     match target {
         XdpMode::Xdp(AttachMode::Native) => vec![],
-        // TSO again: while native XDP was on the host veth, the kernel forced
-        // the pod's TSO off and refused to record "off"; detaching native
-        // brings it back. (Meanwhile the datapath passes the oversize GSO
-        // skbs to the kernel, so nothing is dropped.)
+        // Hybrid: TSO and checksum offload back on (native had them off);
+        // the datapath passes GSO super-packets to the kernel (pass_gso).
         XdpMode::Xdp(AttachMode::Generic) => {
-            vec![(Offload::Tso, false), (Offload::TxChecksum, true)]
+            vec![(Offload::TxChecksum, true), (Offload::Tso, true)]
         }
         XdpMode::Off => vec![(Offload::TxChecksum, true), (Offload::Tso, true)],
     }

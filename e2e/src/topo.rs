@@ -58,8 +58,8 @@ impl Pod {
     /// Applies what KERNEL-NOTES says the pod side of each mode needs:
     /// GRO on eth0 always (a veth only receives redirected frames with GRO or
     /// XDP on it); native: tx checksum offload off (xdp_frame loses
-    /// CHECKSUM_PARTIAL); generic: TSO off (generic redirect drops skbs over
-    /// the target MTU), checksum offload on.
+    /// CHECKSUM_PARTIAL); generic (hybrid): TSO and checksum offload on, the
+    /// datapath passes GSO super-packets to the kernel.
     pub fn apply_mode_offloads(&self, mode: AttachMode) -> Result<()> {
         match mode {
             AttachMode::Native => {
@@ -68,7 +68,7 @@ impl Pod {
             }
             AttachMode::Generic => {
                 self.ns.exec(&[
-                    "ethtool", "-K", "eth0", "gro", "on", "tx", "on", "tso", "off",
+                    "ethtool", "-K", "eth0", "gro", "on", "tx", "on", "tso", "on",
                 ])?;
             }
         }

@@ -335,7 +335,7 @@ fn spoofed_sources_are_dropped() {
 }
 
 #[test]
-fn oversize_for_destination_mtu_goes_to_kernel() {
+fn oversize_frames_and_gso_super_packets_go_to_kernel_apart() {
     with_datapath(|node, dp| {
         let (a, b) = (&node.pods[0], &node.pods[1]);
         let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
@@ -368,6 +368,38 @@ fn oversize_for_destination_mtu_goes_to_kernel() {
             (IPPROTO_UDP, udp(1, 2, &[7u8; 1000 - 28])),
         );
         assert_eq!(run(dp, a, &fits).action, XDP_REDIRECT);
+        // Longer than the sender's own MTU (1500): no wire frame but a GSO
+        // super-packet (generic mode keeps the pod's TSO). The kernel path
+        // segments it; counted apart from a genuinely oversize frame.
+        let gso = v4_frame(
+            a,
+            a.ipv4,
+            b.ipv4,
+            64,
+            (IPPROTO_UDP, udp(1, 2, &[7u8; 3000])),
+        );
+        expect_unchanged(dp, a, &gso, XDP_PASS, Verdict::PassGso);
+        let gso6 = v6_frame(
+            a,
+            a.ipv6,
+            b.ipv6,
+            64,
+            (IPPROTO_UDP, udp(1, 2, &[7u8; 1500])),
+        );
+        expect_unchanged(dp, a, &gso6, XDP_PASS, Verdict::PassGso);
+        // To a destination with the sender's MTU, exactly 1500 is a frame.
+        for addr in b.addrs() {
+            dp.maps_mut()
+                .upsert_endpoint(addr, &b.endpoint(RedirectPolicy::Devmap, 0))?;
+        }
+        let full = v4_frame(
+            a,
+            a.ipv4,
+            b.ipv4,
+            64,
+            (IPPROTO_UDP, udp(1, 2, &[7u8; 1500 - 28])),
+        );
+        assert_eq!(run(dp, a, &full).action, XDP_REDIRECT);
         Ok(())
     });
 }

@@ -77,7 +77,7 @@ enum xdpcni_verdict {
 	XDPCNI_V_PASS_NO_ENDPOINT = 6,	/* destination is not a pod of this node */
 	XDPCNI_V_PASS_TTL = 7,		/* TTL/hop limit would expire: kernel sends ICMP */
 	XDPCNI_V_PASS_KERNEL_ONLY = 8,	/* source or destination flagged kernel-only */
-	XDPCNI_V_PASS_MTU = 9,		/* larger than the destination MTU */
+	XDPCNI_V_PASS_MTU = 9,		/* larger than the destination MTU (a real frame) */
 	XDPCNI_V_PASS_NAT = 10,		/* from or to a port the kernel NATs */
 	XDPCNI_V_PASS_L4 = 11,		/* fragments, IPv6 ext headers, other protocols */
 	XDPCNI_V_PASS_NO_TARGET = 12,	/* no devmap/cpumap entry for the destination */
@@ -85,7 +85,8 @@ enum xdpcni_verdict {
 	XDPCNI_V_DROP_SPOOFED = 14,	/* source address is not the sender's */
 	XDPCNI_V_DROP_CPUMAP_LOST = 15, /* destination vanished between the two stages */
 	XDPCNI_V_RX_FASTPATH = 16,	/* delivered to this endpoint by the fast path */
-	XDPCNI_V_MAX = 17,
+	XDPCNI_V_PASS_GSO = 17,		/* longer than the sender's MTU: a GSO super-packet */
+	XDPCNI_V_MAX = 18,
 };
 
 struct stats_key {

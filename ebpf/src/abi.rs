@@ -208,6 +208,7 @@ verdicts! {
     DropSpoofed = XDPCNI_V_DROP_SPOOFED, "drop_spoofed";
     DropCpumapLost = XDPCNI_V_DROP_CPUMAP_LOST, "drop_cpumap_lost";
     RxFastpath = XDPCNI_V_RX_FASTPATH, "rx_fastpath";
+    PassGso = XDPCNI_V_PASS_GSO, "pass_gso";
 }
 
 /// Capacity of the cpumap, and the number of bits of `cpu_mask`.

@@ -302,6 +302,13 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		return verdict(ctx, XDPCNI_V_PASS_KERNEL_ONLY, XDP_PASS);
 	if (*p.ttl <= 1)
 		return verdict(ctx, XDPCNI_V_PASS_TTL, XDP_PASS);
+	/*
+	 * Longer than the sender's own MTU: no wire frame, a GSO super-packet
+	 * (generic mode keeps the pod's TSO). Redirecting it would drop it
+	 * (xdp_ok_fwd_dev); the kernel path segments it.
+	 */
+	if (p.l3_len > src_ep->mtu)
+		return verdict(ctx, XDPCNI_V_PASS_GSO, XDP_PASS);
 	if (p.l3_len > dst_ep->mtu)
 		return verdict(ctx, XDPCNI_V_PASS_MTU, XDP_PASS);
 	if (p.sport) {
