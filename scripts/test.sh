@@ -80,7 +80,11 @@ bash scripts/image.sh >/dev/null
 python3 scripts/check-image.py target/images/xdpcni.tar target/chart.yaml Containerfile
 
 step "cargo test"
-cargo test --workspace --locked 2>&1 | tee -a "$log"
+# Every test binary runs even when one fails; the closing line counts them.
+set +e
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee -a "$log"
+cargo_rc=${PIPESTATUS[0]}
+set -e
 
 step "benchmark smoke test (checks every measurement runs, not the numbers)"
 target/debug/bench --quick --out target/bench-quick >/dev/null
@@ -90,11 +94,19 @@ echo "bench --quick: ok ($(grep -c '^| ' target/bench-quick/bench.md) table rows
 step "a real Kubernetes node: e2e/k8s/run.sh"
 set +e
 bash e2e/k8s/run.sh 2>&1 | tee -a "$log"
+k8s_rc=${PIPESTATUS[0]}
 set -e
 
 # One closing line over everything: cargo's per-binary lines and the
-# "N passed, N failed" lines of the other suites.
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
+# "N passed, N failed" lines of the other suites. A suite that failed without
+# counting a failed test (a build error, a crash) counts as one failure.
+read -r passed failed < <(awk '
+     /^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
      /^(setup scripts|chart schema): [0-9]+ passed, [0-9]+ failed$/ { p += $(NF-3); f += $(NF-1) }
      /^[0-9]+ passed, [0-9]+ failed$/ { p += $1; f += $3 }
-     END { printf "tests: %d passed, %d failed\n", p, f; exit (f > 0) }' "$log"
+     END { print p + 0, f + 0 }' "$log")
+for rc in "$cargo_rc" "$k8s_rc"; do
+	if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi
+done
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -505,7 +505,9 @@ fn the_chart_installs_and_grants_exactly_what_the_agent_uses() {
             let d = ds.get("xdpcni-agent").await?;
             let spec = d.spec.unwrap().template.spec.unwrap();
             assert_eq!(spec.service_account_name.as_deref(), Some("xdpcni-agent"));
-            assert_eq!(spec.init_containers.unwrap()[0].name, "install-cni");
+            // prepare-node (bpffs, the shared netns mount) before install-cni.
+            let init: Vec<String> = spec.init_containers.unwrap().into_iter().map(|c| c.name).collect();
+            assert_eq!(init, ["prepare-node", "install-cni"]);
             let mut out = Vec::new();
             for (group, resource, verb, want) in checks {
                 let review = serde_json::from_value(json!({
