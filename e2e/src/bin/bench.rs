@@ -5,7 +5,9 @@
 //! with the ratio to the ptp baseline measured in the same run. Also writes
 //! every sample as JSON and a PNG chart (python3 + matplotlib).
 //!
-//! `cargo run --release -p xdpcni-e2e --bin bench [-- --quick] [--reps N]
+//! `cargo build --release --workspace --bins` (the bench execs the `xdpcni`
+//! binary next to it, which `cargo run --bin bench` alone does not rebuild),
+//! then `target/release/bench [--quick] [--reps N]
 //! [--secs S] [--out DIR]` as root. `--quick` is the CI smoke test: it checks
 //! that every measurement runs, not the numbers.
 
