@@ -170,7 +170,8 @@ impl NetConf {
         };
         let pin_dir = opt_str(&raw, "pinDir")?.unwrap_or(DEFAULT_PIN_DIR).into();
         let xdp_mode = match opt_str(&raw, "xdpMode")? {
-            None => XdpMode::Xdp(AttachMode::Native),
+            // The hybrid generic mode: the best for mixed traffic (docs/bench.md).
+            None => XdpMode::Xdp(AttachMode::Generic),
             Some(s) => XdpMode::parse(s).ok_or_else(|| {
                 Error::config("xdpMode", format!("{s:?} is not native, generic or off"))
             })?,
@@ -419,7 +420,7 @@ mod tests {
         let c = conf("").unwrap();
         assert_eq!(c.mtu, 1500);
         assert_eq!(c.headroom, 256);
-        assert_eq!(c.xdp_mode, XdpMode::Xdp(AttachMode::Native));
+        assert_eq!(c.xdp_mode, XdpMode::Xdp(AttachMode::Generic));
         assert_eq!(c.redirect, RedirectPolicy::Devmap);
         assert_eq!(c.ipam_type, "host-local");
         assert_eq!(c.pin_dir, PathBuf::from(DEFAULT_PIN_DIR));

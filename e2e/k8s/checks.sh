@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks run.sh runs on the node up.sh started (with xdpcni installed by
 # helm). Each check is one numbered line, "ok N - ..." or "FAIL N - ..." with
-# what it saw; the last line is "N passed, N failed". Checks build on each
+# what it saw; the last line is "checks: N passed, N failed". Checks build on each
 # other in order (pods made by one are used by the next).
 source "$(dirname "$0")/lib.sh"
 set +e
@@ -10,6 +10,8 @@ NS=xdpcni-e2e
 M=$REPO/e2e/k8s/manifests
 STATE_DIR=/var/lib/cni/xdpcni
 PIN_DIR=/sys/fs/bpf/xdpcni
+# The chart's node default mode (values.yaml), what unannotated pods get.
+DEFAULT_MODE=$(awk '$1 == "xdpMode:" { print $2; exit }' "$REPO/charts/xdpcni/values.yaml")
 passed=0
 failed=0
 n=0
@@ -152,12 +154,12 @@ c_pods() {
 c_default_mode() {
 	local a b before after
 	read -r a b <<<"$(pods_of web)"
-	wait_mode "$a" native && wait_mode "$b" native || return 1
+	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" || return 1
 	before=$(counter "$a" 'redirect_devmap')
 	traffic "$a" "$b" && traffic "$b" "$a" || return 1
 	after=$(counter "$a" 'redirect_devmap')
 	[ "$after" -gt "$before" ] || fail "redirect_devmap of $a did not move ($before -> $after)"
-	echo "node default native: ping, UDP, TCP both ways; $a redirect_devmap +$((after - before))"
+	echo "node default $DEFAULT_MODE: ping, UDP, TCP both ways; $a redirect_devmap +$((after - before))"
 }
 # Switches both web pods to mode $1 / redirect $2 while a TCP stream runs
 # from one to the other; then checks ping/UDP/TCP, and that the stream's
@@ -212,7 +214,7 @@ c_service() {
 	read -r a b <<<"$(pods_of web)"
 	c=$(pods_of client)
 	kc annotate -n "$NS" pod "$a" "$b" xdpcni.io/xdp-mode- xdpcni.io/redirect- >/dev/null
-	wait_mode "$a" native && wait_mode "$b" native && wait_mode "$c" native || return 1
+	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" && wait_mode "$c" "$DEFAULT_MODE" || return 1
 	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
 	nat0=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
 	out=$(x "$c" podtool greet "$ip" 80 100) || fail "ClusterIP $ip: $out"
@@ -242,14 +244,14 @@ c_netpol() {
 	[ "$after" -gt "$before" ] || fail "$a -> $b not passed as kernel-only ($before -> $after)"
 	kc delete -f "$M/netpol.yaml" >/dev/null
 	kc label -n "$NS" pod "$b" role- >/dev/null
-	wait_mode "$b" native || return 1
-	echo "$b kernel-only ${ms} ms after the policy; $a pass_kernel_only +$((after - before)); back to native when the policy goes"
+	wait_mode "$b" "$DEFAULT_MODE" || return 1
+	echo "$b kernel-only ${ms} ms after the policy; $a pass_kernel_only +$((after - before)); back to $DEFAULT_MODE when the policy goes"
 }
 c_delete() {
 	local rec ip veth ifindex i
 	kc apply -f "$M/victim.yaml" >/dev/null || return 1
 	kc wait -n "$NS" --for=condition=Ready pod/victim --timeout=60s >/dev/null || fail "victim not Ready"
-	wait_mode victim native || return 1
+	wait_mode victim "$DEFAULT_MODE" || return 1
 	rec=$(record_of victim) || fail "no record for victim"
 	ip=$(pod_ip victim)
 	veth=$(record_field "$rec" hostVeth)

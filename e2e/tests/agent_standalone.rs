@@ -37,6 +37,9 @@ impl Node {
         let mut net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
         let ready = net.dir.path().join("agent-ready");
         net.conf["agentReadyFile"] = json!(ready);
+        // The conflist and the agent share the node defaults, as install-cni
+        // makes them: this node's default is native.
+        net.conf["xdpMode"] = json!("native");
         let pods_file = net.dir.path().join("pods.json");
         let config = net.dir.path().join("agent.json");
         std::fs::write(

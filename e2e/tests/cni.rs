@@ -134,7 +134,7 @@ fn lifecycle_in_every_spec_version() {
             assert_eq!(ep.mtu, 1500);
         }
         let (mode, _) = net.node.xdp_attached(host).unwrap().expect("XDP attached");
-        assert_eq!(mode, "xdp", "native by default");
+        assert_eq!(mode, "xdpgeneric", "generic by default");
 
         // Pod to pod over the fast path, pod to host through the kernel.
         for to in [v4(&ips_b), v6(&ips_b)] {
