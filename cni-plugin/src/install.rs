@@ -254,19 +254,34 @@ pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
             Err(e) => failed.push(format!("removing {}: {e}", p.display())),
         }
     }
-    let records = crate::state::list(&m.state_dir).unwrap_or_default();
+    // An unreadable state dir is not an empty one: keep it, say why.
+    let records = match crate::state::list(&m.state_dir) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            failed.push(format!(
+                "listing pod records in {}: {e}",
+                m.state_dir.display()
+            ));
+            None
+        }
+    };
     removed.pods_left = records
         .iter()
+        .flatten()
         .map(|r| format!("{}/{}", r.pod_namespace, r.pod_name))
         .collect();
-    if records.is_empty() {
+    if records.as_ref().is_some_and(Vec::is_empty) {
         match std::fs::remove_dir_all(&m.state_dir) {
             Ok(()) => removed.paths.push(m.state_dir.clone()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => failed.push(format!("removing {}: {e}", m.state_dir.display())),
         }
-    } else if let Err(e) = std::fs::remove_file(manifest_path(&m.state_dir)) {
-        failed.push(format!("removing the manifest: {e}"));
+    } else if records.is_some() {
+        // Pods are left: their records stay, the installation is gone. (An
+        // unreadable state dir keeps the manifest, so a retry can finish.)
+        if let Err(e) = std::fs::remove_file(manifest_path(&m.state_dir)) {
+            failed.push(format!("removing the manifest: {e}"));
+        }
     }
     if failed.is_empty() {
         Ok(removed)

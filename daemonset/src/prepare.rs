@@ -148,11 +148,11 @@ pub fn make_shared_mount(dir: &Path) -> Result<bool> {
 /// The whole init step: enter the node's mounts (unless `host_proc` is
 /// `None`: already in them), then bpffs and the netns directory.
 pub fn prepare_node(host_proc: Option<&Path>, bpf_root: &Path, netns_dir: &Path) -> Result<()> {
-    if let Some(p) = host_proc {
-        enter_host_mounts(p)?;
-    }
     if !bpf_root.is_absolute() || !netns_dir.is_absolute() {
         bail!("--bpf-root and --netns-dir must be absolute paths");
+    }
+    if let Some(p) = host_proc {
+        enter_host_mounts(p)?;
     }
     let mounted = xdpcni_ebpf::mount_bpffs(bpf_root)
         .with_context(|| format!("bpffs on {}", bpf_root.display()))?;
