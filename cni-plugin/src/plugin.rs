@@ -361,7 +361,7 @@ fn register(
         },
         redirect: conf.redirect.as_raw(),
         mtu: conf.mtu,
-        pad: 0,
+        stats_slot: 0,
         cpu_mask,
     };
     for ip in ips {

@@ -140,13 +140,17 @@ pub fn apply(
         flags: 0,
         redirect: want.redirect.as_raw(),
         mtu: rec.mtu,
-        pad: 0,
+        stats_slot: 0,
         cpu_mask: want.cpu_mask,
     };
     let upsert = |dp: &mut Datapath, info: &EndpointInfo| -> Result<bool, ApplyError> {
         let mut any = false;
         for ip in &rec.ips {
-            if dp.maps().endpoint(*ip)?.as_ref() != Some(info) {
+            if !dp
+                .maps()
+                .endpoint(*ip)?
+                .is_some_and(|have| have.same_policy(info))
+            {
                 dp.maps_mut().upsert_endpoint(*ip, info)?;
                 any = true;
             }

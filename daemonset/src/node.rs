@@ -107,7 +107,8 @@ impl Reconciler {
 
     /// Makes the datapath's NAT'd ports equal `want`: the (address, protocol,
     /// port) of local pods that are Service backends or hostPort targets,
-    /// whose replies conntrack must translate. Returns (added, removed).
+    /// whose replies conntrack must translate, and every endpoint's no-NAT
+    /// flag agree with them. Returns (added, removed).
     pub fn sync_nat_ports(
         &mut self,
         want: &std::collections::BTreeSet<(std::net::IpAddr, xdpcni_ebpf::L4Proto, u16)>,
@@ -121,6 +122,12 @@ impl Reconciler {
         for (ip, proto, port) in have.difference(want) {
             self.dp.maps_mut().remove_nat_port(*ip, *proto, *port)?;
             removed += 1;
+        }
+        // add/remove keep each endpoint's no-NAT flag; this repairs a record
+        // written by a CNI ADD that raced a change here.
+        let repaired = self.dp.maps_mut().refresh_nat_flags()?;
+        if repaired > 0 {
+            info!(repaired, "endpoint NAT flags repaired");
         }
         Ok((added, removed))
     }

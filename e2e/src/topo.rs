@@ -45,7 +45,7 @@ impl Pod {
             flags: 0,
             redirect: redirect.as_raw(),
             mtu: 1500,
-            pad: 0,
+            stats_slot: 0,
             cpu_mask,
         }
     }

@@ -17,8 +17,8 @@ use xdpcni_e2e::{
     PinDir,
 };
 use xdpcni_ebpf::{
-    abi::{RedirectPolicy, Verdict, EP_KERNEL_ONLY},
-    Datapath, L4Proto,
+    abi::{RedirectPolicy, Verdict, EP_KERNEL_ONLY, EP_NO_NAT_PORTS, MAX_SLOTS},
+    Datapath, L4Proto, Maps,
 };
 
 /// A node of two pods with the datapath loaded and both registered (devmap).
@@ -432,12 +432,27 @@ fn kernel_only_endpoints_go_to_kernel_both_ways() {
 fn flows_from_and_to_nated_ports_go_to_kernel() {
     with_datapath(|node, dp| {
         let (a, b) = (&node.pods[0], &node.pods[1]);
+        let no_nat = |dp: &Datapath, ip: IpAddr| -> bool {
+            dp.maps().endpoint(ip).unwrap().unwrap().flags & EP_NO_NAT_PORTS != 0
+        };
+        // Without NAT'd ports, every endpoint skips the nat_ports lookups.
+        for ip in a.addrs().into_iter().chain(b.addrs()) {
+            assert!(no_nat(dp, ip), "{ip} registered without NAT'd ports");
+        }
         // B:8080/tcp and B:53/udp are Service backends: their replies to A
         // must be un-DNATed by conntrack.
         dp.maps_mut()
             .add_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?;
         dp.maps_mut()
             .add_nat_port(IpAddr::V6(b.ipv6), L4Proto::Udp, 53)?;
+        assert!(!no_nat(dp, IpAddr::V4(b.ipv4)) && !no_nat(dp, IpAddr::V6(b.ipv6)));
+        assert!(no_nat(dp, IpAddr::V4(a.ipv4)), "A has no NAT'd port");
+        // Re-registered while it has NAT'd ports: the flag stays off, whatever
+        // the caller passed.
+        let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
+        info.flags = EP_NO_NAT_PORTS;
+        dp.maps_mut().upsert_endpoint(IpAddr::V4(b.ipv4), &info)?;
+        assert!(!no_nat(dp, IpAddr::V4(b.ipv4)));
         let reply = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40000)));
         expect_unchanged(dp, b, &reply, XDP_PASS, Verdict::PassNat);
         let reply6 = v6_frame(b, b.ipv6, a.ipv6, 64, (IPPROTO_UDP, udp(53, 40000, b"a")));
@@ -465,6 +480,96 @@ fn flows_from_and_to_nated_ports_go_to_kernel() {
             .maps_mut()
             .remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
         assert_eq!(run(dp, b, &reply).action, XDP_REDIRECT);
+        // The flag comes back with the refresh the agent runs after a batch
+        // of removals: on B's IPv4 (no port left), not its IPv6 (53/udp).
+        assert_eq!(dp.maps_mut().refresh_nat_flags()?, 1);
+        assert!(no_nat(dp, IpAddr::V4(b.ipv4)));
+        assert!(!no_nat(dp, IpAddr::V6(b.ipv6)));
+        expect_unchanged(dp, b, &reply6, XDP_PASS, Verdict::PassNat);
+        assert_eq!(
+            dp.maps_mut().refresh_nat_flags()?,
+            0,
+            "nothing left to repair"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn counter_slots_are_unique_under_concurrent_claims_reused_zeroed_and_shared_when_full() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let (sa, sb) = (
+            dp.maps().slot(a.host_ifindex)?.unwrap(),
+            dp.maps().slot(b.host_ifindex)?.unwrap(),
+        );
+        assert!(sa != 0 && sb != 0 && sa != sb, "own slots: {sa} {sb}");
+        // Two writers (separate handles on the same pins, as parallel CNI
+        // ADDs are) claim 400 slots each at once: no slot is handed out twice.
+        let pin = dp.pin_dir().to_path_buf();
+        let claimed: Vec<u32> = std::thread::scope(|s| {
+            let hs: Vec<_> = (1..=2u32)
+                .map(|t| {
+                    let pin = pin.clone();
+                    s.spawn(move || -> Result<Vec<u32>> {
+                        let mut m = Maps::open_pinned(&pin)?;
+                        (0..400)
+                            .map(|i| Ok(m.claim_slot(t * 1_000_000 + i)?))
+                            .collect()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .flat_map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        let mut all: Vec<u32> = claimed.iter().copied().chain([sa, sb]).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 802, "every claim got a slot of its own");
+        assert!(!all.contains(&0));
+        // Claiming again is idempotent.
+        assert_eq!(dp.maps_mut().claim_slot(1_000_000)?, claimed[0]);
+        // A's counts, then A's veth goes: its slot is freed and zeroed, and
+        // the next veth that takes it starts from nothing.
+        let f = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x")));
+        assert_eq!(run(dp, a, &f).action, XDP_REDIRECT);
+        assert_eq!(count(dp, a, Verdict::RedirectDevmap), 1);
+        dp.maps_mut().remove_counters(a.host_ifindex)?;
+        assert_eq!(dp.maps().slot(a.host_ifindex)?, None);
+        assert_eq!(dp.maps_mut().claim_slot(3_000_000)?, sa, "lowest free slot");
+        assert_eq!(dp.maps().counters(3_000_000)?.iter().count(), 0);
+        // Fill every slot: the next veth shares slot 0, and its packets are
+        // still counted there (and still forwarded).
+        let mut n = 0;
+        while dp.maps_mut().claim_slot(4_000_000 + n)? != 0 {
+            n += 1;
+            assert!(n < MAX_SLOTS, "slots never ran out");
+        }
+        assert_eq!(
+            n as usize,
+            MAX_SLOTS as usize - 1 - 802,
+            "slots 1..MAX all taken"
+        );
+        dp.maps_mut().remove_counters(a.host_ifindex)?;
+        let mut info = a.endpoint(RedirectPolicy::Devmap, 0);
+        info.ifindex = a.host_ifindex;
+        dp.maps_mut().upsert_endpoint(IpAddr::V4(a.ipv4), &info)?;
+        // No slot recorded: a later upsert claims one once a slot frees.
+        assert_eq!(dp.maps().slot(a.host_ifindex)?, None);
+        let ep = dp.maps().endpoint(IpAddr::V4(a.ipv4))?.unwrap();
+        assert_eq!(ep.stats_slot, 0);
+        let before = dp
+            .maps()
+            .shared_counters()?
+            .packets(Verdict::RedirectDevmap);
+        assert_eq!(run(dp, a, &f).action, XDP_REDIRECT);
+        assert_eq!(
+            dp.maps()
+                .shared_counters()?
+                .packets(Verdict::RedirectDevmap),
+            before + 1
+        );
         Ok(())
     });
 }

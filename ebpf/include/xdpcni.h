@@ -13,11 +13,11 @@
 #include <linux/types.h>
 
 /* Capacities of the pinned maps. */
-#define XDPCNI_MAX_ENDPOINTS 65536  /* pod addresses (IPv4 + IPv6) */
-#define XDPCNI_MAX_TX_PORTS  16384  /* host veths that can be redirect targets */
-#define XDPCNI_MAX_CPUS	     64	    /* cpumap size, and bits of cpu_mask */
-#define XDPCNI_MAX_NAT_PORTS 65536  /* (address, protocol, port) the kernel NATs */
-#define XDPCNI_MAX_STATS     131072 /* (ifindex, verdict) counter rows */
+#define XDPCNI_MAX_ENDPOINTS 65536 /* pod addresses (IPv4 + IPv6) */
+#define XDPCNI_MAX_TX_PORTS  16384 /* host veths that can be redirect targets */
+#define XDPCNI_MAX_CPUS	     64	   /* cpumap size, and bits of cpu_mask */
+#define XDPCNI_MAX_NAT_PORTS 65536 /* (address, protocol, port) the kernel NATs */
+#define XDPCNI_MAX_SLOTS     1024  /* counter slots: host veths with their own counters */
 
 /* endpoint_key.family */
 #define XDPCNI_FAMILY_IPV4 4
@@ -36,6 +36,12 @@ struct endpoint_key {
 
 /* endpoint_info.flags */
 #define XDPCNI_EP_KERNEL_ONLY (1U << 0) /* never fast-path to or from it */
+/*
+ * No port of this address is in nat_ports: the datapath skips those lookups.
+ * Unset is the safe default (look them up); userspace sets it only after
+ * checking nat_ports, and clears it before adding a port of the address.
+ */
+#define XDPCNI_EP_NO_NAT_PORTS (1U << 1)
 
 /* What the datapath knows of a pod address. */
 struct endpoint_info {
@@ -45,8 +51,8 @@ struct endpoint_info {
 	__u32 flags;	  /* XDPCNI_EP_* */
 	__u32 redirect;	  /* XDPCNI_REDIRECT_* */
 	__u32 mtu;	  /* pod's eth0 MTU; larger packets go to the kernel */
-	__u32 pad;
-	__u64 cpu_mask; /* cpumap CPUs allowed to deliver to it */
+	__u32 stats_slot; /* its veth's counter slot (see port_slots), 0: shared */
+	__u64 cpu_mask;	  /* cpumap CPUs allowed to deliver to it */
 };
 
 /*
@@ -63,9 +69,14 @@ struct nat_port_key {
 };
 
 /*
- * Verdicts counted per (ifindex, verdict) in the stats map. The ifindex is
- * the host veth the packet came in on, except XDPCNI_V_RX_FASTPATH which is
- * counted on the destination's host veth.
+ * Verdicts counted per (host veth, verdict) in the stats map: a per-CPU array
+ * of XDPCNI_MAX_SLOTS * XDPCNI_V_MAX rows, row slot * XDPCNI_V_MAX + verdict.
+ * Each host veth with counters owns a slot (port_slots: ifindex -> slot,
+ * slot_owners: slot -> ifindex, claimed with BPF_NOEXIST so two writers never
+ * share one); endpoint records carry their veth's slot, so the fast path
+ * counts without a hash lookup. Slot 0 is shared by veths without one. The
+ * veth is the one the packet came in on, except XDPCNI_V_RX_FASTPATH which
+ * is counted on the destination's host veth.
  */
 enum xdpcni_verdict {
 	XDPCNI_V_REDIRECT_DEVMAP = 0,	/* sent to the destination veth via devmap */
@@ -89,15 +100,12 @@ enum xdpcni_verdict {
 	XDPCNI_V_MAX = 18,
 };
 
-struct stats_key {
-	__u32 ifindex;
-	__u32 verdict; /* enum xdpcni_verdict */
-};
-
 /* Per-CPU value of the stats map. */
 struct stats_value {
 	__u64 packets;
 	__u64 bytes;
 };
+
+#define XDPCNI_STATS_ROWS (XDPCNI_MAX_SLOTS * XDPCNI_V_MAX)
 
 #endif /* XDPCNI_H */

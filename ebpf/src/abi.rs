@@ -94,6 +94,12 @@ const REDIRECT_CPUMAP: u32 = 1;
 
 /// `endpoint_info.flags`: never fast-path to or from this endpoint.
 pub const EP_KERNEL_ONLY: u32 = 1;
+/// `endpoint_info.flags`: no port of this address is in `nat_ports`, so the
+/// datapath skips those lookups. Owned by [`crate::Maps`]: it sets the flag
+/// on upsert after checking `nat_ports`, and clears it before adding a port.
+pub const EP_NO_NAT_PORTS: u32 = 2;
+/// Counter slots (`port_slots`): host veths that get counters of their own.
+pub const MAX_SLOTS: u32 = c_layout::XDPCNI_MAX_SLOTS;
 
 /// `struct endpoint_info`: what the datapath knows of a pod address.
 #[repr(C)]
@@ -111,10 +117,24 @@ pub struct EndpointInfo {
     pub redirect: u32,
     /// The pod's eth0 MTU: larger packets go to the kernel.
     pub mtu: u32,
-    /// Explicit padding; always zero.
-    pub pad: u32,
+    /// Counter slot of its host veth; [`crate::Maps::upsert_endpoint`] fills
+    /// it in (0, the shared slot, when none is free).
+    pub stats_slot: u32,
     /// CPUs a cpumap may deliver to this endpoint on (bit n = CPU n).
     pub cpu_mask: u64,
+}
+
+impl EndpointInfo {
+    /// Equal in everything the caller decides: [`Self::stats_slot`] and
+    /// [`EP_NO_NAT_PORTS`] belong to [`crate::Maps`] and are not compared.
+    pub fn same_policy(&self, other: &Self) -> bool {
+        let caller = |e: &Self| Self {
+            flags: e.flags & !EP_NO_NAT_PORTS,
+            stats_slot: 0,
+            ..*e
+        };
+        caller(self) == caller(other)
+    }
 }
 
 /// `struct nat_port_key`: a source (address, protocol, port) the kernel NATs.
@@ -131,16 +151,6 @@ pub struct NatPortKey {
     pub addr: [u8; 16],
 }
 
-/// `struct stats_key`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct StatsKey {
-    /// Host veth ifindex.
-    pub ifindex: u32,
-    /// A [`Verdict`] as `u32`.
-    pub verdict: u32,
-}
-
 /// `struct stats_value`, per CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -151,7 +161,7 @@ pub struct StatsValue {
     pub bytes: u64,
 }
 
-// SAFETY: all four are repr(C), made of integers and byte arrays, with every
+// SAFETY: all of them are repr(C), made of integers and byte arrays, with every
 // padding byte written out as a field (checked below), so any bit pattern is
 // valid and none is uninitialised.
 unsafe impl aya::Pod for EndpointKey {}
@@ -159,8 +169,6 @@ unsafe impl aya::Pod for EndpointKey {}
 unsafe impl aya::Pod for EndpointInfo {}
 // SAFETY: as above.
 unsafe impl aya::Pod for NatPortKey {}
-// SAFETY: as above.
-unsafe impl aya::Pod for StatsKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for StatsValue {}
 
@@ -229,6 +237,8 @@ mod layout_checks {
     const _: () = assert!(offset_of!(EndpointInfo, flags) == c::OFFSETOF_endpoint_info_flags);
     const _: () = assert!(offset_of!(EndpointInfo, redirect) == c::OFFSETOF_endpoint_info_redirect);
     const _: () = assert!(offset_of!(EndpointInfo, mtu) == c::OFFSETOF_endpoint_info_mtu);
+    const _: () =
+        assert!(offset_of!(EndpointInfo, stats_slot) == c::OFFSETOF_endpoint_info_stats_slot);
     const _: () = assert!(offset_of!(EndpointInfo, cpu_mask) == c::OFFSETOF_endpoint_info_cpu_mask);
 
     const _: () = assert!(size_of::<NatPortKey>() == c::SIZEOF_nat_port_key);
@@ -237,9 +247,7 @@ mod layout_checks {
     const _: () = assert!(offset_of!(NatPortKey, port) == c::OFFSETOF_nat_port_key_port);
     const _: () = assert!(offset_of!(NatPortKey, addr) == c::OFFSETOF_nat_port_key_addr);
 
-    const _: () = assert!(size_of::<StatsKey>() == c::SIZEOF_stats_key);
-    const _: () = assert!(offset_of!(StatsKey, ifindex) == c::OFFSETOF_stats_key_ifindex);
-    const _: () = assert!(offset_of!(StatsKey, verdict) == c::OFFSETOF_stats_key_verdict);
+    const _: () = assert!(c::XDPCNI_STATS_ROWS == c::XDPCNI_MAX_SLOTS * c::XDPCNI_V_MAX);
 
     const _: () = assert!(size_of::<StatsValue>() == c::SIZEOF_stats_value);
     const _: () = assert!(offset_of!(StatsValue, packets) == c::OFFSETOF_stats_value_packets);
@@ -250,6 +258,7 @@ mod layout_checks {
     const _: () = assert!(REDIRECT_DEVMAP == c::XDPCNI_REDIRECT_DEVMAP);
     const _: () = assert!(REDIRECT_CPUMAP == c::XDPCNI_REDIRECT_CPUMAP);
     const _: () = assert!(EP_KERNEL_ONLY == c::XDPCNI_EP_KERNEL_ONLY);
+    const _: () = assert!(EP_NO_NAT_PORTS == c::XDPCNI_EP_NO_NAT_PORTS);
     // Every C verdict has a Rust twin, in order.
     const _: () = assert!(Verdict::ALL.len() == c::XDPCNI_V_MAX as usize);
     const _: () = {

@@ -3,7 +3,8 @@
 //! Pin layout under a directory on bpffs (default `/sys/fs/bpf/xdpcni`):
 //!
 //! ```text
-//! endpoints tx_ports cpu_map nat_ports stats   maps, pinned by name by aya
+//! endpoints tx_ports cpu_map nat_ports         maps, pinned by name by aya
+//! counters port_slots slot_owners              per-veth counters (see xdpcni.h)
 //! progs/xdpcni_from_pod progs/xdpcni_cpumap    the programs in use
 //! links/<ifindex>_native | _generic            one XDP bpf_link per host veth
 //!                                              (bpffs refuses names with dots)
@@ -22,7 +23,7 @@ use std::{
 };
 
 use aya::{
-    maps::{CpuMap, DevMapHash, HashMap, Map, MapData, MapError, PerCpuHashMap},
+    maps::{CpuMap, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
     programs::{
         links::{FdLink, PinnedLink},
         Xdp, XdpMode,
@@ -32,7 +33,10 @@ use aya::{
 use tracing::{debug, info, warn};
 
 use crate::{
-    abi::{EndpointInfo, EndpointKey, NatPortKey, StatsKey, StatsValue, Verdict, MAX_CPUS},
+    abi::{
+        EndpointInfo, EndpointKey, NatPortKey, StatsValue, Verdict, EP_NO_NAT_PORTS, MAX_CPUS,
+        MAX_SLOTS,
+    },
     sys, Error, Result, DATAPATH_OBJECT,
 };
 
@@ -47,7 +51,11 @@ const MAP_ENDPOINTS: &str = "endpoints";
 const MAP_TX_PORTS: &str = "tx_ports";
 const MAP_CPU_MAP: &str = "cpu_map";
 const MAP_NAT_PORTS: &str = "nat_ports";
-const MAP_STATS: &str = "stats";
+const MAP_COUNTERS: &str = "counters";
+const MAP_PORT_SLOTS: &str = "port_slots";
+const MAP_SLOT_OWNERS: &str = "slot_owners";
+/// `BPF_NOEXIST`: insert only if the key is absent.
+const NOEXIST: u64 = 1;
 
 /// How the program runs on a host veth.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -222,7 +230,9 @@ pub struct Maps {
     tx_ports: DevMapHash<MapData>,
     cpu_map: CpuMap<MapData>,
     nat_ports: HashMap<MapData, NatPortKey, u32>,
-    stats: PerCpuHashMap<MapData, StatsKey, StatsValue>,
+    counters: PerCpuArray<MapData, StatsValue>,
+    port_slots: HashMap<MapData, u32, u32>,
+    slot_owners: HashMap<MapData, u32, u32>,
 }
 
 fn typed<T: TryFrom<Map, Error = MapError>>(name: &'static str, map: Option<Map>) -> Result<T> {
@@ -245,7 +255,9 @@ impl Maps {
             tx_ports: typed(MAP_TX_PORTS, open(MAP_TX_PORTS)?)?,
             cpu_map: typed(MAP_CPU_MAP, open(MAP_CPU_MAP)?)?,
             nat_ports: typed(MAP_NAT_PORTS, open(MAP_NAT_PORTS)?)?,
-            stats: typed(MAP_STATS, open(MAP_STATS)?)?,
+            counters: typed(MAP_COUNTERS, open(MAP_COUNTERS)?)?,
+            port_slots: typed(MAP_PORT_SLOTS, open(MAP_PORT_SLOTS)?)?,
+            slot_owners: typed(MAP_SLOT_OWNERS, open(MAP_SLOT_OWNERS)?)?,
         })
     }
 
@@ -255,17 +267,28 @@ impl Maps {
             tx_ports: typed(MAP_TX_PORTS, ebpf.take_map(MAP_TX_PORTS))?,
             cpu_map: typed(MAP_CPU_MAP, ebpf.take_map(MAP_CPU_MAP))?,
             nat_ports: typed(MAP_NAT_PORTS, ebpf.take_map(MAP_NAT_PORTS))?,
-            stats: typed(MAP_STATS, ebpf.take_map(MAP_STATS))?,
+            counters: typed(MAP_COUNTERS, ebpf.take_map(MAP_COUNTERS))?,
+            port_slots: typed(MAP_PORT_SLOTS, ebpf.take_map(MAP_PORT_SLOTS))?,
+            slot_owners: typed(MAP_SLOT_OWNERS, ebpf.take_map(MAP_SLOT_OWNERS))?,
         })
     }
 
-    /// Inserts or replaces the endpoint record of `addr`.
+    /// Inserts or replaces the endpoint record of `addr`. The fields the maps
+    /// own are filled in here: `stats_slot` (its veth's counter slot, claimed
+    /// on first use) and [`EP_NO_NAT_PORTS`] (set when `nat_ports` holds no
+    /// port of `addr`); the caller's values of both are ignored.
     pub fn upsert_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()> {
         if info.cpu_mask != 0 && info.cpu_mask >> MAX_CPUS.min(63) > 1 {
             return Err(Error::Invalid {
                 what: "cpu_mask",
                 why: format!("{:#x} names CPUs beyond {}", info.cpu_mask, MAX_CPUS - 1),
             });
+        }
+        let mut info = *info;
+        info.stats_slot = self.claim_slot(info.ifindex)?;
+        info.flags &= !EP_NO_NAT_PORTS;
+        if !self.has_nat_port(addr)? {
+            info.flags |= EP_NO_NAT_PORTS;
         }
         self.endpoints
             .insert(EndpointKey::from(addr), info, 0)
@@ -281,6 +304,111 @@ impl Maps {
                     Error::map(op, e)
                 }
             })
+    }
+
+    /// Sets or clears [`EP_NO_NAT_PORTS`] on the record of `addr`, if any.
+    fn set_no_nat(&mut self, addr: IpAddr, no_nat: bool) -> Result<()> {
+        let Some(mut info) = self.endpoint(addr)? else {
+            return Ok(());
+        };
+        let flags = if no_nat {
+            info.flags | EP_NO_NAT_PORTS
+        } else {
+            info.flags & !EP_NO_NAT_PORTS
+        };
+        if flags == info.flags {
+            return Ok(());
+        }
+        info.flags = flags;
+        self.endpoints
+            .insert(EndpointKey::from(addr), info, 0)
+            .map_err(|e| Error::map(format!("flagging endpoint {addr}"), e))
+    }
+
+    /// Makes every endpoint's [`EP_NO_NAT_PORTS`] agree with `nat_ports`:
+    /// repairs what a writer racing a NAT port change may have left. Returns
+    /// how many records changed.
+    pub fn refresh_nat_flags(&mut self) -> Result<usize> {
+        let natted: std::collections::HashSet<IpAddr> =
+            self.nat_ports()?.into_iter().map(|(ip, _, _)| ip).collect();
+        let mut changed = 0;
+        for (ip, info) in self.endpoints()? {
+            let want = !natted.contains(&ip);
+            if (info.flags & EP_NO_NAT_PORTS != 0) != want {
+                self.set_no_nat(ip, want)?;
+                changed += 1;
+            }
+        }
+        Ok(changed)
+    }
+
+    fn has_nat_port(&self, addr: IpAddr) -> Result<bool> {
+        Ok(self.nat_ports()?.iter().any(|(ip, _, _)| *ip == addr))
+    }
+
+    /// The counter slot of host veth `ifindex`, if it has one.
+    pub fn slot(&self, ifindex: u32) -> Result<Option<u32>> {
+        match self.port_slots.get(&ifindex, 0) {
+            Ok(s) => Ok(Some(s)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::map(
+                format!("reading the counter slot of {ifindex}"),
+                e,
+            )),
+        }
+    }
+
+    /// The counter slot of `ifindex`, claimed if it has none: the first free
+    /// slot, taken with `BPF_NOEXIST` in `slot_owners` so that concurrent
+    /// writers (parallel CNI ADDs, the agent) never share one. Its rows start
+    /// at zero. With every slot taken, the shared slot 0 (and a warning).
+    pub fn claim_slot(&mut self, ifindex: u32) -> Result<u32> {
+        if let Some(s) = self.slot(ifindex)? {
+            return Ok(s);
+        }
+        for slot in 1..MAX_SLOTS {
+            match self.slot_owners.insert(slot, ifindex, NOEXIST) {
+                Ok(()) => {}
+                Err(MapError::SyscallError(e))
+                    if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+                {
+                    // Taken; ours only if a claim of this ifindex stopped
+                    // half way (between the two inserts).
+                    if self.slot_owners.get(&slot, 0).ok() != Some(ifindex) {
+                        continue;
+                    }
+                }
+                Err(e) => return Err(Error::map(format!("claiming counter slot {slot}"), e)),
+            }
+            self.zero_slot(slot)?;
+            self.port_slots
+                .insert(ifindex, slot, 0)
+                .map_err(|e| Error::map(format!("recording counter slot of {ifindex}"), e))?;
+            return Ok(slot);
+        }
+        warn!(
+            ifindex,
+            capacity = MAX_SLOTS - 1,
+            "every counter slot is taken: this veth counts in the shared slot 0"
+        );
+        Ok(0)
+    }
+
+    fn zero_slot(&mut self, slot: u32) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(path, e)| Error::io("reading", path, e))?;
+        for &v in Verdict::ALL {
+            let zero = PerCpuValues::try_from(vec![StatsValue::default(); cpus]).map_err(|e| {
+                Error::io(
+                    "sizing per-CPU counters from",
+                    "/sys/devices/system/cpu/possible",
+                    e,
+                )
+            })?;
+            self.counters
+                .set(row(slot, v), zero, 0)
+                .map_err(|e| Error::map(format!("zeroing counter slot {slot}"), e))?;
+        }
+        Ok(())
     }
 
     /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
@@ -347,7 +475,10 @@ impl Maps {
     }
 
     /// Sends replies from `(addr, proto, port)` to the kernel, which may NAT them.
+    /// Clears the address's [`EP_NO_NAT_PORTS`] first, so no packet skips a
+    /// lookup that would now match.
     pub fn add_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<()> {
+        self.set_no_nat(addr, false)?;
         let key = nat_key(addr, proto, port);
         self.nat_ports.insert(key, 1, 0).map_err(|e| {
             let op = format!("adding NAT port {addr} {proto:?}/{port}");
@@ -364,6 +495,10 @@ impl Maps {
     }
 
     /// Undoes [`Maps::add_nat_port`].
+    /// Undoes [`Maps::add_nat_port`]. The address's record keeps looking its
+    /// ports up (the safe side) until [`Maps::refresh_nat_flags`], which the
+    /// agent runs after each batch of changes: one scan per batch, not one
+    /// per removed port.
     pub fn remove_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<bool> {
         removed(self.nat_ports.remove(&nat_key(addr, proto, port)), || {
             format!("removing NAT port {addr}/{port}")
@@ -392,44 +527,62 @@ impl Maps {
         Ok(out)
     }
 
-    /// Counters of host veth `ifindex`.
+    /// Counters of host veth `ifindex` (nothing if it has no counter slot).
     pub fn counters(&self, ifindex: u32) -> Result<Counters> {
+        let Some(slot) = self.slot(ifindex)? else {
+            return Ok(Counters::default());
+        };
+        self.slot_counters(slot)
+    }
+
+    /// Counters of the shared slot 0: veths that found no free slot.
+    pub fn shared_counters(&self) -> Result<Counters> {
+        self.slot_counters(0)
+    }
+
+    fn slot_counters(&self, slot: u32) -> Result<Counters> {
         let mut rows = Vec::new();
         for &verdict in Verdict::ALL {
-            let key = StatsKey {
-                ifindex,
-                verdict: verdict as u32,
-            };
-            match self.stats.get(&key, 0) {
-                Ok(per_cpu) => {
-                    let sum = per_cpu
-                        .iter()
-                        .fold(StatsValue::default(), |a, v| StatsValue {
-                            packets: a.packets + v.packets,
-                            bytes: a.bytes + v.bytes,
-                        });
-                    rows.push((verdict, sum));
-                }
-                Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(Error::map(format!("reading counters of {ifindex}"), e)),
+            let per_cpu = self
+                .counters
+                .get(&row(slot, verdict), 0)
+                .map_err(|e| Error::map(format!("reading counter slot {slot}"), e))?;
+            let sum = per_cpu
+                .iter()
+                .fold(StatsValue::default(), |a, v| StatsValue {
+                    packets: a.packets + v.packets,
+                    bytes: a.bytes + v.bytes,
+                });
+            if sum.packets > 0 {
+                rows.push((verdict, sum));
             }
         }
         Ok(Counters { rows })
     }
 
-    /// Forgets the counters of `ifindex` (its veth is gone).
+    /// Forgets the counters of `ifindex` (its veth is gone) and frees its slot.
     pub fn remove_counters(&mut self, ifindex: u32) -> Result<()> {
-        for &verdict in Verdict::ALL {
-            let key = StatsKey {
-                ifindex,
-                verdict: verdict as u32,
-            };
-            removed(self.stats.remove(&key), || {
-                format!("removing counters of {ifindex}")
+        let Some(slot) = self.slot(ifindex)? else {
+            return Ok(());
+        };
+        if slot != 0 {
+            self.zero_slot(slot)?;
+        }
+        removed(self.port_slots.remove(&ifindex), || {
+            format!("removing the counter slot of {ifindex}")
+        })?;
+        if slot != 0 && self.slot_owners.get(&slot, 0).ok() == Some(ifindex) {
+            removed(self.slot_owners.remove(&slot), || {
+                format!("freeing counter slot {slot}")
             })?;
         }
         Ok(())
     }
+}
+
+/// The `counters` row of (slot, verdict), as the C side computes it.
+const fn row(slot: u32, verdict: Verdict) -> u32 {
+    slot * crate::abi::c_layout::XDPCNI_V_MAX + verdict as u32
 }
 
 fn nat_key(addr: IpAddr, proto: L4Proto, port: u16) -> NatPortKey {

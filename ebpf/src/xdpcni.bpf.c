@@ -49,13 +49,32 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } nat_ports SEC(".maps");
 
+/* Per-CPU counter rows, slot * XDPCNI_V_MAX + verdict (see xdpcni.h). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, XDPCNI_MAX_STATS);
-	__type(key, struct stats_key);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XDPCNI_STATS_ROWS);
+	__type(key, __u32);
 	__type(value, struct stats_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} stats SEC(".maps");
+} counters SEC(".maps");
+
+/* Host veth ifindex -> its counter slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_TX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} port_slots SEC(".maps");
+
+/* Counter slot -> the ifindex that owns it: written only by userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} slot_owners SEC(".maps");
 
 #define IPPROTO_ICMPV6_	     58
 #define ICMP_ECHOREPLY_	     0
@@ -74,24 +93,42 @@ struct l4_head {
 	__u16 c; /* ICMP echo identifier */
 };
 
-static __always_inline void count(__u32 ifindex, __u32 verdict, __u64 bytes)
+/* One array row per (slot, verdict): no hashing, no insert on first use. */
+static __always_inline void count(__u32 slot, __u32 verdict, __u64 bytes)
 {
-	struct stats_key key = {.ifindex = ifindex, .verdict = verdict};
-	struct stats_value *v = bpf_map_lookup_elem(&stats, &key);
+	__u32 row;
+	struct stats_value *v;
 
+	if (slot >= XDPCNI_MAX_SLOTS)
+		slot = 0;
+	row = slot * XDPCNI_V_MAX + verdict;
+	v = bpf_map_lookup_elem(&counters, &row);
 	if (v) {
 		v->packets += 1;
 		v->bytes += bytes;
-		return;
 	}
-	struct stats_value init = {.packets = 1, .bytes = bytes};
-	/* A full map loses the count, never the packet. */
-	bpf_map_update_elem(&stats, &key, &init, BPF_NOEXIST);
 }
 
+/* The counter slot of a host veth, for verdicts reached before its endpoint. */
+static __always_inline __u32 slot_of(__u32 ifindex)
+{
+	__u32 *slot = bpf_map_lookup_elem(&port_slots, &ifindex);
+
+	return slot ? *slot : 0;
+}
+
+/* Counts on the ingress veth, found through port_slots: the slow paths. */
 static __always_inline int verdict(struct xdp_md *ctx, __u32 v, int action)
 {
-	count(ctx->ingress_ifindex, v, ctx->data_end - ctx->data);
+	count(slot_of(ctx->ingress_ifindex), v, ctx->data_end - ctx->data);
+	return action;
+}
+
+/* Counts on the sender's endpoint slot, once its source is validated. */
+static __always_inline int ep_verdict(const struct endpoint_info *src, __u32 v, __u64 bytes,
+				      int action)
+{
+	count(src->stats_slot, v, bytes);
 	return action;
 }
 
@@ -132,8 +169,8 @@ static __always_inline __u32 mix(__u32 h)
 struct packet {
 	struct endpoint_key src;
 	struct endpoint_key dst;
-	__u32 l3_len;	 /* IPv4 total length or IPv6 payload + 40 */
-	__u32 flow_hash; /* symmetric in neither direction: one flow, one CPU */
+	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
+	__u32 flow_id; /* ports, or the ICMP echo id: with the addresses, a flow */
 	__u8 proto;
 	__u8 pad;
 	__u16 sport; /* network order, 0 for ICMP */
@@ -159,7 +196,7 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 	case IPPROTO_UDP:
 		p->sport = h->a;
 		p->dport = h->b;
-		p->flow_hash ^= mix(((__u32)h->a << 16) | h->b);
+		p->flow_id = ((__u32)h->a << 16) | h->b;
 		return PARSE_OK;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6_: {
@@ -174,7 +211,7 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 		if (v6 ? (type != ICMPV6_ECHO_REQUEST_ && type != ICMPV6_ECHO_REPLY_)
 		       : (type != ICMP_ECHO_ && type != ICMP_ECHOREPLY_))
 			return XDPCNI_V_PASS_L4;
-		p->flow_hash ^= mix(h->c);
+		p->flow_id = h->c;
 		return PARSE_OK;
 	}
 	default:
@@ -208,7 +245,6 @@ static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end
 	p->proto = iph->protocol;
 	p->ttl = &iph->ttl;
 	p->csum = &iph->check;
-	p->flow_hash = mix(iph->saddr ^ mix(iph->daddr));
 	/* Non-first fragments carry no ports: leave reassembly to the kernel. */
 	if (iph->frag_off & bpf_htons(IP_MF_ | IP_OFFSET_))
 		return XDPCNI_V_PASS_L4;
@@ -218,7 +254,6 @@ static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end
 static __always_inline int parse_ipv6(struct packet *p, void *l3, void *data_end)
 {
 	struct ipv6hdr *ip6h = l3;
-	__u32 h = 0;
 
 	if ((void *)(ip6h + 1) > data_end)
 		return XDPCNI_V_PASS_MALFORMED;
@@ -235,11 +270,23 @@ static __always_inline int parse_ipv6(struct packet *p, void *l3, void *data_end
 	p->proto = ip6h->nexthdr;
 	p->ttl = &ip6h->hop_limit;
 	p->csum = 0;
-	for (int i = 0; i < 4; i++)
-		h ^= mix(ip6h->saddr.in6_u.u6_addr32[i] ^ mix(ip6h->daddr.in6_u.u6_addr32[i]));
-	p->flow_hash = h;
 	/* Extension headers (fragments included) take the kernel path. */
 	return parse_l4(p, ip6h + 1, data_end, 1);
+}
+
+/*
+ * One flow, one CPU: a hash of the addresses and ports (or echo id), computed
+ * only for cpumap redirects. Symmetric in neither direction.
+ */
+static __always_inline __u32 flow_hash(const struct packet *p)
+{
+	const __u32 *s = (const __u32 *)p->src.addr;
+	const __u32 *d = (const __u32 *)p->dst.addr;
+	__u32 h = mix(p->flow_id);
+
+	for (int i = 0; i < 4; i++)
+		h ^= mix(s[i] ^ mix(d[i]));
+	return h;
 }
 
 static __always_inline void decrement_ttl(struct packet *p)
@@ -291,32 +338,33 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	if (!src_ep || src_ep->ifindex != ctx->ingress_ifindex)
 		return verdict(ctx, XDPCNI_V_DROP_SPOOFED, XDP_DROP);
 	if (r >= 0)
-		return verdict(ctx, r, XDP_PASS);
+		return ep_verdict(src_ep, r, bytes, XDP_PASS);
 	if (src_ep->flags & XDPCNI_EP_KERNEL_ONLY)
-		return verdict(ctx, XDPCNI_V_PASS_KERNEL_ONLY, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_KERNEL_ONLY, bytes, XDP_PASS);
 
 	dst_ep = bpf_map_lookup_elem(&endpoints, &p.dst);
 	if (!dst_ep)
-		return verdict(ctx, XDPCNI_V_PASS_NO_ENDPOINT, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_NO_ENDPOINT, bytes, XDP_PASS);
 	if (dst_ep->flags & XDPCNI_EP_KERNEL_ONLY)
-		return verdict(ctx, XDPCNI_V_PASS_KERNEL_ONLY, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_KERNEL_ONLY, bytes, XDP_PASS);
 	if (*p.ttl <= 1)
-		return verdict(ctx, XDPCNI_V_PASS_TTL, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_TTL, bytes, XDP_PASS);
 	/*
 	 * Longer than the sender's own MTU: no wire frame, a GSO super-packet
 	 * (generic mode keeps the pod's TSO). Redirecting it would drop it
 	 * (xdp_ok_fwd_dev); the kernel path segments it.
 	 */
 	if (p.l3_len > src_ep->mtu)
-		return verdict(ctx, XDPCNI_V_PASS_GSO, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_GSO, bytes, XDP_PASS);
 	if (p.l3_len > dst_ep->mtu)
-		return verdict(ctx, XDPCNI_V_PASS_MTU, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_MTU, bytes, XDP_PASS);
 	if (p.sport) {
 		/*
 		 * A flow from or to a port the kernel NATs takes the kernel path
 		 * both ways: replies need un-DNAT, and conntrack must see the
 		 * requests too, or it finds the replies INVALID (kube-proxy
-		 * drops those).
+		 * drops those). An endpoint flagged NO_NAT_PORTS has none: its
+		 * lookup is skipped.
 		 */
 		struct nat_port_key nk = {
 		    .family = p.src.family,
@@ -324,13 +372,17 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		    .port = p.sport,
 		};
 
-		__builtin_memcpy(nk.addr, p.src.addr, 16);
-		if (bpf_map_lookup_elem(&nat_ports, &nk))
-			return verdict(ctx, XDPCNI_V_PASS_NAT, XDP_PASS);
-		nk.port = p.dport;
-		__builtin_memcpy(nk.addr, p.dst.addr, 16);
-		if (bpf_map_lookup_elem(&nat_ports, &nk))
-			return verdict(ctx, XDPCNI_V_PASS_NAT, XDP_PASS);
+		if (!(src_ep->flags & XDPCNI_EP_NO_NAT_PORTS)) {
+			__builtin_memcpy(nk.addr, p.src.addr, 16);
+			if (bpf_map_lookup_elem(&nat_ports, &nk))
+				return ep_verdict(src_ep, XDPCNI_V_PASS_NAT, bytes, XDP_PASS);
+		}
+		if (!(dst_ep->flags & XDPCNI_EP_NO_NAT_PORTS)) {
+			nk.port = p.dport;
+			__builtin_memcpy(nk.addr, p.dst.addr, 16);
+			if (bpf_map_lookup_elem(&nat_ports, &nk))
+				return ep_verdict(src_ep, XDPCNI_V_PASS_NAT, bytes, XDP_PASS);
+		}
 	}
 
 	/*
@@ -339,21 +391,21 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	 */
 	if (dst_ep->redirect == XDPCNI_REDIRECT_CPUMAP && dst_ep->cpu_mask) {
 		target =
-		    bpf_redirect_map(&cpu_map, pick_cpu(dst_ep->cpu_mask, p.flow_hash), XDP_PASS);
+		    bpf_redirect_map(&cpu_map, pick_cpu(dst_ep->cpu_mask, flow_hash(&p)), XDP_PASS);
 		r = XDPCNI_V_REDIRECT_CPUMAP;
 	} else {
 		target = bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_PASS);
 		r = XDPCNI_V_REDIRECT_DEVMAP;
 	}
 	if (target != XDP_REDIRECT)
-		return verdict(ctx, XDPCNI_V_PASS_NO_TARGET, XDP_PASS);
+		return ep_verdict(src_ep, XDPCNI_V_PASS_NO_TARGET, bytes, XDP_PASS);
 
 	decrement_ttl(&p);
 	__builtin_memcpy(eth->h_dest, dst_ep->pod_mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, dst_ep->host_mac, ETH_ALEN);
 	if (r == XDPCNI_V_REDIRECT_DEVMAP)
-		count(dst_ep->ifindex, XDPCNI_V_RX_FASTPATH, bytes);
-	return verdict(ctx, r, XDP_REDIRECT);
+		count(dst_ep->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
+	return ep_verdict(src_ep, r, bytes, XDP_REDIRECT);
 }
 
 /*
@@ -397,6 +449,6 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 	 */
 	if (!dst_ep || bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_DROP) != XDP_REDIRECT)
 		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
-	count(dst_ep->ifindex, XDPCNI_V_RX_FASTPATH, bytes);
+	count(dst_ep->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
 	return verdict(ctx, XDPCNI_V_CPUMAP_DELIVERED, XDP_REDIRECT);
 }

@@ -67,7 +67,7 @@ fn main() -> Result<()> {
             flags: 0,
             redirect: RedirectPolicy::Devmap.as_raw(),
             mtu: 1500,
-            pad: 0,
+            stats_slot: 0,
             cpu_mask: 0,
         };
         for ip in &ep.ips {
