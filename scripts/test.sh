@@ -87,7 +87,7 @@ cargo test --workspace --locked --no-fail-fast 2>&1 | tee -a "$log" || cargo_rc=
 step "benchmark smoke test (checks every measurement runs, not the numbers)"
 target/debug/bench --quick --out target/bench-quick >/dev/null
 test -s target/bench-quick/bench.png
-echo "bench --quick: ok ($(grep -c '^| ' target/bench-quick/bench.md) table rows)"
+python3 scripts/check-bench.py target/bench-quick/bench.md
 
 step "a real Kubernetes node: e2e/k8s/run.sh"
 k8s_rc=0

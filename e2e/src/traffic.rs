@@ -232,3 +232,237 @@ impl Drop for BackgroundPing {
         }
     }
 }
+
+/// `PACKET_QDISC_BYPASS` from linux/if_packet.h (not in the libc crate).
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes inside it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    ensure!(cpu < libc::CPU_SETSIZE as usize, "CPU {cpu} out of range");
+    // SAFETY: `set` is a valid cpu_set_t and cpu < CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is sized as passed.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    ensure!(
+        rc == 0,
+        "sched_setaffinity CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+/// A packet socket on `ifname` of the calling thread's namespace, sending
+/// straight to the driver (`PACKET_QDISC_BYPASS`) and receiving nothing.
+fn packet_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2); protocol 0 binds no receive hook.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    ensure!(
+        fd >= 0,
+        "socket(AF_PACKET): {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: fd is a fresh socket we own from here on.
+    let sock = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: `one` outlives the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_PACKET,
+            PACKET_QDISC_BYPASS,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    ensure!(
+        rc == 0,
+        "PACKET_QDISC_BYPASS: {}",
+        std::io::Error::last_os_error()
+    );
+    let name = std::ffi::CString::new(ifname)?;
+    // SAFETY: a NUL-terminated name.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    ensure!(ifindex != 0, "no interface {ifname}");
+    // SAFETY: a zeroed sockaddr_ll is valid; the fields set below are its own.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: `sll` is a sockaddr_ll of the size passed.
+    let rc = unsafe {
+        libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    ensure!(
+        rc == 0,
+        "bind AF_PACKET {ifname}: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(sock)
+}
+
+/// Sends the prebuilt Ethernet `frame` out of `ifname` in `from` as fast as
+/// `sendmmsg` batches of 64 go, skipping the pod's socket and qdisc layers,
+/// from one thread per entry of `cpus` (`Some(n)`: pinned to CPU n), for
+/// `dur`. Returns frames handed to the driver.
+pub fn raw_flood(
+    from: &Netns,
+    ifname: &str,
+    frame: &[u8],
+    cpus: &[Option<usize>],
+    dur: Duration,
+) -> Result<u64> {
+    const BATCH: usize = 64;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cpus
+            .iter()
+            .map(|cpu| {
+                s.spawn(move || {
+                    in_netns(from, || {
+                        if let Some(cpu) = cpu {
+                            pin_to_cpu(*cpu)?;
+                        }
+                        let sock = packet_socket(ifname)?;
+                        let mut buf = frame.to_vec();
+                        let mut iov = libc::iovec {
+                            iov_base: buf.as_mut_ptr().cast(),
+                            iov_len: buf.len(),
+                        };
+                        // SAFETY: zeroed mmsghdr is valid; each points at the one iovec.
+                        let mut msgs: Vec<libc::mmsghdr> =
+                            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
+                        for m in &mut msgs {
+                            m.msg_hdr.msg_iov = &mut iov;
+                            m.msg_hdr.msg_iovlen = 1;
+                        }
+                        let deadline = Instant::now() + dur;
+                        let mut sent = 0u64;
+                        while Instant::now() < deadline {
+                            // SAFETY: msgs/iov/buf outlive the call; the socket is bound.
+                            let n = unsafe {
+                                libc::sendmmsg(
+                                    std::os::fd::AsRawFd::as_raw_fd(&sock),
+                                    msgs.as_mut_ptr(),
+                                    BATCH as u32,
+                                    0,
+                                )
+                            };
+                            if n > 0 {
+                                sent += n as u64;
+                            }
+                        }
+                        Ok(sent)
+                    })
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for h in handles {
+            total += h.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+        }
+        Ok(total)
+    })
+}
+
+/// TCP request/response round trips from `from` to an echo server in `to_ns`
+/// at `to`: one connection, TCP_NODELAY, one 32-byte request in flight,
+/// both ends busy-polling (see the UDP version in the bench). Microseconds,
+/// after `warmup` unrecorded rounds.
+pub fn tcp_rr(
+    from: &Netns,
+    to_ns: &Netns,
+    to: SocketAddr,
+    rounds: usize,
+    warmup: usize,
+) -> Result<Vec<f64>> {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::channel();
+        let stop = &stop;
+        let server = s.spawn(move || {
+            in_netns(to_ns, || {
+                let l = TcpListener::bind(to)?;
+                l.set_nonblocking(true)?;
+                tx.send(())?;
+                let deadline = Instant::now() + Duration::from_secs(5);
+                let mut c = loop {
+                    match l.accept() {
+                        Ok((c, _)) => break c,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if stop.load(std::sync::atomic::Ordering::Relaxed)
+                                || Instant::now() > deadline
+                            {
+                                return Ok(());
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                c.set_nodelay(true)?;
+                c.set_nonblocking(true)?;
+                let mut buf = [0u8; 32];
+                let mut have = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match c.read(&mut buf[have..]) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            have += n;
+                            if have == buf.len() {
+                                c.write_all(&buf)?;
+                                have = 0;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::hint::spin_loop()
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Ok(())
+            })
+        });
+        let result = (|| {
+            rx.recv_timeout(Duration::from_secs(5))?;
+            in_netns(from, || {
+                let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+                c.set_nodelay(true)?;
+                c.set_nonblocking(true)?;
+                let req = [7u8; 32];
+                let mut buf = [0u8; 32];
+                let mut rtts = Vec::with_capacity(rounds);
+                for i in 0..rounds + warmup {
+                    let t = Instant::now();
+                    c.write_all(&req)?;
+                    let mut have = 0;
+                    while have < buf.len() {
+                        match c.read(&mut buf[have..]) {
+                            Ok(0) => bail!("echo server closed"),
+                            Ok(n) => have += n,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                ensure!(t.elapsed() < Duration::from_secs(1), "round {i} lost");
+                                std::hint::spin_loop();
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    if i >= warmup {
+                        rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                c.shutdown(Shutdown::Both)?;
+                Ok(rtts)
+            })
+        })();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        server
+            .join()
+            .map_err(|_| anyhow::anyhow!("echo server panicked"))??;
+        result
+    })
+}

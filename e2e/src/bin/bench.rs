@@ -28,6 +28,8 @@ use xdpcni_e2e::{
     cni::{Call, Network, REFERENCE_PLUGINS},
     in_netns,
     netns::Netns,
+    packet::{eth, ipv4, udp, ETH_P_IP, IPPROTO_UDP},
+    traffic::{raw_flood, tcp_rr},
     PinDir,
 };
 use xdpcni_ebpf::{Datapath, Maps};
@@ -64,6 +66,11 @@ enum Kind {
         mode: &'static str,
         redirect: &'static str,
         headroom: u16,
+        /// `cpus` of the CNI config (cpumap CPUs), None: the default.
+        cpus: Option<&'static str>,
+        /// Leave mode and redirect out of the config: the CNI's defaults,
+        /// checked against `mode`/`redirect` from the attachment record.
+        defaults: bool,
     },
 }
 
@@ -80,9 +87,40 @@ const fn xdp(label: &'static str, mode: &'static str, redirect: &'static str) ->
             mode,
             redirect,
             headroom: 256,
+            cpus: None,
+            defaults: false,
         },
     }
 }
+
+/// The node default (what a pod without annotations gets): the CNI's own
+/// default mode, which `Bench::new` checks from the attachment record.
+const DEFAULT_PATH: &str = "generic devmap";
+
+/// The pinned-sender workload's cpumap paths: the destination's cpumap CPU
+/// is CPU 1, the sender is pinned to CPU 0.
+const PINNED_CPUMAP: &[PathSpec] = &[
+    PathSpec {
+        label: "native cpumap, cpus 1",
+        kind: Kind::Xdpcni {
+            mode: "native",
+            redirect: "cpumap",
+            headroom: 256,
+            cpus: Some("1"),
+            defaults: false,
+        },
+    },
+    PathSpec {
+        label: "generic cpumap, cpus 1",
+        kind: Kind::Xdpcni {
+            mode: "generic",
+            redirect: "cpumap",
+            headroom: 256,
+            cpus: Some("1"),
+            defaults: false,
+        },
+    },
+];
 
 const PATHS: &[PathSpec] = &[
     PathSpec {
@@ -92,7 +130,16 @@ const PATHS: &[PathSpec] = &[
     xdp("xdpcni off", "off", "devmap"),
     xdp("native devmap", "native", "devmap"),
     xdp("native cpumap", "native", "cpumap"),
-    xdp("generic devmap", "generic", "devmap"),
+    PathSpec {
+        label: DEFAULT_PATH,
+        kind: Kind::Xdpcni {
+            mode: "generic",
+            redirect: "devmap",
+            headroom: 256,
+            cpus: None,
+            defaults: true,
+        },
+    },
     xdp("generic cpumap", "generic", "cpumap"),
 ];
 
@@ -118,7 +165,19 @@ fn cni_conf(spec: PathSpec, net: &mut Network) -> Value {
             mode,
             redirect,
             headroom,
-        } => json!({ "xdpMode": mode, "redirect": redirect, "headroom": headroom }),
+            cpus,
+            defaults,
+        } => {
+            let mut c = json!({ "headroom": headroom });
+            if !defaults {
+                c["xdpMode"] = json!(mode);
+                c["redirect"] = json!(redirect);
+            }
+            if let Some(cpus) = cpus {
+                c["cpus"] = json!(cpus);
+            }
+            c
+        }
     }
 }
 
@@ -160,7 +219,33 @@ impl Bench {
             b.ips.push(ip);
             b.pods.push(pod);
         }
+        if let Kind::Xdpcni {
+            mode,
+            redirect,
+            defaults: true,
+            ..
+        } = spec.kind
+        {
+            let rec = b.record()?;
+            ensure!(
+                rec["xdpMode"] == mode && rec["redirect"] == redirect,
+                "the CNI's default is now {}/{}, not {mode}/{redirect}: update DEFAULT_PATH",
+                rec["xdpMode"],
+                rec["redirect"]
+            );
+        }
         Ok(b)
+    }
+}
+
+impl Bench {
+    /// An attachment record of this node's CNI (both pods share a policy).
+    fn record(&self) -> Result<Value> {
+        let rec = std::fs::read_dir(self.net.dir.path().join("state"))?
+            .flatten()
+            .find(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .context("no attachment record")?;
+        Ok(serde_json::from_slice(&std::fs::read(rec.path())?)?)
     }
 }
 
@@ -253,6 +338,113 @@ fn pps(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
     drop(sink);
     ensure!(sent > 0, "nothing sent");
     Ok(delivered as f64 / elapsed.as_secs_f64())
+}
+
+/// Where the forwarding workload's frames end, at the same cost on every
+/// path so that only the forwarding in between differs.
+#[derive(Clone, Copy, Debug)]
+enum Sink {
+    /// An XDP program on the destination pod's eth0 that drops every frame
+    /// (counted by the program, as the veth's `xdp_drops` counts them).
+    XdpDrop,
+    /// An iptables raw-table DROP in the destination pod (counted from
+    /// eth0's rx_packets, which the frame passes first).
+    RawTable,
+}
+
+/// The destination port of the forwarding workload (discard).
+const FWD_PORT: u16 = 9;
+
+fn link_mac(out: &str) -> Result<[u8; 6]> {
+    let v: Value = serde_json::from_str(out)?;
+    xdpcni_e2e::netns::parse_mac(v[0]["address"].as_str().context("no MAC")?)
+}
+
+/// A 64-byte UDP frame from pod 0 to pod 1 as pod 0's eth0 would put it on
+/// the wire: to the host veth's MAC (the pod's gateway), valid IPv4 header.
+fn fwd_frame(b: &Bench) -> Result<Vec<u8>> {
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (b.ips[0], b.ips[1]) else {
+        bail!("the forwarding workload is IPv4");
+    };
+    let host_mac = link_mac(&b.net.node.ip(&["-j", "link", "show", &b.hosts[0]])?)?;
+    let pod_mac = link_mac(&b.pods[0].ip(&["-j", "link", "show", "eth0"])?)?;
+    let f = eth(
+        host_mac,
+        pod_mac,
+        ETH_P_IP,
+        &ipv4(src, dst, 64, IPPROTO_UDP, &udp(9000, FWD_PORT, &[0x5a; 22])),
+    );
+    ensure!(f.len() == 64, "frame is {} bytes", f.len());
+    Ok(f)
+}
+
+/// Frames per second that reached `sink` in pod 1 while pod 0's raw sender
+/// ran with one thread per entry of `cpus`.
+fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<f64> {
+    check_interrupt()?;
+    let frame = fwd_frame(b)?;
+    let rate = match sink {
+        Sink::XdpDrop => {
+            let ebpf = in_netns(&b.pods[1], || {
+                let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
+                let prog: &mut aya::programs::Xdp = ebpf
+                    .program_mut("xdp_drop_count")
+                    .context("drop program")?
+                    .try_into()?;
+                prog.load()?;
+                prog.attach("eth0", aya::programs::XdpMode::Driver)?;
+                Ok(ebpf)
+            })?;
+            let count = |ebpf: &aya::Ebpf| -> Result<u64> {
+                let map = ebpf.map("drop_count").context("drop_count")?;
+                let arr = aya::maps::PerCpuArray::<_, u64>::try_from(map)?;
+                Ok(arr.get(&0, 0)?.iter().sum())
+            };
+            let before = count(&ebpf)?;
+            let start = Instant::now();
+            raw_flood(&b.pods[0], "eth0", &frame, cpus, dur)?;
+            std::thread::sleep(Duration::from_millis(100));
+            let rate = (count(&ebpf)? - before) as f64 / start.elapsed().as_secs_f64();
+            // Dropping the object detaches and unloads the sink.
+            drop(ebpf);
+            rate
+        }
+        Sink::RawTable => {
+            let port = FWD_PORT.to_string();
+            let rule = [
+                "PREROUTING",
+                "-i",
+                "eth0",
+                "-p",
+                "udp",
+                "--dport",
+                &port,
+                "-j",
+                "DROP",
+            ];
+            let iptables = |op: &str| -> Result<String> {
+                let mut args = vec!["iptables", "-w", "-t", "raw", op];
+                args.extend(rule);
+                b.pods[1].exec(&args)
+            };
+            iptables("-A")?;
+            let before = rx_packets(&b.pods[1]);
+            let start = Instant::now();
+            let sent = raw_flood(&b.pods[0], "eth0", &frame, cpus, dur);
+            std::thread::sleep(Duration::from_millis(100));
+            let after = rx_packets(&b.pods[1]);
+            let elapsed = start.elapsed();
+            iptables("-D")?;
+            sent?;
+            (after? - before?) as f64 / elapsed.as_secs_f64()
+        }
+    };
+    ensure!(
+        rate > 0.0,
+        "{}: nothing reached the {sink:?} sink",
+        b.spec.label
+    );
+    Ok(rate)
 }
 
 struct KillOnDrop(Child);
@@ -447,7 +639,7 @@ impl Drop for BpfStats {
 /// Where a 64-byte packet's time goes on `b` (an XDP path): the datapath
 /// program's own run time per packet (kernel BPF stats) against the CPU time
 /// per delivered packet of the whole path (2 CPUs busy / delivered rate).
-fn profile(b: &Bench, dur: Duration) -> Result<String> {
+fn profile(b: &Bench, dur: Duration) -> Result<(String, f64)> {
     let prog = aya::programs::Xdp::from_pin(
         b._pins
             .path()
@@ -467,14 +659,15 @@ fn profile(b: &Bench, dur: Duration) -> Result<String> {
         .as_nanos() as f64;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     ensure!(runs > 0, "the datapath program did not run");
-    Ok(format!(
-        "{}: XDP program {:.0} ns/packet over {runs} runs (bpf_stats); the whole path costs {:.0} ns of CPU per delivered packet ({:.3} Mpps on {cpus} CPUs), so {:.0}% of it is the XDP program",
+    let per_packet = ns / runs as f64;
+    let line = format!(
+        "{}: XDP program {per_packet:.0} ns/packet over {runs} runs (bpf_stats); the whole path costs {:.0} ns of CPU per delivered packet ({:.3} Mpps on {cpus} CPUs), so {:.0}% of it is the XDP program",
         b.spec.label,
-        ns / runs as f64,
         cpus * 1e9 / rate,
         rate / 1e6,
-        100.0 * (ns / runs as f64) / (cpus * 1e9 / rate),
-    ))
+        100.0 * per_packet / (cpus * 1e9 / rate),
+    );
+    Ok((line, per_packet))
 }
 
 #[derive(Serialize)]
@@ -536,22 +729,156 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[idx.min(v.len() - 1)]
 }
 
-/// (name, unit, higher is better)
+const W_UDP64: &str = "UDP 64-byte frames";
+const W_UDP1400: &str = "UDP 1400-byte payload";
+const W_TCP: &str = "TCP 1 stream (iperf3)";
+const W_UDP_P50: &str = "UDP RTT p50 (busy-poll)";
+const W_UDP_P99: &str = "UDP RTT p99 (busy-poll)";
+const W_TCP_P50: &str = "TCP RTT p50 (busy-poll)";
+const W_TCP_P99: &str = "TCP RTT p99 (busy-poll)";
+const W_FWD_XDP: &str = "Forwarding 64-byte, XDP_DROP sink";
+const W_FWD_RAW: &str = "Forwarding 64-byte, raw-table sink";
+const W_PINNED: &str = "Pinned sender (CPU 0), raw-table sink";
+const W_ADD_P50: &str = "CNI ADD p50";
+const W_ADD_P99: &str = "CNI ADD p99";
+const W_CEILING: &str = "UDP 64-byte XDP-drop ceiling";
+
+/// (name, unit, higher is better), in table order.
 const WORKLOADS: &[(&str, &str, bool)] = &[
-    ("UDP 64-byte frames", "Mpps", true),
-    ("UDP 1400-byte payload", "Mpps", true),
-    ("TCP 1 stream (iperf3)", "Gbit/s", true),
-    ("UDP RTT p50 (busy-poll)", "us", false),
-    ("UDP RTT p99 (busy-poll)", "us", false),
-    ("CNI ADD p50", "ms", false),
-    ("CNI ADD p99", "ms", false),
+    (W_UDP64, "Mpps", true),
+    (W_UDP1400, "Mpps", true),
+    (W_TCP, "Gbit/s", true),
+    (W_UDP_P50, "us", false),
+    (W_UDP_P99, "us", false),
+    (W_TCP_P50, "us", false),
+    (W_TCP_P99, "us", false),
+    (W_FWD_XDP, "Mpps", true),
+    (W_FWD_RAW, "Mpps", true),
+    (W_PINNED, "Mpps", true),
+    (W_ADD_P50, "ms", false),
+    (W_ADD_P99, "ms", false),
+    (W_CEILING, "Mpps", true),
 ];
+
+/// The XDP paths of the main table ("best XDP mode" picks among them).
+const XDP_PATHS: &[&str] = &[
+    "native devmap",
+    "native cpumap",
+    DEFAULT_PATH,
+    "generic cpumap",
+];
+
+/// One goal of issue 9, printed as `target NAME: VALUE (goal OP N) met|missed`.
+struct Target {
+    name: &'static str,
+    value: Option<f64>,
+    at_least: bool,
+    goal: f64,
+    what: String,
+}
+
+impl Target {
+    /// `target NAME: VALUE (goal OP N) met|missed`, exactly: scripts read it.
+    fn line(&self) -> String {
+        let op = if self.at_least { ">=" } else { "<=" };
+        let (value, met) = match self.value {
+            Some(v) if self.at_least => (format!("{v:.2}"), v >= self.goal),
+            Some(v) => (format!("{v:.2}"), v <= self.goal),
+            None => ("none".to_string(), false),
+        };
+        let verdict = if met { "met" } else { "missed" };
+        format!(
+            "target {}: {value} (goal {op} {}) {verdict}",
+            self.name, self.goal
+        )
+    }
+}
+
+/// The goals of issue 9, from the medians of this run.
+fn targets(m: &BTreeMap<(String, String), f64>, prog_ns: f64) -> Vec<Target> {
+    let get = |w: &str, p: &str| m.get(&(w.to_string(), p.to_string())).copied();
+    // Ratio to ptp, > 1 is better for both kinds of workload.
+    let ratio = |w: &str, p: &str, higher: bool| -> Option<f64> {
+        let (v, base) = (get(w, p)?, get(w, PATHS[0].label)?);
+        (v > 0.0 && base > 0.0).then(|| if higher { v / base } else { base / v })
+    };
+    let best = |w: &str, higher: bool| -> (Option<f64>, String) {
+        XDP_PATHS
+            .iter()
+            .filter_map(|p| ratio(w, p, higher).map(|r| (r, *p)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or((None, "no XDP path measured".into()), |(r, p)| {
+                (Some(r), format!("{p} vs ptp"))
+            })
+    };
+    let best_of = |w: &str, paths: &[&str]| -> Option<(f64, String)> {
+        paths
+            .iter()
+            .filter_map(|p| get(w, p).map(|v| (v, p.to_string())))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let mut out = vec![
+        Target {
+            name: "tcp_default",
+            value: ratio(W_TCP, DEFAULT_PATH, true),
+            at_least: true,
+            goal: 0.9,
+            what: format!("{DEFAULT_PATH} (the default) vs ptp"),
+        },
+        Target {
+            name: "tcp_generic",
+            value: ratio(W_TCP, "generic devmap", true),
+            at_least: true,
+            goal: 0.85,
+            what: "generic devmap vs ptp".into(),
+        },
+    ];
+    for (name, w, higher, goal) in [
+        ("udp64_best", W_UDP64, true, 1.15),
+        ("fwd64_xdp_sink_best", W_FWD_XDP, true, 1.3),
+        ("fwd64_raw_sink_best", W_FWD_RAW, true, 1.1),
+        ("rr_p50_best", W_UDP_P50, false, 1.1),
+    ] {
+        let (value, what) = best(w, higher);
+        out.push(Target {
+            name,
+            value,
+            at_least: true,
+            goal,
+            what,
+        });
+    }
+    out.push(Target {
+        name: "prog_ns_redirect",
+        value: Some(prog_ns),
+        at_least: false,
+        goal: 150.0,
+        what: "native devmap, bpf_stats under the UDP 64-byte flood, median".into(),
+    });
+    let cpumap: Vec<&str> = PINNED_CPUMAP.iter().map(|p| p.label).collect();
+    let (c, d) = (
+        best_of(W_PINNED, &cpumap),
+        best_of(W_PINNED, &["native devmap", "generic devmap"]),
+    );
+    out.push(Target {
+        name: "cpumap_pinned",
+        value: c.as_ref().zip(d.as_ref()).map(|(c, d)| c.0 / d.0),
+        at_least: true,
+        goal: 1.1,
+        what: match (c, d) {
+            (Some(c), Some(d)) => format!("best cpumap ({}) vs best devmap ({})", c.1, d.1),
+            _ => "pinned workload missing".into(),
+        },
+    });
+    out
+}
 
 fn main() -> Result<()> {
     let o = parse_args()?;
     install_signal_handlers();
     let dur = Duration::from_secs(u64::from(o.secs));
     let rounds = if o.quick { 200 } else { 5000 };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pods_for_add = if o.quick { 10 } else { 100 };
     let machine = format!(
         "{} vCPU, kernel {}",
@@ -576,6 +903,21 @@ fn main() -> Result<()> {
             value,
         });
     };
+    let pinned_nodes: Vec<Bench> = PINNED_CPUMAP
+        .iter()
+        .map(|p| Bench::new(*p))
+        .collect::<Result<_>>()?;
+    // The pinned-sender workload: ptp and the devmap paths beside the cpumap
+    // paths whose destination CPU is CPU 1.
+    let pinned: Vec<&Bench> = benches
+        .iter()
+        .filter(|b| {
+            b.spec.kind == Kind::Ptp
+                || matches!(b.spec.kind, Kind::Xdpcni { mode, redirect: "devmap", .. } if mode != "off")
+        })
+        .chain(pinned_nodes.iter())
+        .collect();
+    let all_cpus: Vec<Option<usize>> = vec![None; cpus];
     for rep in 0..o.reps {
         // Interleaved: every path once per repetition and workload, starting
         // from a different path each repetition so none always goes first.
@@ -583,35 +925,45 @@ fn main() -> Result<()> {
             .map(|i| &benches[(i + rep) % benches.len()])
             .collect();
         for b in &order {
-            push(WORKLOADS[0].0, b.spec.label, rep, pps(b, 22, dur)? / 1e6);
+            push(W_UDP64, b.spec.label, rep, pps(b, 22, dur)? / 1e6);
         }
         for b in &order {
-            push(WORKLOADS[1].0, b.spec.label, rep, pps(b, 1400, dur)? / 1e6);
+            push(W_UDP1400, b.spec.label, rep, pps(b, 1400, dur)? / 1e6);
         }
         for b in &order {
-            push(WORKLOADS[2].0, b.spec.label, rep, tcp(b, o.secs)?);
+            push(W_TCP, b.spec.label, rep, tcp(b, o.secs)?);
         }
         for b in &order {
             let mut rtts = latency(b, rounds)?;
-            push(
-                WORKLOADS[3].0,
-                b.spec.label,
-                rep,
-                percentile(&mut rtts, 0.5),
-            );
-            push(
-                WORKLOADS[4].0,
-                b.spec.label,
-                rep,
-                percentile(&mut rtts, 0.99),
-            );
+            push(W_UDP_P50, b.spec.label, rep, percentile(&mut rtts, 0.5));
+            push(W_UDP_P99, b.spec.label, rep, percentile(&mut rtts, 0.99));
+        }
+        for b in &order {
+            check_interrupt()?;
+            let to = SocketAddr::new(b.ips[1], port());
+            let mut rtts = tcp_rr(&b.pods[0], &b.pods[1], to, rounds, 100)?;
+            push(W_TCP_P50, b.spec.label, rep, percentile(&mut rtts, 0.5));
+            push(W_TCP_P99, b.spec.label, rep, percentile(&mut rtts, 0.99));
+        }
+        for b in &order {
+            let r = fwd(b, Sink::XdpDrop, &all_cpus, dur)?;
+            push(W_FWD_XDP, b.spec.label, rep, r / 1e6);
+        }
+        for b in &order {
+            let r = fwd(b, Sink::RawTable, &all_cpus, dur)?;
+            push(W_FWD_RAW, b.spec.label, rep, r / 1e6);
+        }
+        for i in 0..pinned.len() {
+            let b = pinned[(i + rep) % pinned.len()];
+            let r = fwd(b, Sink::RawTable, &[Some(0)], dur)?;
+            push(W_PINNED, b.spec.label, rep, r / 1e6);
         }
     }
     // CNI ADD latency: ptp, xdpcni without XDP, xdpcni native (attach included).
     for spec in [PATHS[0], PATHS[1], PATHS[2]] {
         let mut ms = add_latency(spec, pods_for_add)?;
-        push(WORKLOADS[5].0, spec.label, 0, percentile(&mut ms, 0.5));
-        push(WORKLOADS[6].0, spec.label, 0, percentile(&mut ms, 0.99));
+        push(W_ADD_P50, spec.label, 0, percentile(&mut ms, 0.5));
+        push(W_ADD_P99, spec.label, 0, percentile(&mut ms, 0.99));
     }
     // The ceiling and the headroom effect, on their own nodes.
     let mut extra = Vec::new();
@@ -622,31 +974,27 @@ fn main() -> Result<()> {
                 mode: "native",
                 redirect: "devmap",
                 headroom: 0,
+                cpus: None,
+                defaults: false,
             },
         })?;
         let native = &benches[2];
         for rep in 0..o.reps {
             push(
-                WORKLOADS[0].0,
+                W_UDP64,
                 native.spec.label,
                 1000 + rep,
                 pps(native, 22, dur)? / 1e6,
             );
             push(
-                WORKLOADS[0].0,
+                W_UDP64,
                 headroom0.spec.label,
                 rep,
                 pps(&headroom0, 22, dur)? / 1e6,
             );
         }
         let hr = |b: &Bench| -> Result<String> {
-            let Some(rec) = std::fs::read_dir(b.net.dir.path().join("state"))?
-                .flatten()
-                .next()
-            else {
-                return Ok("no record".into());
-            };
-            let v: Value = serde_json::from_slice(&std::fs::read(rec.path())?)?;
+            let v = b.record()?;
             Ok(format!(
                 "requested {}, effective {}",
                 v["headroomRequested"], v["headroomEffective"]
@@ -657,16 +1005,21 @@ fn main() -> Result<()> {
         let ceiling_node = Bench::new(PATHS[2])?;
         for rep in 0..o.reps {
             push(
-                "UDP 64-byte XDP-drop ceiling",
+                W_CEILING,
                 "sender -> XDP_DROP",
                 rep,
                 ceiling(&ceiling_node, 22, dur)? / 1e6,
             );
         }
     }
-    extra.push(profile(&benches[2], dur)?);
+    let mut prog_ns = Vec::new();
+    for _ in 0..o.reps {
+        let (line, ns) = profile(&benches[2], dur)?;
+        prog_ns.push(ns);
+        extra.push(line);
+    }
     // Make sure the XDP paths really redirected.
-    for b in &benches[2..] {
+    for b in benches[2..].iter().chain(pinned_nodes.iter()) {
         let maps = Maps::open_pinned(b._pins.path())?;
         let idx = b.net.node.ifindex(&b.hosts[0])?;
         let c = maps.counters(idx)?;
@@ -703,16 +1056,13 @@ fn main() -> Result<()> {
         "| workload | path | median | min-max | vs ptp |\n| --- | --- | ---: | ---: | ---: |\n",
     );
     let mut summary = Vec::new();
-    let workload_rows: Vec<(&str, &str, bool)> = WORKLOADS
-        .iter()
-        .copied()
-        .chain([("UDP 64-byte XDP-drop ceiling", "Mpps", true)])
-        .collect();
-    for (w, unit, higher) in &workload_rows {
+    let mut medians: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for (w, unit, higher) in WORKLOADS {
         let base = groups
             .get(&(w.to_string(), PATHS[0].label.to_string()))
             .map(|v| median(&mut v.clone()));
         let mut paths: Vec<String> = PATHS.iter().map(|p| p.label.to_string()).collect();
+        paths.extend(PINNED_CPUMAP.iter().map(|p| p.label.to_string()));
         paths.push("native devmap, headroom 0".into());
         paths.push("sender -> XDP_DROP".into());
         for p in paths {
@@ -721,6 +1071,7 @@ fn main() -> Result<()> {
             };
             let mut v = v.clone();
             let m = median(&mut v);
+            medians.insert((w.to_string(), p.clone()), m);
             let (lo, hi) = (v[0], v[v.len() - 1]);
             let ratio = match base {
                 Some(b) if b > 0.0 && m > 0.0 => {
@@ -739,11 +1090,25 @@ fn main() -> Result<()> {
     for e in &extra {
         table.push_str(&format!("- {e}\n"));
     }
+    let targets = targets(&medians, median(&mut prog_ns));
+    table.push('\n');
+    for t in &targets {
+        table.push_str(&t.line());
+        table.push('\n');
+    }
+    table.push('\n');
+    for t in &targets {
+        table.push_str(&format!("- {}: {}\n", t.name, t.what));
+    }
     println!("{table}");
 
     std::fs::create_dir_all(&o.out)?;
     std::fs::write(o.out.join("bench.md"), &table)?;
-    let doc = json!({ "machine": machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": samples, "notes": extra });
+    let targets: Vec<Value> = targets
+        .iter()
+        .map(|t| json!({"name": t.name, "value": t.value, "goal": t.goal, "atLeast": t.at_least, "what": t.what, "line": t.line()}))
+        .collect();
+    let doc = json!({ "machine": machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": samples, "notes": extra, "targets": targets });
     std::fs::write(o.out.join("bench.json"), serde_json::to_vec_pretty(&doc)?)?;
     let plot = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/plot.py");
     let status = Command::new("python3")

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Checks a benchmark report (bench.md) is complete: every workload has a row
+for every path it runs on, and every target of issue 9 has its line in the
+exact form `target NAME: VALUE (goal OP N) met|missed`. The numbers are not
+judged here (a --quick run is too short for that); their presence is."""
+import re
+import sys
+
+XDP = ["native devmap", "native cpumap", "generic devmap", "generic cpumap"]
+MAIN = ["ptp (baseline)", "xdpcni off"] + XDP
+ROWS = {
+    "UDP 64-byte frames": MAIN + ["native devmap, headroom 0"],
+    "UDP 1400-byte payload": MAIN,
+    "TCP 1 stream (iperf3)": MAIN,
+    "UDP RTT p50 (busy-poll)": MAIN,
+    "UDP RTT p99 (busy-poll)": MAIN,
+    "TCP RTT p50 (busy-poll)": MAIN,
+    "TCP RTT p99 (busy-poll)": MAIN,
+    "Forwarding 64-byte, XDP_DROP sink": MAIN,
+    "Forwarding 64-byte, raw-table sink": MAIN,
+    "Pinned sender (CPU 0), raw-table sink": [
+        "ptp (baseline)",
+        "native devmap",
+        "generic devmap",
+        "native cpumap, cpus 1",
+        "generic cpumap, cpus 1",
+    ],
+    "CNI ADD p50": ["ptp (baseline)", "xdpcni off", "native devmap"],
+    "CNI ADD p99": ["ptp (baseline)", "xdpcni off", "native devmap"],
+    "UDP 64-byte XDP-drop ceiling": ["sender -> XDP_DROP"],
+}
+TARGETS = {
+    "tcp_default": ">= 0.9",
+    "tcp_generic": ">= 0.85",
+    "udp64_best": ">= 1.15",
+    "fwd64_xdp_sink_best": ">= 1.3",
+    "fwd64_raw_sink_best": ">= 1.1",
+    "rr_p50_best": ">= 1.1",
+    "prog_ns_redirect": "<= 150",
+    "cpumap_pinned": ">= 1.1",
+}
+LINE = re.compile(r"^target ([a-z0-9_]+): ([0-9]+\.[0-9]+) \(goal (>=|<=) ([0-9.]+)\) (met|missed)$")
+
+
+def main(path):
+    text = open(path).read()
+    rows = set()
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 5 and cells[0] != "workload":
+            rows.add((cells[0], cells[1]))
+    problems = []
+    for workload, paths in ROWS.items():
+        for p in paths:
+            if (workload, p) not in rows:
+                problems.append(f"no row for {workload} / {p}")
+    seen = {}
+    for line in text.splitlines():
+        if line.startswith("target "):
+            m = LINE.match(line)
+            if not m:
+                problems.append(f"malformed target line: {line}")
+                continue
+            seen[m.group(1)] = f"{m.group(3)} {m.group(4)}"
+    for name, goal in TARGETS.items():
+        if name not in seen:
+            problems.append(f"no target line for {name}")
+        elif seen[name] != goal:
+            problems.append(f"target {name} has goal {seen[name]}, not {goal}")
+    if problems:
+        for p in problems:
+            print(f"check-bench: {p}", file=sys.stderr)
+        sys.exit(1)
+    print(f"bench report: ok ({len(rows)} rows, {len(seen)} target lines)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "target/bench/bench.md")
