@@ -8,14 +8,15 @@ import sys
 
 XDP = ["native devmap", "native cpumap", "generic devmap", "generic cpumap"]
 MAIN = ["ptp (baseline)", "xdpcni off"] + XDP
+FLOOR = MAIN + ["direct veth (no forwarding)"]
 ROWS = {
-    "UDP 64-byte frames": MAIN + ["native devmap, headroom 0"],
-    "UDP 1400-byte payload": MAIN,
-    "TCP 1 stream (iperf3)": MAIN,
-    "UDP RTT p50 (busy-poll)": MAIN,
-    "UDP RTT p99 (busy-poll)": MAIN,
-    "TCP RTT p50 (busy-poll)": MAIN,
-    "TCP RTT p99 (busy-poll)": MAIN,
+    "UDP 64-byte frames": FLOOR + ["native devmap, headroom 0"],
+    "UDP 1400-byte payload": FLOOR,
+    "TCP 1 stream (iperf3)": FLOOR,
+    "UDP RTT p50 (busy-poll)": FLOOR,
+    "UDP RTT p99 (busy-poll)": FLOOR,
+    "TCP RTT p50 (busy-poll)": FLOOR,
+    "TCP RTT p99 (busy-poll)": FLOOR,
     "Forwarding 64-byte, XDP_DROP sink": MAIN,
     "Forwarding 64-byte, raw-table sink": MAIN,
     "Pinned sender (CPU 0), raw-table sink": [
@@ -27,7 +28,7 @@ ROWS = {
     ],
     "CNI ADD p50": ["ptp (baseline)", "xdpcni off", "native devmap"],
     "CNI ADD p99": ["ptp (baseline)", "xdpcni off", "native devmap"],
-    "UDP 64-byte XDP-drop ceiling": ["sender -> XDP_DROP"],
+    "UDP 64-byte XDP-drop ceiling": ["sender -> XDP_DROP (native)", "sender -> XDP_DROP (generic)"],
 }
 TARGETS = {
     "tcp_default": ">= 0.9",

@@ -62,6 +62,9 @@ fn port() -> u16 {
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
     Ptp,
+    /// No CNI and no forwarding: the two pods share one veth pair. The floor
+    /// any path through a node can approach, not a path a CNI could offer.
+    Direct,
     Xdpcni {
         mode: &'static str,
         redirect: &'static str,
@@ -154,8 +157,14 @@ struct Bench {
     conf_patch: Value,
 }
 
+const DIRECT: PathSpec = PathSpec {
+    label: "direct veth (no forwarding)",
+    kind: Kind::Direct,
+};
+
 fn cni_conf(spec: PathSpec, net: &mut Network) -> Value {
     match spec.kind {
+        Kind::Direct => json!({}),
         Kind::Ptp => {
             net.plugin = Path::new(REFERENCE_PLUGINS).join("ptp");
             net.conf["type"] = json!("ptp");
@@ -198,6 +207,10 @@ impl Bench {
             hosts: Vec::new(),
             conf_patch,
         };
+        if spec.kind == Kind::Direct {
+            b.direct()?;
+            return Ok(b);
+        }
         for i in 0..2 {
             let pod = Netns::new("xp")?;
             let id = format!("bench{i}");
@@ -239,6 +252,31 @@ impl Bench {
 }
 
 impl Bench {
+    /// Two pods joined by one veth pair (eth0 on both sides), 10.79.0.1/.2.
+    fn direct(&mut self) -> Result<()> {
+        let (a, b) = (Netns::new("xp")?, Netns::new("xp")?);
+        a.ip(&[
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            b.name(),
+        ])?;
+        for (ns, ip) in [(&a, "10.79.0.1"), (&b, "10.79.0.2")] {
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+            ns.ip(&["link", "set", "eth0", "up"])?;
+            ns.ip(&["link", "set", "lo", "up"])?;
+            self.ips.push(ip.parse()?);
+        }
+        self.pods = vec![a, b];
+        Ok(())
+    }
+
     /// An attachment record of this node's CNI (both pods share a policy).
     fn record(&self) -> Result<Value> {
         let rec = std::fs::read_dir(self.net.dir.path().join("state"))?
@@ -251,6 +289,9 @@ impl Bench {
 
 impl Drop for Bench {
     fn drop(&mut self) {
+        if self.spec.kind == Kind::Direct {
+            return; // the pods' Drop deletes the namespaces and the veth
+        }
         for (i, pod) in self.pods.iter().enumerate() {
             let id = format!("bench{i}");
             let _ = self
@@ -378,12 +419,55 @@ fn fwd_frame(b: &Bench) -> Result<Vec<u8>> {
     Ok(f)
 }
 
+/// (busy, total) jiffies of each CPU, from /proc/stat.
+fn cpu_times() -> Result<Vec<(u64, u64)>> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let mut out = Vec::new();
+    for line in stat.lines() {
+        let mut f = line.split_whitespace();
+        match f.next() {
+            Some(c) if c.starts_with("cpu") && c.len() > 3 => {}
+            _ => continue,
+        }
+        let v: Vec<u64> = f.filter_map(|x| x.parse().ok()).collect();
+        ensure!(v.len() >= 5, "short /proc/stat line: {line}");
+        let total: u64 = v.iter().sum();
+        // idle + iowait are not busy
+        out.push((total - v[3] - v[4], total));
+    }
+    Ok(out)
+}
+
+/// Busy share (0..1) of each CPU between two `cpu_times` samples.
+fn busy_between(before: &[(u64, u64)], after: &[(u64, u64)]) -> Vec<f64> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| {
+            let total = a.1.saturating_sub(b.1);
+            if total == 0 {
+                0.0
+            } else {
+                a.0.saturating_sub(b.0) as f64 / total as f64
+            }
+        })
+        .collect()
+}
+
+/// What a forwarding run measured.
+struct Fwd {
+    /// Frames per second that reached the sink.
+    rate: f64,
+    /// Busy share of each CPU while the sender ran.
+    busy: Vec<f64>,
+}
+
 /// Frames per second that reached `sink` in pod 1 while pod 0's raw sender
 /// ran with one thread per entry of `cpus`.
-fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<f64> {
+fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<Fwd> {
     check_interrupt()?;
     let frame = fwd_frame(b)?;
-    let rate = match sink {
+    let r = match sink {
         Sink::XdpDrop => {
             let ebpf = in_netns(&b.pods[1], || {
                 let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
@@ -401,13 +485,15 @@ fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<f
                 Ok(arr.get(&0, 0)?.iter().sum())
             };
             let before = count(&ebpf)?;
+            let t0 = cpu_times()?;
             let start = Instant::now();
             raw_flood(&b.pods[0], "eth0", &frame, cpus, dur)?;
+            let busy = busy_between(&t0, &cpu_times()?);
             std::thread::sleep(Duration::from_millis(100));
             let rate = (count(&ebpf)? - before) as f64 / start.elapsed().as_secs_f64();
             // Dropping the object detaches and unloads the sink.
             drop(ebpf);
-            rate
+            Fwd { rate, busy }
         }
         Sink::RawTable => {
             let port = FWD_PORT.to_string();
@@ -429,22 +515,27 @@ fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<f
             };
             iptables("-A")?;
             let before = rx_packets(&b.pods[1]);
+            let t0 = cpu_times()?;
             let start = Instant::now();
             let sent = raw_flood(&b.pods[0], "eth0", &frame, cpus, dur);
+            let busy = busy_between(&t0, &cpu_times()?);
             std::thread::sleep(Duration::from_millis(100));
             let after = rx_packets(&b.pods[1]);
             let elapsed = start.elapsed();
             iptables("-D")?;
             sent?;
-            (after? - before?) as f64 / elapsed.as_secs_f64()
+            Fwd {
+                rate: (after? - before?) as f64 / elapsed.as_secs_f64(),
+                busy,
+            }
         }
     };
     ensure!(
-        rate > 0.0,
+        r.rate > 0.0,
         "{}: nothing reached the {sink:?} sink",
         b.spec.label
     );
-    Ok(rate)
+    Ok(r)
 }
 
 struct KillOnDrop(Child);
@@ -587,7 +678,7 @@ fn add_latency(spec: PathSpec, n: usize) -> Result<Vec<f64>> {
 
 /// The ceiling: pod 0 floods, and its host veth drops everything in native
 /// XDP (a counting drop program instead of the datapath). Packets/s dropped.
-fn ceiling(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
+fn ceiling(b: &Bench, payload: usize, dur: Duration, mode: aya::programs::XdpMode) -> Result<f64> {
     let host = b.net.node.ifindex(&b.hosts[0])?;
     let pin = b._pins.path().to_path_buf();
     let ebpf = in_netns(&b.net.node, || {
@@ -599,7 +690,7 @@ fn ceiling(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
             .context("drop program")?
             .try_into()?;
         prog.load()?;
-        prog.attach_to_if_index(host, aya::programs::XdpMode::Driver)?;
+        prog.attach_to_if_index(host, mode)?;
         Ok(ebpf)
     })?;
     let count = |ebpf: &aya::Ebpf| -> Result<u64> {
@@ -678,39 +769,54 @@ struct Sample {
     value: f64,
 }
 
+/// The benchmark: every workload on every path, interleaved, with ratios to
+/// the reference ptp plugin measured in the same run. Run as root.
+#[derive(clap::Parser, Debug)]
+#[command(version, about)]
 struct Opts {
+    /// CI smoke test: one repetition of one second each (checks that every
+    /// measurement runs, not the numbers).
+    #[arg(long)]
     quick: bool,
-    reps: usize,
+    /// Repetitions of each figure.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Seconds per throughput measurement.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     secs: u32,
+    /// Where bench.md, bench.json and bench.png go.
+    #[arg(long, default_value = "target/bench")]
     out: PathBuf,
+    /// Only workloads whose name contains this (e.g. "Pinned", "TCP 1
+    /// stream"): for profiling one of them; the report is partial.
+    #[arg(long)]
+    only: Option<String>,
+    /// Only paths whose label contains this (e.g. "generic devmap").
+    #[arg(long)]
+    path: Option<String>,
 }
 
-fn parse_args() -> Result<Opts> {
-    let mut o = Opts {
-        quick: false,
-        reps: 5,
-        secs: 3,
-        out: PathBuf::from("target/bench"),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--quick" => {
-                o.quick = true;
-                o.reps = 1;
-                o.secs = 1;
-            }
-            "--reps" => o.reps = args.next().context("--reps N")?.parse()?,
-            "--secs" => o.secs = args.next().context("--secs S")?.parse()?,
-            "--out" => o.out = args.next().context("--out DIR")?.into(),
-            other => bail!("unknown argument {other} (--quick, --reps N, --secs S, --out DIR)"),
-        }
+impl Opts {
+    fn workload(&self, w: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| w.contains(o))
     }
-    ensure!(
-        o.reps > 0 && o.secs > 0,
-        "--reps and --secs must be positive"
-    );
-    Ok(o)
+    fn path_on(&self, b: &Bench) -> bool {
+        self.path
+            .as_deref()
+            .is_none_or(|p| b.spec.label.contains(p))
+    }
+    fn full(&self) -> bool {
+        self.only.is_none() && self.path.is_none()
+    }
+}
+
+fn parse_args() -> Opts {
+    let mut o = <Opts as clap::Parser>::parse();
+    if o.quick {
+        o.reps = 1;
+        o.secs = 1;
+    }
+    o
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -742,6 +848,15 @@ const W_PINNED: &str = "Pinned sender (CPU 0), raw-table sink";
 const W_ADD_P50: &str = "CNI ADD p50";
 const W_ADD_P99: &str = "CNI ADD p99";
 const W_CEILING: &str = "UDP 64-byte XDP-drop ceiling";
+/// The ceiling rows: the UDP 64-byte sender into an XDP program that only
+/// drops, at the host veth, in each mode: no XDP path can deliver more.
+const CEILINGS: &[(&str, aya::programs::XdpMode)] = &[
+    (
+        "sender -> XDP_DROP (native)",
+        aya::programs::XdpMode::Driver,
+    ),
+    ("sender -> XDP_DROP (generic)", aya::programs::XdpMode::Skb),
+];
 
 /// (name, unit, higher is better), in table order.
 const WORKLOADS: &[(&str, &str, bool)] = &[
@@ -795,7 +910,7 @@ impl Target {
 }
 
 /// The goals of issue 9, from the medians of this run.
-fn targets(m: &BTreeMap<(String, String), f64>, prog_ns: f64) -> Vec<Target> {
+fn targets(m: &BTreeMap<(String, String), f64>, prog_ns: Option<f64>) -> Vec<Target> {
     let get = |w: &str, p: &str| m.get(&(w.to_string(), p.to_string())).copied();
     // Ratio to ptp, > 1 is better for both kinds of workload.
     let ratio = |w: &str, p: &str, higher: bool| -> Option<f64> {
@@ -833,11 +948,41 @@ fn targets(m: &BTreeMap<(String, String), f64>, prog_ns: f64) -> Vec<Target> {
             what: "generic devmap vs ptp".into(),
         },
     ];
-    for (name, w, higher, goal) in [
-        ("udp64_best", W_UDP64, true, 1.15),
-        ("fwd64_xdp_sink_best", W_FWD_XDP, true, 1.3),
-        ("fwd64_raw_sink_best", W_FWD_RAW, true, 1.1),
-        ("rr_p50_best", W_UDP_P50, false, 1.1),
+    // What bounds a target on this machine, measured in the same run.
+    let ceiling = CEILINGS
+        .iter()
+        .filter_map(|c| get(W_CEILING, c.0).map(|v| (v, c.0)))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    let udp64_bound = ceiling
+        .zip(get(W_UDP64, PATHS[0].label))
+        .map(|((c, label), base)| {
+            format!(
+                "; bound: no XDP program at the host veth is fed more than the {label} ceiling, {:.2}x ptp",
+                c / base
+            )
+        })
+        .unwrap_or_default();
+    let floor = |w: &str, higher: bool| {
+        ratio(w, DIRECT.label, higher)
+            .map(|r| {
+                format!(
+                    "; {} (one veth, no hop at all) is {r:.2}x ptp",
+                    DIRECT.label
+                )
+            })
+            .unwrap_or_default()
+    };
+    for (name, w, higher, goal, bound) in [
+        ("udp64_best", W_UDP64, true, 1.15, udp64_bound),
+        ("fwd64_xdp_sink_best", W_FWD_XDP, true, 1.3, String::new()),
+        ("fwd64_raw_sink_best", W_FWD_RAW, true, 1.1, String::new()),
+        (
+            "rr_p50_best",
+            W_UDP_P50,
+            false,
+            1.1,
+            floor(W_UDP_P50, false),
+        ),
     ] {
         let (value, what) = best(w, higher);
         out.push(Target {
@@ -845,12 +990,12 @@ fn targets(m: &BTreeMap<(String, String), f64>, prog_ns: f64) -> Vec<Target> {
             value,
             at_least: true,
             goal,
-            what,
+            what: what + &bound,
         });
     }
     out.push(Target {
         name: "prog_ns_redirect",
-        value: Some(prog_ns),
+        value: prog_ns,
         at_least: false,
         goal: 150.0,
         what: "native devmap, bpf_stats under the UDP 64-byte flood, median".into(),
@@ -874,7 +1019,8 @@ fn targets(m: &BTreeMap<(String, String), f64>, prog_ns: f64) -> Vec<Target> {
 }
 
 fn main() -> Result<()> {
-    let o = parse_args()?;
+    let o = parse_args();
+    let reps = o.reps as usize;
     install_signal_handlers();
     let dur = Duration::from_secs(u64::from(o.secs));
     let rounds = if o.quick { 200 } else { 5000 };
@@ -918,56 +1064,104 @@ fn main() -> Result<()> {
         .chain(pinned_nodes.iter())
         .collect();
     let all_cpus: Vec<Option<usize>> = vec![None; cpus];
-    for rep in 0..o.reps {
+    let direct = Bench::new(DIRECT)?;
+    let mut extra = Vec::new();
+    let mut pinned_busy: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    // e2e/bench/profile.sh starts perf on this line.
+    eprintln!("bench: nodes ready, measuring");
+    for rep in 0..reps {
         // Interleaved: every path once per repetition and workload, starting
         // from a different path each repetition so none always goes first.
         let order: Vec<&Bench> = (0..benches.len())
             .map(|i| &benches[(i + rep) % benches.len()])
+            .filter(|b| o.path_on(b))
             .collect();
-        for b in &order {
-            push(W_UDP64, b.spec.label, rep, pps(b, 22, dur)? / 1e6);
+        // The floor rows: the socket-to-socket workloads with no forwarding.
+        let with_floor: Vec<&Bench> = order
+            .iter()
+            .copied()
+            .chain(Some(&direct).filter(|b| o.path_on(b)))
+            .collect();
+        if o.workload(W_UDP64) {
+            for b in &with_floor {
+                push(W_UDP64, b.spec.label, rep, pps(b, 22, dur)? / 1e6);
+            }
         }
-        for b in &order {
-            push(W_UDP1400, b.spec.label, rep, pps(b, 1400, dur)? / 1e6);
+        if o.workload(W_UDP1400) {
+            for b in &with_floor {
+                push(W_UDP1400, b.spec.label, rep, pps(b, 1400, dur)? / 1e6);
+            }
         }
-        for b in &order {
-            push(W_TCP, b.spec.label, rep, tcp(b, o.secs)?);
+        if o.workload(W_TCP) {
+            for b in &with_floor {
+                push(W_TCP, b.spec.label, rep, tcp(b, o.secs)?);
+            }
         }
-        for b in &order {
-            let mut rtts = latency(b, rounds)?;
-            push(W_UDP_P50, b.spec.label, rep, percentile(&mut rtts, 0.5));
-            push(W_UDP_P99, b.spec.label, rep, percentile(&mut rtts, 0.99));
+        if o.workload(W_UDP_P50) || o.workload(W_UDP_P99) {
+            for b in &with_floor {
+                let mut rtts = latency(b, rounds)?;
+                push(W_UDP_P50, b.spec.label, rep, percentile(&mut rtts, 0.5));
+                push(W_UDP_P99, b.spec.label, rep, percentile(&mut rtts, 0.99));
+            }
         }
-        for b in &order {
-            check_interrupt()?;
-            let to = SocketAddr::new(b.ips[1], port());
-            let mut rtts = tcp_rr(&b.pods[0], &b.pods[1], to, rounds, 100)?;
-            push(W_TCP_P50, b.spec.label, rep, percentile(&mut rtts, 0.5));
-            push(W_TCP_P99, b.spec.label, rep, percentile(&mut rtts, 0.99));
+        if o.workload(W_TCP_P50) || o.workload(W_TCP_P99) {
+            for b in &with_floor {
+                check_interrupt()?;
+                let to = SocketAddr::new(b.ips[1], port());
+                let mut rtts = tcp_rr(&b.pods[0], &b.pods[1], to, rounds, 100)?;
+                push(W_TCP_P50, b.spec.label, rep, percentile(&mut rtts, 0.5));
+                push(W_TCP_P99, b.spec.label, rep, percentile(&mut rtts, 0.99));
+            }
         }
-        for b in &order {
-            let r = fwd(b, Sink::XdpDrop, &all_cpus, dur)?;
-            push(W_FWD_XDP, b.spec.label, rep, r / 1e6);
+        if o.workload(W_FWD_XDP) {
+            for b in &order {
+                let r = fwd(b, Sink::XdpDrop, &all_cpus, dur)?;
+                push(W_FWD_XDP, b.spec.label, rep, r.rate / 1e6);
+            }
         }
-        for b in &order {
-            let r = fwd(b, Sink::RawTable, &all_cpus, dur)?;
-            push(W_FWD_RAW, b.spec.label, rep, r / 1e6);
+        if o.workload(W_FWD_RAW) {
+            for b in &order {
+                let r = fwd(b, Sink::RawTable, &all_cpus, dur)?;
+                push(W_FWD_RAW, b.spec.label, rep, r.rate / 1e6);
+            }
         }
-        for i in 0..pinned.len() {
-            let b = pinned[(i + rep) % pinned.len()];
-            let r = fwd(b, Sink::RawTable, &[Some(0)], dur)?;
-            push(W_PINNED, b.spec.label, rep, r / 1e6);
+        if o.workload(W_PINNED) {
+            let pinned: Vec<&Bench> = pinned.iter().copied().filter(|b| o.path_on(b)).collect();
+            for i in 0..pinned.len() {
+                let b = pinned[(i + rep) % pinned.len()];
+                let r = fwd(b, Sink::RawTable, &[Some(0)], dur)?;
+                push(W_PINNED, b.spec.label, rep, r.rate / 1e6);
+                // CPU 1's busy time per delivered frame: where the receive
+                // work went (the sender keeps CPU 0 busy on every path).
+                let cpu1 = r.busy.get(1).copied().unwrap_or(0.0);
+                pinned_busy
+                    .entry(b.spec.label)
+                    .or_default()
+                    .extend([r.busy.first().copied().unwrap_or(0.0), cpu1]);
+            }
         }
     }
+    for (label, v) in &pinned_busy {
+        let n = (v.len() / 2).max(1) as f64;
+        let cpu0 = v.iter().step_by(2).sum::<f64>() / n;
+        let cpu1 = v.iter().skip(1).step_by(2).sum::<f64>() / n;
+        extra.push(format!(
+            "pinned sender, {label}: CPU 0 {:.0}% busy, CPU 1 {:.0}% busy (mean over repetitions)",
+            cpu0 * 100.0,
+            cpu1 * 100.0
+        ));
+    }
     // CNI ADD latency: ptp, xdpcni without XDP, xdpcni native (attach included).
-    for spec in [PATHS[0], PATHS[1], PATHS[2]] {
+    for spec in [PATHS[0], PATHS[1], PATHS[2]]
+        .into_iter()
+        .filter(|_| o.full())
+    {
         let mut ms = add_latency(spec, pods_for_add)?;
         push(W_ADD_P50, spec.label, 0, percentile(&mut ms, 0.5));
         push(W_ADD_P99, spec.label, 0, percentile(&mut ms, 0.99));
     }
     // The ceiling and the headroom effect, on their own nodes.
-    let mut extra = Vec::new();
-    {
+    if o.full() {
         let headroom0 = Bench::new(PathSpec {
             label: "native devmap, headroom 0",
             kind: Kind::Xdpcni {
@@ -979,7 +1173,7 @@ fn main() -> Result<()> {
             },
         })?;
         let native = &benches[2];
-        for rep in 0..o.reps {
+        for rep in 0..reps {
             push(
                 W_UDP64,
                 native.spec.label,
@@ -1003,23 +1197,29 @@ fn main() -> Result<()> {
         extra.push(format!("headroom 256 path: {}", hr(native)?));
         extra.push(format!("headroom 0 path: {}", hr(&headroom0)?));
         let ceiling_node = Bench::new(PATHS[2])?;
-        for rep in 0..o.reps {
-            push(
-                W_CEILING,
-                "sender -> XDP_DROP",
-                rep,
-                ceiling(&ceiling_node, 22, dur)? / 1e6,
-            );
+        for rep in 0..reps {
+            for (label, mode) in CEILINGS {
+                push(
+                    W_CEILING,
+                    label,
+                    rep,
+                    ceiling(&ceiling_node, 22, dur, *mode)? / 1e6,
+                );
+            }
         }
     }
     let mut prog_ns = Vec::new();
-    for _ in 0..o.reps {
+    for _ in (0..reps).filter(|_| o.full()) {
         let (line, ns) = profile(&benches[2], dur)?;
         prog_ns.push(ns);
         extra.push(line);
     }
     // Make sure the XDP paths really redirected.
-    for b in benches[2..].iter().chain(pinned_nodes.iter()) {
+    for b in benches[2..]
+        .iter()
+        .chain(pinned_nodes.iter())
+        .filter(|_| o.full())
+    {
         let maps = Maps::open_pinned(b._pins.path())?;
         let idx = b.net.node.ifindex(&b.hosts[0])?;
         let c = maps.counters(idx)?;
@@ -1063,8 +1263,9 @@ fn main() -> Result<()> {
             .map(|v| median(&mut v.clone()));
         let mut paths: Vec<String> = PATHS.iter().map(|p| p.label.to_string()).collect();
         paths.extend(PINNED_CPUMAP.iter().map(|p| p.label.to_string()));
+        paths.push(DIRECT.label.into());
         paths.push("native devmap, headroom 0".into());
-        paths.push("sender -> XDP_DROP".into());
+        paths.extend(CEILINGS.iter().map(|c| c.0.to_string()));
         for p in paths {
             let Some(v) = groups.get(&(w.to_string(), p.clone())) else {
                 continue;
@@ -1090,7 +1291,8 @@ fn main() -> Result<()> {
     for e in &extra {
         table.push_str(&format!("- {e}\n"));
     }
-    let targets = targets(&medians, median(&mut prog_ns));
+    let prog_ns = (!prog_ns.is_empty()).then(|| median(&mut prog_ns));
+    let targets = targets(&medians, prog_ns);
     table.push('\n');
     for t in &targets {
         table.push_str(&t.line());
