@@ -26,6 +26,7 @@ ROWS = {
         "native cpumap, cpus 1",
         "generic cpumap, cpus 1",
     ],
+    "XDP program per packet (bpf_stats)": ["native devmap"],
     "CNI ADD p50": ["ptp (baseline)", "xdpcni off", "native devmap"],
     "CNI ADD p99": ["ptp (baseline)", "xdpcni off", "native devmap"],
     "UDP 64-byte XDP-drop ceiling": ["sender -> XDP_DROP (native)", "sender -> XDP_DROP (generic)"],

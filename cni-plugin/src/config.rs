@@ -254,7 +254,7 @@ impl NetConf {
 
     /// Whether the datapath's pinned maps exist.
     pub fn datapath_present(&self) -> bool {
-        self.pin_dir.join("endpoints").exists()
+        self.pin_dir.join(xdpcni_ebpf::PRESENCE_MAP).exists()
     }
 }
 

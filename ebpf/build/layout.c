@@ -15,9 +15,8 @@
 
 int main(void)
 {
-	SIZE(endpoint_key);
-	OFF(endpoint_key, family);
-	OFF(endpoint_key, addr);
+	SIZE(endpoint6_key);
+	OFF(endpoint6_key, addr);
 	SIZE(endpoint_info);
 	OFF(endpoint_info, ifindex);
 	OFF(endpoint_info, pod_mac);

@@ -13,20 +13,23 @@
 #include <linux/types.h>
 
 /* Capacities of the pinned maps. */
-#define XDPCNI_MAX_ENDPOINTS 65536 /* pod addresses (IPv4 + IPv6) */
+#define XDPCNI_MAX_ENDPOINTS 65536 /* pod addresses, per family */
 #define XDPCNI_MAX_TX_PORTS  16384 /* host veths that can be redirect targets */
 #define XDPCNI_MAX_CPUS	     64	   /* cpumap size, and bits of cpu_mask */
 #define XDPCNI_MAX_NAT_PORTS 65536 /* (address, protocol, port) the kernel NATs */
 #define XDPCNI_MAX_SLOTS     1024  /* counter slots: host veths with their own counters */
 
-/* endpoint_key.family */
+/* nat_port_key.family */
 #define XDPCNI_FAMILY_IPV4 4
 #define XDPCNI_FAMILY_IPV6 6
 
-/* An IP address of a pod. IPv4 uses addr[0..4], the rest is zero. */
-struct endpoint_key {
-	__u8 family;
-	__u8 pad[3];
+/*
+ * Pod addresses are keyed per family, so the hash the datapath computes twice
+ * per packet is over 4 bytes for IPv4: endpoints4 maps an IPv4 address (a
+ * __u32 in network byte order) and endpoints6 an endpoint6_key to an
+ * endpoint_info.
+ */
+struct endpoint6_key {
 	__u8 addr[16];
 };
 

@@ -12,51 +12,53 @@ pub mod c_layout {
     include!(concat!(env!("OUT_DIR"), "/c_layout.rs"));
 }
 
-/// `struct endpoint_key`: a pod address.
+/// `struct endpoint6_key`: an IPv6 pod address, key of `endpoints6`. IPv4
+/// pod addresses are keyed by a `u32` holding the address in network byte
+/// order (see [`ipv4_key`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct EndpointKey {
-    /// [`FAMILY_IPV4`] or [`FAMILY_IPV6`].
-    pub family: u8,
-    /// Explicit padding; always zero.
-    pub pad: [u8; 3],
-    /// IPv4 in the first 4 bytes, the rest zero; or the 16 IPv6 bytes.
+pub struct Endpoint6Key {
+    /// The 16 address bytes.
     pub addr: [u8; 16],
 }
 
-/// `endpoint_key.family` of an IPv4 address.
+/// The `endpoints4` key of an IPv4 address: its bytes in network order.
+pub fn ipv4_key(ip: std::net::Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+/// The IPv4 address of an `endpoints4` key.
+pub fn ipv4_of_key(key: u32) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::from(key.to_ne_bytes())
+}
+
+/// `nat_port_key.family` of an IPv4 address.
 pub const FAMILY_IPV4: u8 = 4;
-/// `endpoint_key.family` of an IPv6 address.
+/// `nat_port_key.family` of an IPv6 address.
 pub const FAMILY_IPV6: u8 = 6;
 
-impl From<IpAddr> for EndpointKey {
-    fn from(ip: IpAddr) -> Self {
-        let mut key = Self::default();
-        match ip {
-            IpAddr::V4(v4) => {
-                key.family = FAMILY_IPV4;
-                key.addr[..4].copy_from_slice(&v4.octets());
-            }
-            IpAddr::V6(v6) => {
-                key.family = FAMILY_IPV6;
-                key.addr = v6.octets();
-            }
+/// (family, address bytes) as `nat_port_key` holds them: IPv4 in the first
+/// 4 bytes, the rest zero.
+pub fn family_addr(ip: IpAddr) -> (u8, [u8; 16]) {
+    let mut addr = [0u8; 16];
+    match ip {
+        IpAddr::V4(v4) => {
+            addr[..4].copy_from_slice(&v4.octets());
+            (FAMILY_IPV4, addr)
         }
-        key
+        IpAddr::V6(v6) => (FAMILY_IPV6, v6.octets()),
     }
 }
 
-impl EndpointKey {
-    /// The address this key stands for, if its family is known.
-    pub fn ip(&self) -> Option<IpAddr> {
-        match self.family {
-            FAMILY_IPV4 => {
-                let [a, b, c, d, ..] = self.addr;
-                Some(IpAddr::from([a, b, c, d]))
-            }
-            FAMILY_IPV6 => Some(IpAddr::from(self.addr)),
-            _ => None,
+/// The address of a (family, bytes) pair, if the family is known.
+pub fn ip_of(family: u8, addr: [u8; 16]) -> Option<IpAddr> {
+    match family {
+        FAMILY_IPV4 => {
+            let [a, b, c, d, ..] = addr;
+            Some(IpAddr::from([a, b, c, d]))
         }
+        FAMILY_IPV6 => Some(IpAddr::from(addr)),
+        _ => None,
     }
 }
 
@@ -147,7 +149,7 @@ pub struct NatPortKey {
     pub proto: u8,
     /// Port in network byte order.
     pub port: u16,
-    /// As in [`EndpointKey::addr`].
+    /// As [`family_addr`] writes it.
     pub addr: [u8; 16],
 }
 
@@ -164,7 +166,7 @@ pub struct StatsValue {
 // SAFETY: all of them are repr(C), made of integers and byte arrays, with every
 // padding byte written out as a field (checked below), so any bit pattern is
 // valid and none is uninitialised.
-unsafe impl aya::Pod for EndpointKey {}
+unsafe impl aya::Pod for Endpoint6Key {}
 // SAFETY: as above.
 unsafe impl aya::Pod for EndpointInfo {}
 // SAFETY: as above.
@@ -226,9 +228,8 @@ mod layout_checks {
     use super::{c_layout as c, *};
     use std::mem::{offset_of, size_of};
 
-    const _: () = assert!(size_of::<EndpointKey>() == c::SIZEOF_endpoint_key);
-    const _: () = assert!(offset_of!(EndpointKey, family) == c::OFFSETOF_endpoint_key_family);
-    const _: () = assert!(offset_of!(EndpointKey, addr) == c::OFFSETOF_endpoint_key_addr);
+    const _: () = assert!(size_of::<Endpoint6Key>() == c::SIZEOF_endpoint6_key);
+    const _: () = assert!(offset_of!(Endpoint6Key, addr) == c::OFFSETOF_endpoint6_key_addr);
 
     const _: () = assert!(size_of::<EndpointInfo>() == c::SIZEOF_endpoint_info);
     const _: () = assert!(offset_of!(EndpointInfo, ifindex) == c::OFFSETOF_endpoint_info_ifindex);
@@ -276,19 +277,26 @@ mod tests {
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     #[test]
-    fn endpoint_key_round_trips_both_families() {
-        let v4 = IpAddr::V4(Ipv4Addr::new(10, 1, 2, 3));
-        let k = EndpointKey::from(v4);
-        assert_eq!(k.family, FAMILY_IPV4);
-        assert_eq!(&k.addr[..4], &[10, 1, 2, 3]);
-        assert!(k.addr[4..].iter().all(|b| *b == 0));
-        assert_eq!(k.ip(), Some(v4));
+    fn addresses_round_trip_through_their_keys() {
+        let v4 = Ipv4Addr::new(10, 1, 2, 3);
+        let k = ipv4_key(v4);
+        assert_eq!(
+            k.to_ne_bytes(),
+            [10, 1, 2, 3],
+            "network byte order in memory"
+        );
+        assert_eq!(ipv4_of_key(k), v4);
+        let (f, a) = family_addr(IpAddr::V4(v4));
+        assert_eq!(f, FAMILY_IPV4);
+        assert_eq!(&a[..4], &[10, 1, 2, 3]);
+        assert!(a[4..].iter().all(|b| *b == 0));
+        assert_eq!(ip_of(f, a), Some(IpAddr::V4(v4)));
 
         let v6 = IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 7));
-        let k = EndpointKey::from(v6);
-        assert_eq!(k.family, FAMILY_IPV6);
-        assert_eq!(k.ip(), Some(v6));
-        assert_eq!(EndpointKey::default().ip(), None);
+        let (f, a) = family_addr(v6);
+        assert_eq!(f, FAMILY_IPV6);
+        assert_eq!(ip_of(f, a), Some(v6));
+        assert_eq!(ip_of(0, [0; 16]), None);
     }
 
     #[test]

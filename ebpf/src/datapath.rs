@@ -3,8 +3,8 @@
 //! Pin layout under a directory on bpffs (default `/sys/fs/bpf/xdpcni`):
 //!
 //! ```text
-//! endpoints tx_ports cpu_map nat_ports         maps, pinned by name by aya
-//! counters port_slots slot_owners              per-veth counters (see xdpcni.h)
+//! endpoints4 endpoints6 tx_ports cpu_map nat_ports   maps, pinned by name by aya
+//! counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
 //! progs/xdpcni_from_pod progs/xdpcni_cpumap    the programs in use
 //! links/<ifindex>_native | _generic            one XDP bpf_link per host veth
 //!                                              (bpffs refuses names with dots)
@@ -34,8 +34,8 @@ use tracing::{debug, info, warn};
 
 use crate::{
     abi::{
-        EndpointInfo, EndpointKey, NatPortKey, StatsValue, Verdict, EP_NO_NAT_PORTS, MAX_CPUS,
-        MAX_SLOTS,
+        family_addr, ip_of, ipv4_key, ipv4_of_key, Endpoint6Key, EndpointInfo, NatPortKey,
+        StatsValue, Verdict, EP_NO_NAT_PORTS, MAX_CPUS, MAX_SLOTS,
     },
     sys, Error, Result, DATAPATH_OBJECT,
 };
@@ -47,7 +47,10 @@ pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdpcni";
 
-const MAP_ENDPOINTS: &str = "endpoints";
+const MAP_ENDPOINTS4: &str = "endpoints4";
+const MAP_ENDPOINTS6: &str = "endpoints6";
+/// A map every datapath pins: its pin says the datapath is there.
+pub const PRESENCE_MAP: &str = MAP_ENDPOINTS4;
 const MAP_TX_PORTS: &str = "tx_ports";
 const MAP_CPU_MAP: &str = "cpu_map";
 const MAP_NAT_PORTS: &str = "nat_ports";
@@ -226,7 +229,8 @@ fn ensure_bpffs(dir: &Path) -> Result<()> {
 /// The pinned maps alone: what a short-lived process (the CNI plugin) needs to
 /// register endpoints without loading programs.
 pub struct Maps {
-    endpoints: HashMap<MapData, EndpointKey, EndpointInfo>,
+    endpoints4: HashMap<MapData, u32, EndpointInfo>,
+    endpoints6: HashMap<MapData, Endpoint6Key, EndpointInfo>,
     tx_ports: DevMapHash<MapData>,
     cpu_map: CpuMap<MapData>,
     nat_ports: HashMap<MapData, NatPortKey, u32>,
@@ -251,7 +255,8 @@ impl Maps {
                 .map_err(|e| Error::map(format!("map {name}"), e))
         };
         Ok(Self {
-            endpoints: typed(MAP_ENDPOINTS, open(MAP_ENDPOINTS)?)?,
+            endpoints4: typed(MAP_ENDPOINTS4, open(MAP_ENDPOINTS4)?)?,
+            endpoints6: typed(MAP_ENDPOINTS6, open(MAP_ENDPOINTS6)?)?,
             tx_ports: typed(MAP_TX_PORTS, open(MAP_TX_PORTS)?)?,
             cpu_map: typed(MAP_CPU_MAP, open(MAP_CPU_MAP)?)?,
             nat_ports: typed(MAP_NAT_PORTS, open(MAP_NAT_PORTS)?)?,
@@ -263,7 +268,8 @@ impl Maps {
 
     fn take(ebpf: &mut Ebpf) -> Result<Self> {
         Ok(Self {
-            endpoints: typed(MAP_ENDPOINTS, ebpf.take_map(MAP_ENDPOINTS))?,
+            endpoints4: typed(MAP_ENDPOINTS4, ebpf.take_map(MAP_ENDPOINTS4))?,
+            endpoints6: typed(MAP_ENDPOINTS6, ebpf.take_map(MAP_ENDPOINTS6))?,
             tx_ports: typed(MAP_TX_PORTS, ebpf.take_map(MAP_TX_PORTS))?,
             cpu_map: typed(MAP_CPU_MAP, ebpf.take_map(MAP_CPU_MAP))?,
             nat_ports: typed(MAP_NAT_PORTS, ebpf.take_map(MAP_NAT_PORTS))?,
@@ -290,20 +296,35 @@ impl Maps {
         if !self.has_nat_port(addr)? {
             info.flags |= EP_NO_NAT_PORTS;
         }
-        self.endpoints
-            .insert(EndpointKey::from(addr), info, 0)
-            .map_err(|e| {
-                let op = format!("inserting endpoint {addr}");
-                if is_full(&e) {
-                    Error::MapFull {
-                        map: MAP_ENDPOINTS,
-                        capacity: crate::abi::c_layout::XDPCNI_MAX_ENDPOINTS,
-                        op,
-                    }
-                } else {
-                    Error::map(op, e)
+        self.put_endpoint(addr, &info).map_err(|e| {
+            let op = format!("inserting endpoint {addr}");
+            if is_full(&e) {
+                Error::MapFull {
+                    map: match addr {
+                        IpAddr::V4(_) => MAP_ENDPOINTS4,
+                        IpAddr::V6(_) => MAP_ENDPOINTS6,
+                    },
+                    capacity: crate::abi::c_layout::XDPCNI_MAX_ENDPOINTS,
+                    op,
                 }
-            })
+            } else {
+                Error::map(op, e)
+            }
+        })
+    }
+
+    /// Writes a record as given, in the map of its family.
+    fn put_endpoint(
+        &mut self,
+        addr: IpAddr,
+        info: &EndpointInfo,
+    ) -> std::result::Result<(), MapError> {
+        match addr {
+            IpAddr::V4(v4) => self.endpoints4.insert(ipv4_key(v4), info, 0),
+            IpAddr::V6(v6) => self
+                .endpoints6
+                .insert(Endpoint6Key { addr: v6.octets() }, info, 0),
+        }
     }
 
     /// Sets or clears [`EP_NO_NAT_PORTS`] on the record of `addr`, if any.
@@ -320,8 +341,7 @@ impl Maps {
             return Ok(());
         }
         info.flags = flags;
-        self.endpoints
-            .insert(EndpointKey::from(addr), info, 0)
+        self.put_endpoint(addr, &info)
             .map_err(|e| Error::map(format!("flagging endpoint {addr}"), e))
     }
 
@@ -413,28 +433,36 @@ impl Maps {
 
     /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
     pub fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
-        removed(self.endpoints.remove(&EndpointKey::from(addr)), || {
-            format!("removing endpoint {addr}")
-        })
+        let r = match addr {
+            IpAddr::V4(v4) => self.endpoints4.remove(&ipv4_key(v4)),
+            IpAddr::V6(v6) => self.endpoints6.remove(&Endpoint6Key { addr: v6.octets() }),
+        };
+        removed(r, || format!("removing endpoint {addr}"))
     }
 
     /// The endpoint record of `addr`, if any.
     pub fn endpoint(&self, addr: IpAddr) -> Result<Option<EndpointInfo>> {
-        match self.endpoints.get(&EndpointKey::from(addr), 0) {
+        let r = match addr {
+            IpAddr::V4(v4) => self.endpoints4.get(&ipv4_key(v4), 0),
+            IpAddr::V6(v6) => self.endpoints6.get(&Endpoint6Key { addr: v6.octets() }, 0),
+        };
+        match r {
             Ok(info) => Ok(Some(info)),
             Err(MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(Error::map(format!("reading endpoint {addr}"), e)),
         }
     }
 
-    /// Every endpoint record.
+    /// Every endpoint record, IPv4 first.
     pub fn endpoints(&self) -> Result<Vec<(IpAddr, EndpointInfo)>> {
         let mut out = Vec::new();
-        for kv in self.endpoints.iter() {
-            let (k, v) = kv.map_err(|e| Error::map("listing endpoints", e))?;
-            if let Some(ip) = k.ip() {
-                out.push((ip, v));
-            }
+        for kv in self.endpoints4.iter() {
+            let (k, v) = kv.map_err(|e| Error::map("listing IPv4 endpoints", e))?;
+            out.push((IpAddr::V4(ipv4_of_key(k)), v));
+        }
+        for kv in self.endpoints6.iter() {
+            let (k, v) = kv.map_err(|e| Error::map("listing IPv6 endpoints", e))?;
+            out.push((IpAddr::from(k.addr), v));
         }
         Ok(out)
     }
@@ -510,17 +538,12 @@ impl Maps {
         let mut out = Vec::new();
         for k in self.nat_ports.keys() {
             let k = k.map_err(|e| Error::map("listing NAT ports", e))?;
-            let ep = EndpointKey {
-                family: k.family,
-                pad: [0; 3],
-                addr: k.addr,
-            };
             let proto = match k.proto {
                 6 => L4Proto::Tcp,
                 17 => L4Proto::Udp,
                 _ => continue,
             };
-            if let Some(ip) = ep.ip() {
+            if let Some(ip) = ip_of(k.family, k.addr) {
                 out.push((ip, proto, u16::from_be(k.port)));
             }
         }
@@ -586,12 +609,12 @@ const fn row(slot: u32, verdict: Verdict) -> u32 {
 }
 
 fn nat_key(addr: IpAddr, proto: L4Proto, port: u16) -> NatPortKey {
-    let ep = EndpointKey::from(addr);
+    let (family, addr) = family_addr(addr);
     NatPortKey {
-        family: ep.family,
+        family,
         proto: proto.number(),
         port: port.to_be(),
-        addr: ep.addr,
+        addr,
     }
 }
 

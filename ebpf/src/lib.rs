@@ -16,7 +16,7 @@ pub mod abi;
 pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::{
     AttachMode, Attachment, Counters, Datapath, L4Proto, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR,
-    FROM_POD_PROGRAM,
+    FROM_POD_PROGRAM, PRESENCE_MAP,
 };
 pub use error::{Error, Result};
 pub use sys::XdpLinkState;

@@ -20,10 +20,18 @@ char LICENSE[] SEC("license") = "GPL";
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, XDPCNI_MAX_ENDPOINTS);
-	__type(key, struct endpoint_key);
+	__type(key, __u32);
 	__type(value, struct endpoint_info);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} endpoints SEC(".maps");
+} endpoints4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_ENDPOINTS);
+	__type(key, struct endpoint6_key);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
@@ -166,9 +174,34 @@ static __always_inline __u32 mix(__u32 h)
 	return h;
 }
 
+/* An address as the program carries it: family, then 4 or 16 bytes. */
+struct addr {
+	__u8 family; /* XDPCNI_FAMILY_* */
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+/*
+ * The endpoint record of an address, from the map of its family. The empty
+ * asm keeps the two lookups apart: merged into one call with a map pointer
+ * that depends on the branch, the verifier could not inline either lookup
+ * (measured: +25 ns per packet).
+ */
+static __always_inline struct endpoint_info *lookup_endpoint(const struct addr *a)
+{
+	struct endpoint_info *ep;
+
+	if (a->family == XDPCNI_FAMILY_IPV4) {
+		ep = bpf_map_lookup_elem(&endpoints4, a->addr);
+		asm volatile("" ::: "memory");
+		return ep;
+	}
+	return bpf_map_lookup_elem(&endpoints6, a->addr);
+}
+
 struct packet {
-	struct endpoint_key src;
-	struct endpoint_key dst;
+	struct addr src;
+	struct addr dst;
 	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
 	__u32 flow_id; /* ports, or the ICMP echo id: with the addresses, a flow */
 	__u8 proto;
@@ -334,7 +367,7 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		return verdict(ctx, r, XDP_PASS);
 
 	/* Source validation: what rp_filter does on the kernel path. */
-	src_ep = bpf_map_lookup_elem(&endpoints, &p.src);
+	src_ep = lookup_endpoint(&p.src);
 	if (!src_ep || src_ep->ifindex != ctx->ingress_ifindex)
 		return verdict(ctx, XDPCNI_V_DROP_SPOOFED, XDP_DROP);
 	if (r >= 0)
@@ -342,7 +375,7 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	if (src_ep->flags & XDPCNI_EP_KERNEL_ONLY)
 		return ep_verdict(src_ep, XDPCNI_V_PASS_KERNEL_ONLY, bytes, XDP_PASS);
 
-	dst_ep = bpf_map_lookup_elem(&endpoints, &p.dst);
+	dst_ep = lookup_endpoint(&p.dst);
 	if (!dst_ep)
 		return ep_verdict(src_ep, XDPCNI_V_PASS_NO_ENDPOINT, bytes, XDP_PASS);
 	if (dst_ep->flags & XDPCNI_EP_KERNEL_ONLY)
@@ -418,7 +451,7 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct endpoint_key dst = {};
+	struct addr dst = {};
 	struct endpoint_info *dst_ep;
 	__u64 bytes = data_end - data;
 
@@ -442,7 +475,7 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
 	}
 
-	dst_ep = bpf_map_lookup_elem(&endpoints, &dst);
+	dst_ep = lookup_endpoint(&dst);
 	/*
 	 * The MACs are rewritten already, so the kernel would discard it as
 	 * PACKET_OTHERHOST: drop and count instead of passing.
