@@ -20,34 +20,7 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/xdpcni";
 /// Default headroom asked of the veth (XDP_PACKET_HEADROOM).
 pub const DEFAULT_HEADROOM: u16 = 256;
 
-/// The XDP mode asked for a pod: an attach mode, or kernel routing only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum XdpMode {
-    /// Attach in this mode.
-    Xdp(AttachMode),
-    /// Kernel routing only.
-    Off,
-}
-
-impl XdpMode {
-    /// Parses `native`, `generic` or `off`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "native" => Some(Self::Xdp(AttachMode::Native)),
-            "generic" => Some(Self::Xdp(AttachMode::Generic)),
-            "off" => Some(Self::Off),
-            _ => None,
-        }
-    }
-
-    /// `native`, `generic` or `off`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Xdp(m) => m.as_str(),
-            Self::Off => "off",
-        }
-    }
-}
+pub use xdpcni_node::pod::{parse_cpu_list, XdpMode};
 
 /// The plugin's configuration (a conflist entry of `"type": "xdpcni"`).
 #[derive(Clone, Debug)]
@@ -106,39 +79,6 @@ fn opt_u64(v: &Value, field: &str) -> Result<Option<u64>> {
     }
 }
 
-/// Parses a CPU list such as `1`, `0-3`, `0,2,5-7` into a bit mask.
-pub fn parse_cpu_list(s: &str) -> std::result::Result<u64, String> {
-    let mut mask = 0u64;
-    for part in s.split(',').map(str::trim) {
-        if part.is_empty() {
-            return Err(format!("empty element in CPU list {s:?}"));
-        }
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.trim(), b.trim()),
-            None => (part, part),
-        };
-        let lo: u32 = lo
-            .parse()
-            .map_err(|_| format!("{lo:?} is not a CPU number"))?;
-        let hi: u32 = hi
-            .parse()
-            .map_err(|_| format!("{hi:?} is not a CPU number"))?;
-        if lo > hi {
-            return Err(format!("range {part:?} is reversed"));
-        }
-        if hi >= xdpcni_ebpf::abi::MAX_CPUS {
-            return Err(format!(
-                "CPU {hi} is beyond the datapath's {} CPUs",
-                xdpcni_ebpf::abi::MAX_CPUS
-            ));
-        }
-        for cpu in lo..=hi {
-            mask |= 1 << cpu;
-        }
-    }
-    Ok(mask)
-}
-
 impl NetConf {
     /// Parses and validates the config bytes.
     pub fn parse(bytes: &[u8]) -> Result<Self> {
@@ -177,14 +117,10 @@ impl NetConf {
             })?,
         };
         let redirect = match opt_str(&raw, "redirect")? {
-            None | Some("devmap") => RedirectPolicy::Devmap,
-            Some("cpumap") => RedirectPolicy::Cpumap,
-            Some(s) => {
-                return Err(Error::config(
-                    "redirect",
-                    format!("{s:?} is not devmap or cpumap"),
-                ))
-            }
+            None => RedirectPolicy::Devmap,
+            Some(s) => RedirectPolicy::parse(s).ok_or_else(|| {
+                Error::config("redirect", format!("{s:?} is not devmap or cpumap"))
+            })?,
         };
         let cpu_mask = match opt_str(&raw, "cpus")? {
             None | Some("") => 0,

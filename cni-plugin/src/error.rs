@@ -96,6 +96,15 @@ pub enum Error {
     Many(Vec<Error>),
 }
 
+impl From<xdpcni_node::state::StateError> for Error {
+    fn from(e: xdpcni_node::state::StateError) -> Self {
+        match e {
+            xdpcni_node::state::StateError::Io { op, source } => Self::Io { op, source },
+            xdpcni_node::state::StateError::Decode(why) => Self::Decode(why),
+        }
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(source: std::io::Error) -> Self {
         Self::Io {

@@ -6,15 +6,13 @@
 
 pub mod config;
 pub mod error;
-pub mod ethtool;
-pub mod install;
 pub mod ipam;
 pub mod log;
 pub mod netlink;
-pub mod netns;
 pub mod plugin;
-pub mod state;
 pub mod types;
+
+pub use xdpcni_node::{ethtool, install, netns, pod, state};
 
 use config::{CniEnv, Command, NetConf};
 use error::Error;

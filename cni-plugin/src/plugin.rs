@@ -15,19 +15,17 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use xdpcni_ebpf::{
-    abi::{EndpointInfo, RedirectPolicy, EP_KERNEL_ONLY},
-    AttachMode, Datapath,
-};
+use xdpcni_ebpf::Datapath;
 
 use crate::{
-    config::{parse_cpu_list, CniEnv, NetConf, XdpMode},
+    config::{CniEnv, NetConf, XdpMode},
     error::{Error, Result},
     ethtool::{self, Offload},
     ipam,
     log::Log,
     netlink::Netlink,
     netns::in_netns,
+    pod,
     state::{self, Record},
     types::{self, Cidr, CniResult, Interface, IpConfig, Route},
 };
@@ -36,8 +34,6 @@ use crate::{
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// IPv6 gateway of every pod.
 pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
-/// cpumap queue size used when the plugin enables a CPU.
-const CPUMAP_QUEUE: u32 = 2048;
 
 fn gateway(ip: IpAddr) -> IpAddr {
     match ip {
@@ -55,10 +51,7 @@ fn host_prefix(ip: IpAddr) -> u8 {
 }
 
 fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    pod::Mac(*m).to_string()
 }
 
 /// Fails with an injected error when `XDPCNI_TEST_FAIL_AFTER` names `step`:
@@ -85,34 +78,13 @@ struct Progress {
     record: bool,
 }
 
-/// The mode and offloads the pod ends up with.
+/// The offloads of the pod's eth0 in `mode` (the table is pod::offloads).
 fn pod_offloads(ifname: &str, mode: XdpMode) -> Result<()> {
-    let set = |o, on| {
+    for (o, on) in pod::offloads(mode) {
         ethtool::ensure(ifname, o, on)
-            .map_err(|e| Error::io(format!("ethtool {o:?} on {ifname}"), e))
-    };
-    // Always GRO: a veth only receives redirected frames with GRO or XDP on it.
-    set(Offload::Gro, true)?;
-    match mode {
-        XdpMode::Xdp(AttachMode::Native) => set(Offload::TxChecksum, false),
-        // Hybrid: the pod keeps TSO; the datapath passes its GSO
-        // super-packets to the kernel (pass_gso) and redirects the rest.
-        XdpMode::Xdp(AttachMode::Generic) => {
-            set(Offload::TxChecksum, true)?;
-            set(Offload::Tso, true)
-        }
-        XdpMode::Off => {
-            set(Offload::TxChecksum, true)?;
-            set(Offload::Tso, true)
-        }
+            .map_err(|e| Error::io(format!("ethtool {o:?} on {ifname}"), e))?;
     }
-}
-
-fn online_cpus() -> u64 {
-    std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| parse_cpu_list(s.trim()).ok())
-        .unwrap_or(1)
+    Ok(())
 }
 
 /// ADD.
@@ -260,10 +232,7 @@ fn add_steps(
         headroom_requested: conf.headroom,
         headroom_effective,
         xdp_mode: mode,
-        redirect: match conf.redirect {
-            RedirectPolicy::Devmap => "devmap".into(),
-            RedirectPolicy::Cpumap => "cpumap".into(),
-        },
+        redirect: conf.redirect.as_str().into(),
         pod_namespace: env
             .args
             .get("K8S_POD_NAMESPACE")
@@ -330,8 +299,9 @@ fn default_routes(ips: &[IpAddr]) -> Vec<Route> {
 }
 
 /// Registers the pod in the datapath and attaches it in the configured mode,
-/// falling back native -> generic -> off when the kernel refuses. Returns the
-/// mode attached.
+/// falling back native -> generic -> off when the kernel refuses (the
+/// decisions and their order are pod::converge's, shared with the agent).
+/// Returns the mode attached.
 #[allow(clippy::too_many_arguments)]
 fn register(
     conf: &NetConf,
@@ -345,69 +315,49 @@ fn register(
 ) -> Result<String> {
     let mut dp = Datapath::open_existing(&conf.pin_dir)?;
     let cpu_mask = match conf.cpu_mask {
-        0 => online_cpus(),
+        0 => pod::online_cpus(),
         m => m,
     };
-    let mut info = EndpointInfo {
-        ifindex: host.index,
-        pod_mac,
-        host_mac: host.mac,
-        // A pod in mode `off` gets kernel routing both ways: no XDP program
-        // redirects to it either.
-        flags: if conf.xdp_mode == XdpMode::Off {
-            EP_KERNEL_ONLY
-        } else {
-            0
-        },
-        redirect: conf.redirect.as_raw(),
-        mtu: conf.mtu,
-        stats_slot: 0,
+    let info = pod::endpoint_info(
+        host.index,
+        pod::Mac(pod_mac),
+        pod::Mac(host.mac),
+        conf.redirect,
+        conf.mtu,
         cpu_mask,
-    };
-    for ip in ips {
-        dp.maps_mut().upsert_endpoint(*ip, &info)?;
-        progress.endpoints.push(*ip);
-    }
+    );
+    // Recorded before the first write, so the undo removes them if any fails.
+    progress.endpoints.extend_from_slice(ips);
     dp.maps_mut().add_tx_port(host.index)?;
     progress.tx_port = true;
-    if conf.redirect == RedirectPolicy::Cpumap {
-        for cpu in (0..xdpcni_ebpf::abi::MAX_CPUS).filter(|c| cpu_mask & (1 << c) != 0) {
-            if dp.maps().cpu_queue_size(cpu)?.is_none() {
-                dp.enable_cpu(cpu, CPUMAP_QUEUE)?;
-            }
-        }
-    }
-    let XdpMode::Xdp(first) = conf.xdp_mode else {
-        return Ok("off".into());
+    pod::enable_cpus(&mut dp, conf.redirect, cpu_mask)?;
+    let attachment = pod::Attachment {
+        netns,
+        ifname,
+        host_ifindex: host.index,
+        ips,
+        info,
     };
-    let tries: &[AttachMode] = match first {
-        AttachMode::Native => &[AttachMode::Native, AttachMode::Generic],
-        AttachMode::Generic => &[AttachMode::Generic],
-    };
-    for &mode in tries {
-        match dp.attach(host.index, mode) {
-            Ok(_) => {
-                progress.attached = true;
-                if mode != first {
-                    let ifname = ifname.to_string();
-                    in_netns(netns, || pod_offloads(&ifname, XdpMode::Xdp(mode)))?;
-                }
-                return Ok(mode.as_str().into());
-            }
-            Err(e) => log.warn(&format!("{mode} XDP refused on {}: {e}", host.name)),
+    let done = pod::converge(&mut dp, &attachment, conf.xdp_mode).map_err(|e| match e {
+        pod::ConvergeError::Datapath(e) => Error::from(e),
+        pod::ConvergeError::Offloads { source, .. } => {
+            Error::io(format!("offloads of {ifname} in the pod"), source)
         }
+    })?;
+    progress.attached = done.mode != XdpMode::Off;
+    for r in &done.refused {
+        log.warn(&format!(
+            "{} XDP refused on {}: {}",
+            r.mode, host.name, r.error
+        ));
     }
-    let ifname = ifname.to_string();
-    in_netns(netns, || pod_offloads(&ifname, XdpMode::Off))?;
-    info.flags |= EP_KERNEL_ONLY;
-    for ip in ips {
-        dp.maps_mut().upsert_endpoint(*ip, &info)?;
+    if done.mode == XdpMode::Off && conf.xdp_mode != XdpMode::Off {
+        log.warn(&format!(
+            "{}: no XDP mode accepted, kernel routing only",
+            host.name
+        ));
     }
-    log.warn(&format!(
-        "{}: no XDP mode accepted, kernel routing only",
-        host.name
-    ));
-    Ok("off".into())
+    Ok(done.mode.as_str().into())
 }
 
 fn undo_add(
@@ -420,7 +370,7 @@ fn undo_add(
     let mut errors = Vec::new();
     if p.record {
         if let Err(e) = state::remove(&conf.state_dir, &env.container_id, &env.ifname) {
-            errors.push(e);
+            errors.push(e.into());
         }
     }
     if let Some(index) = p.host_ifindex {
@@ -558,7 +508,7 @@ fn cleanup(
         }
     }
     if let Err(e) = state::remove(&conf.state_dir, container_id, ifname) {
-        errors.push(e);
+        errors.push(e.into());
     }
     Error::from_list(errors)
 }

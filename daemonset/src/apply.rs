@@ -9,21 +9,13 @@
 
 use std::path::Path;
 
-use xdpcni_ebpf::{
-    abi::{EndpointInfo, EP_KERNEL_ONLY, MAX_CPUS},
-    AttachMode, Datapath,
-};
-use xdpcni_plugin::{
-    config::XdpMode,
-    ethtool::{self, Offload},
-    netns::in_netns,
+use xdpcni_ebpf::Datapath;
+use xdpcni_node::{
+    pod::{self, fallback, Attachment, Mac, XdpMode},
     state::Record,
 };
 
-use crate::policy::{fallback, Policy, Problem};
-
-/// cpumap queue size used when the agent enables a CPU.
-const CPUMAP_QUEUE: u32 = 2048;
+use crate::policy::{Policy, Problem};
 
 /// Failures applying a policy.
 #[derive(Debug, thiserror::Error)]
@@ -31,14 +23,9 @@ pub enum ApplyError {
     /// The datapath refused an update.
     #[error("datapath: {0}")]
     Datapath(#[from] xdpcni_ebpf::Error),
-    /// Offloads inside the pod could not be set.
-    #[error("offloads in {netns}: {source}")]
-    Offloads {
-        /// The pod's netns.
-        netns: String,
-        /// The error.
-        source: std::io::Error,
-    },
+    /// The mode could not be reached (datapath or offloads in the pod).
+    #[error("{0}")]
+    Converge(#[from] pod::ConvergeError),
     /// A record is unusable.
     #[error("record of {0}: {1}")]
     Record(String, String),
@@ -55,167 +42,55 @@ pub struct Applied {
     pub problems: Vec<Problem>,
 }
 
-fn mac(s: &str) -> Option<[u8; 6]> {
-    let mut m = [0u8; 6];
-    let mut parts = s.split(':');
-    for b in &mut m {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    parts.next().is_none().then_some(m)
-}
-
-/// The mode attached to `ifindex` now.
-pub fn current_mode(dp: &Datapath, ifindex: u32) -> Result<XdpMode, ApplyError> {
-    Ok(dp
-        .attachment(ifindex)?
-        .map_or(XdpMode::Off, |a| XdpMode::Xdp(a.mode)))
-}
-
-fn offloads(netns: &Path, ifname: &str, settings: &[(Offload, bool)]) -> Result<(), ApplyError> {
-    if settings.is_empty() {
-        return Ok(());
-    }
-    let ifname = ifname.to_string();
-    in_netns(netns, || -> std::io::Result<()> {
-        for (o, on) in settings {
-            ethtool::ensure(&ifname, *o, *on)?;
-        }
-        Ok(())
-    })
-    .map_err(|source| ApplyError::Offloads {
-        netns: netns.display().to_string(),
-        source,
-    })
-}
-
-/// Restrictions to apply before switching to `target`.
-fn before(target: XdpMode) -> Vec<(Offload, bool)> {
-    match target {
-        XdpMode::Xdp(AttachMode::Native) => {
-            vec![(Offload::Gro, true), (Offload::TxChecksum, false)]
-        }
-        XdpMode::Xdp(AttachMode::Generic) => vec![(Offload::Gro, true)],
-        XdpMode::Off => vec![],
-    }
-}
-
-/// Relaxations `target` allows once it is in place.
-fn after(target: XdpMode) -> Vec<(Offload, bool)> {
-    match target {
-        XdpMode::Xdp(AttachMode::Native) => vec![],
-        // Hybrid: TSO and checksum offload back on (native had them off);
-        // the datapath passes GSO super-packets to the kernel (pass_gso).
-        XdpMode::Xdp(AttachMode::Generic) => {
-            vec![(Offload::TxChecksum, true), (Offload::Tso, true)]
-        }
-        XdpMode::Off => vec![(Offload::TxChecksum, true), (Offload::Tso, true)],
-    }
-}
-
 /// Applies `want` to the pod of `rec`; `kernel_only` forces kernel routing
-/// both ways (e.g. the pod is selected by a NetworkPolicy).
+/// both ways (e.g. the pod is selected by a NetworkPolicy). The decisions
+/// (offloads per mode, fallback order, endpoint flags) are `pod::converge`'s,
+/// the same the CNI plugin makes at ADD.
 pub fn apply(
     dp: &mut Datapath,
     rec: &Record,
     want: &Policy,
     kernel_only: bool,
 ) -> Result<Applied, ApplyError> {
-    let netns = Path::new(&rec.netns);
-    let (pod_mac, host_mac) = match (mac(&rec.pod_mac), mac(&rec.host_mac)) {
-        (Some(p), Some(h)) => (p, h),
-        _ => {
-            return Err(ApplyError::Record(
-                rec.container_id.clone(),
-                "unreadable MAC".into(),
-            ))
-        }
+    let (pod_mac, host_mac) = match (rec.pod_mac.parse::<Mac>(), rec.host_mac.parse::<Mac>()) {
+        (Ok(p), Ok(h)) => (p, h),
+        (Err(e), _) | (_, Err(e)) => return Err(ApplyError::Record(rec.container_id.clone(), e)),
     };
     let mut changed = false;
-    let mut problems = Vec::new();
-    let target0 = if kernel_only { XdpMode::Off } else { want.mode };
-    let mut info = EndpointInfo {
-        ifindex: rec.host_ifindex,
-        pod_mac,
-        host_mac,
-        flags: 0,
-        redirect: want.redirect.as_raw(),
-        mtu: rec.mtu,
-        stats_slot: 0,
-        cpu_mask: want.cpu_mask,
-    };
-    let upsert = |dp: &mut Datapath, info: &EndpointInfo| -> Result<bool, ApplyError> {
-        let mut any = false;
-        for ip in &rec.ips {
-            if !dp
-                .maps()
-                .endpoint(*ip)?
-                .is_some_and(|have| have.same_policy(info))
-            {
-                dp.maps_mut().upsert_endpoint(*ip, info)?;
-                any = true;
-            }
-        }
-        if !dp.maps().has_tx_port(rec.host_ifindex)? {
-            dp.maps_mut().add_tx_port(rec.host_ifindex)?;
-            any = true;
-        }
-        Ok(any)
-    };
-    if want.redirect == xdpcni_ebpf::abi::RedirectPolicy::Cpumap {
-        for cpu in (0..MAX_CPUS).filter(|c| want.cpu_mask & (1 << c) != 0) {
-            if dp.maps().cpu_queue_size(cpu)?.is_none() {
-                dp.enable_cpu(cpu, CPUMAP_QUEUE)?;
-            }
-        }
+    if !dp.maps().has_tx_port(rec.host_ifindex)? {
+        dp.maps_mut().add_tx_port(rec.host_ifindex)?;
+        changed = true;
     }
-
-    let mut target = target0;
-    loop {
-        // Re-read each round: a refused attach may have removed the old link.
-        let current = current_mode(dp, rec.host_ifindex)?;
-        if target == XdpMode::Off {
-            // Others stop redirecting to it first, then its own link goes.
-            info.flags = EP_KERNEL_ONLY;
-            changed |= upsert(dp, &info)?;
-            if current != XdpMode::Off {
-                dp.detach(rec.host_ifindex)?;
-                offloads(netns, &rec.ifname, &after(XdpMode::Off))?;
-                changed = true;
-            }
-            break;
-        }
-        let XdpMode::Xdp(mode) = target else {
-            break;
-        };
-        if current == target {
-            info.flags = 0;
-            changed |= upsert(dp, &info)?;
-            break;
-        }
-        offloads(netns, &rec.ifname, &before(target))?;
-        match dp.attach(rec.host_ifindex, mode) {
-            Ok(_) => {
-                offloads(netns, &rec.ifname, &after(target))?;
-                info.flags = 0;
-                upsert(dp, &info)?;
-                changed = true;
-                break;
-            }
-            Err(e) => {
-                let next = fallback(target);
-                problems.push(Problem {
-                    key: "attach".into(),
-                    value: target.as_str().into(),
-                    why: format!("the kernel refused {} XDP: {e}", mode.as_str()),
-                    fallback: next.as_str().into(),
-                });
-                target = next;
-            }
-        }
-    }
+    pod::enable_cpus(dp, want.redirect, want.cpu_mask)?;
+    let attachment = Attachment {
+        netns: Path::new(&rec.netns),
+        ifname: &rec.ifname,
+        host_ifindex: rec.host_ifindex,
+        ips: &rec.ips,
+        info: pod::endpoint_info(
+            rec.host_ifindex,
+            pod_mac,
+            host_mac,
+            want.redirect,
+            rec.mtu,
+            want.cpu_mask,
+        ),
+    };
+    let target = if kernel_only { XdpMode::Off } else { want.mode };
+    let done = pod::converge(dp, &attachment, target)?;
+    let problems = done
+        .refused
+        .iter()
+        .map(|r| Problem {
+            key: "attach".into(),
+            value: r.mode.as_str().into(),
+            why: format!("the kernel refused {} XDP: {}", r.mode.as_str(), r.error),
+            fallback: fallback(XdpMode::Xdp(r.mode)).as_str().into(),
+        })
+        .collect();
     Ok(Applied {
-        mode: target,
-        changed,
+        mode: done.mode,
+        changed: changed || done.changed,
         problems,
     })
 }

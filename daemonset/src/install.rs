@@ -1,7 +1,7 @@
 //! `install-cni`: what the chart's init container runs on every node. Builds
 //! the CNI conflist for this node (its pod CIDRs from the Node object, the
 //! agent's datapath settings) and hands it to the plugin crate's installer
-//! (`xdpcni_plugin::install`), which the node clean-up (`xdpcni uninstall`)
+//! (`xdpcni_node::install`), which the node clean-up (`xdpcni uninstall`)
 //! shares.
 
 use std::path::Path;
@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Value};
-use xdpcni_plugin::install::{InstallPlan, Manifest};
+use xdpcni_node::install::{InstallPlan, Manifest};
 
 use crate::standalone::Config;
 
@@ -76,7 +76,7 @@ pub fn install(
     plugin: &Path,
 ) -> Result<Manifest> {
     let list = conflist(cfg, cidrs);
-    Ok(xdpcni_plugin::install::install(&InstallPlan {
+    Ok(xdpcni_node::install::install(&InstallPlan {
         conflist: &list,
         conf_dir,
         bin_dir,

@@ -29,12 +29,12 @@ use kube::{
 };
 use tracing::{info, warn};
 use xdpcni_ebpf::L4Proto;
-use xdpcni_plugin::state;
+use xdpcni_node::{pod::online_cpus, state};
 
 use crate::{
     node::{PodInput, Reconciler},
     routes,
-    standalone::{install_signal_handlers, online_cpus, open_reconciler, stopping, Config, Shared},
+    standalone::{install_signal_handlers, open_reconciler, stopping, Config, Shared},
 };
 
 /// Whether `selector` selects a pod with `labels` (an empty selector selects
@@ -91,7 +91,7 @@ pub fn policy_selected(
 /// ClusterIP client must be un-DNATed), and every container port published
 /// as a hostPort.
 pub fn nat_ports(
-    records: &[xdpcni_plugin::state::Record],
+    records: &[xdpcni_node::state::Record],
     endpoints: &[Arc<Endpoints>],
     pods: &[Arc<Pod>],
 ) -> BTreeSet<(IpAddr, L4Proto, u16)> {
@@ -300,7 +300,7 @@ mod tests {
 
     #[test]
     fn nat_ports_from_endpoints_and_host_ports() {
-        let rec = |ns: &str, name: &str, ip: &str| xdpcni_plugin::state::Record {
+        let rec = |ns: &str, name: &str, ip: &str| xdpcni_node::state::Record {
             container_id: name.into(),
             ifname: "eth0".into(),
             netns: String::new(),

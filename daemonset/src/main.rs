@@ -85,7 +85,7 @@ fn main() -> Result<()> {
         }
         Some("uninstall") => {
             if let Some(state) = flag(&args, "--state-dir") {
-                let removed = xdpcni_plugin::install::uninstall(std::path::Path::new(&state))
+                let removed = xdpcni_node::install::uninstall(std::path::Path::new(&state))
                     .with_context(|| format!("uninstalling the installation recorded in {state}"))?;
                 for p in removed.paths {
                     eprintln!("xdpcni-agent: removed {}", p.display());

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use tracing::{info, warn};
 use xdpcni_ebpf::Datapath;
-use xdpcni_plugin::state::Record;
+use xdpcni_node::state::Record;
 
 use crate::{
     apply::apply,

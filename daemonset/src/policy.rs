@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
-use xdpcni_plugin::config::{parse_cpu_list, XdpMode};
+use xdpcni_ebpf::abi::RedirectPolicy;
+use xdpcni_node::pod::{parse_cpu_list, XdpMode};
 
 /// `xdpcni.io/xdp-mode`: `native`, `generic` or `off`.
 pub const ANNOTATION_MODE: &str = "xdpcni.io/xdp-mode";
@@ -50,10 +50,7 @@ impl std::fmt::Display for Problem {
 
 /// The label of a redirect policy.
 pub fn redirect_str(r: RedirectPolicy) -> &'static str {
-    match r {
-        RedirectPolicy::Devmap => "devmap",
-        RedirectPolicy::Cpumap => "cpumap",
-    }
+    r.as_str()
 }
 
 /// Resolves a pod's policy from `annotations`, `defaults` for what is absent,
@@ -77,10 +74,9 @@ pub fn resolve(
         }
     }
     if let Some(v) = annotations.get(ANNOTATION_REDIRECT) {
-        match v.trim() {
-            "devmap" => p.redirect = RedirectPolicy::Devmap,
-            "cpumap" => p.redirect = RedirectPolicy::Cpumap,
-            _ => problems.push(Problem {
+        match RedirectPolicy::parse(v.trim()) {
+            Some(r) => p.redirect = r,
+            None => problems.push(Problem {
                 key: ANNOTATION_REDIRECT.into(),
                 value: v.clone(),
                 why: "not one of devmap, cpumap".into(),
@@ -119,17 +115,10 @@ pub fn default_mode(s: &str) -> Option<XdpMode> {
     XdpMode::parse(s)
 }
 
-/// The next mode to try when the kernel refuses `mode`.
-pub fn fallback(mode: XdpMode) -> XdpMode {
-    match mode {
-        XdpMode::Xdp(AttachMode::Native) => XdpMode::Xdp(AttachMode::Generic),
-        XdpMode::Xdp(AttachMode::Generic) | XdpMode::Off => XdpMode::Off,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xdpcni_ebpf::AttachMode;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -191,13 +180,5 @@ mod tests {
         assert!(probs[2].why.contains("offline"));
         let (_, probs) = resolve(&ann(&[(ANNOTATION_CPUS, "1-x")]), &DEF, 0b11);
         assert_eq!(probs.len(), 1);
-    }
-
-    #[test]
-    fn fallback_chain_ends_in_kernel_routing() {
-        let m = fallback(XdpMode::Xdp(AttachMode::Native));
-        assert_eq!(m, XdpMode::Xdp(AttachMode::Generic));
-        assert_eq!(fallback(m), XdpMode::Off);
-        assert_eq!(fallback(XdpMode::Off), XdpMode::Off);
     }
 }

@@ -20,8 +20,8 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 use tracing::{info, warn};
 use xdpcni_ebpf::{abi::RedirectPolicy, Datapath};
-use xdpcni_plugin::{
-    config::{parse_cpu_list, XdpMode},
+use xdpcni_node::{
+    pod::{online_cpus, parse_cpu_list, XdpMode},
     state,
 };
 
@@ -77,11 +77,8 @@ impl Config {
         let mode = XdpMode::parse(&self.xdp_mode).with_context(|| {
             format!("xdpMode {:?} is not native, generic or off", self.xdp_mode)
         })?;
-        let redirect = match self.redirect.as_str() {
-            "devmap" => RedirectPolicy::Devmap,
-            "cpumap" => RedirectPolicy::Cpumap,
-            other => anyhow::bail!("redirect {other:?} is not devmap or cpumap"),
-        };
+        let redirect = RedirectPolicy::parse(&self.redirect)
+            .with_context(|| format!("redirect {:?} is not devmap or cpumap", self.redirect))?;
         let cpu_mask = if self.cpus.is_empty() {
             online
         } else {
@@ -93,14 +90,6 @@ impl Config {
             cpu_mask,
         })
     }
-}
-
-/// Mask of online CPUs.
-pub fn online_cpus() -> u64 {
-    std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| parse_cpu_list(s.trim()).ok())
-        .unwrap_or(1)
 }
 
 /// Set by SIGTERM/SIGINT.

@@ -156,15 +156,9 @@ impl Drop for Netns {
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
-    let mut mac = [0u8; 6];
-    let parts: Vec<_> = s.split(':').collect();
-    if parts.len() != 6 {
-        bail!("bad MAC {s}");
-    }
-    for (b, p) in mac.iter_mut().zip(parts) {
-        *b = u8::from_str_radix(p, 16).with_context(|| format!("bad MAC {s}"))?;
-    }
-    Ok(mac)
+    s.parse::<xdpcni_node::pod::Mac>()
+        .map(|m| m.0)
+        .map_err(anyhow::Error::msg)
 }
 
 /// Runs `f` on a fresh OS thread that has entered `ns`'s network namespace

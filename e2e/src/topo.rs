@@ -191,8 +191,5 @@ impl Node {
 
 /// `aa:bb:...`
 pub fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+    xdpcni_node::pod::Mac(*m).to_string()
 }

@@ -89,6 +89,21 @@ impl RedirectPolicy {
             _ => None,
         }
     }
+
+    /// `devmap` or `cpumap`: the word of configs, annotations and records.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Devmap => "devmap",
+            Self::Cpumap => "cpumap",
+        }
+    }
+
+    /// Parses [`Self::as_str`]'s words.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Devmap, Self::Cpumap]
+            .into_iter()
+            .find(|p| p.as_str() == s)
+    }
 }
 
 const REDIRECT_DEVMAP: u32 = 0;
@@ -311,7 +326,9 @@ mod tests {
     fn redirect_policy_raw_round_trip() {
         for p in [RedirectPolicy::Devmap, RedirectPolicy::Cpumap] {
             assert_eq!(RedirectPolicy::from_raw(p.as_raw()), Some(p));
+            assert_eq!(RedirectPolicy::parse(p.as_str()), Some(p));
         }
+        assert_eq!(RedirectPolicy::parse("Devmap"), None);
         assert_eq!(RedirectPolicy::from_raw(7), None);
     }
 }

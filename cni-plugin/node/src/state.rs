@@ -10,7 +10,30 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+/// Failures reading or writing records.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file system refused.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A record is not JSON of the expected shape.
+    #[error("decoding a pod record: {0}")]
+    Decode(String),
+}
+
+impl StateError {
+    fn io(op: String, source: std::io::Error) -> Self {
+        Self::Io { op, source }
+    }
+}
+
+type Error = StateError;
+type Result<T> = std::result::Result<T, StateError>;
 
 /// What ADD built for one attachment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,16 @@
+//! The node side of a pod's attachment, in one place for both binaries that
+//! make or change one: the `xdpcni` CNI plugin (at ADD) and the
+//! `xdpcni-agent` (when an annotation changes a pod's mode).
+//!
+//! - [`pod`]: what an attachment should be: the mode type, the per-mode
+//!   offload table, the attach fallback order, cpumap CPU enabling, the
+//!   endpoint record, MAC and CPU-list parsing and formatting.
+//! - [`state`]: the per-attachment records the plugin writes and the agent
+//!   reads; [`install`]: the CNI files on a node and their removal.
+//! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
+
+pub mod ethtool;
+pub mod install;
+pub mod netns;
+pub mod pod;
+pub mod state;
