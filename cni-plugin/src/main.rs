@@ -3,14 +3,39 @@
 //! Run by hand on a node as `xdpcni uninstall [STATE_DIR]` (after
 //! `helm uninstall`), it takes xdpcni off the node: see `install::uninstall`.
 
-use std::io::{Read, Write};
+use std::{
+    io::{Read, Write},
+    path::{Path, PathBuf},
+};
+
+use clap::{Parser, Subcommand};
+
+/// The xdpcni CNI plugin. A container runtime runs it with CNI_COMMAND set
+/// and the network config on stdin; by hand it has one command.
+#[derive(Parser, Debug)]
+#[command(name = "xdpcni", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Take xdpcni off the node (after `helm uninstall`): remove what
+    /// install-cni installed, as recorded in the state directory.
+    Uninstall {
+        /// The CNI state directory.
+        #[arg(default_value = xdpcni_plugin::config::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+    },
+}
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if std::env::var_os("CNI_COMMAND").is_none()
-        && args.first().map(String::as_str) == Some("uninstall")
-    {
-        std::process::exit(uninstall(args.get(1).map(String::as_str)));
+    // A runtime's call: the spec's environment and stdin, never arguments.
+    if std::env::var_os("CNI_COMMAND").is_none() {
+        if let Some(Command::Uninstall { state_dir }) = Cli::parse().command {
+            std::process::exit(uninstall(&state_dir));
+        }
     }
     let mut stdin = Vec::new();
     // An unreadable stdin is the same as an empty one: the config parse fails
@@ -23,8 +48,7 @@ fn main() {
     std::process::exit(out.status);
 }
 
-fn uninstall(state_dir: Option<&str>) -> i32 {
-    let dir = std::path::Path::new(state_dir.unwrap_or(xdpcni_plugin::config::DEFAULT_STATE_DIR));
+fn uninstall(dir: &Path) -> i32 {
     match xdpcni_plugin::install::uninstall(dir) {
         Ok(r) => {
             for p in &r.paths {

@@ -11,35 +11,102 @@
 //!                                         --state-dir, also remove what install-cni installed
 //! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+/// The xdpcni node agent.
+#[derive(Parser, Debug)]
+#[command(name = "xdpcni-agent", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Watch this node's pods and apply their policy (NODE_NAME, KUBECONFIG
+    /// or in-cluster credentials).
+    Run {
+        /// The agent's JSON config.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run without Kubernetes (pods from a file).
+    Standalone {
+        /// The agent's JSON config.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Write the CNI conflist and install the plugins (the chart's init container).
+    InstallCni {
+        /// The agent's JSON config.
+        #[arg(long)]
+        config: PathBuf,
+        /// Where the conflist goes.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        cni_conf_dir: PathBuf,
+        /// Where the plugin binaries go.
+        #[arg(long, default_value = "/opt/cni/bin")]
+        cni_bin_dir: PathBuf,
+        /// The xdpcni binary to install (default: next to this one).
+        #[arg(long)]
+        plugin: Option<PathBuf>,
+        /// The node's pod CIDRs (repeatable; default: the Node object's).
+        #[arg(long = "pod-cidr")]
+        pod_cidrs: Vec<String>,
+    },
+    /// Mount bpffs and make the netns directory shared (the chart's first
+    /// init container).
+    PrepareNode {
+        /// The host's /proc, to enter the node's mount namespace.
+        #[arg(long)]
+        host_proc: Option<PathBuf>,
+        /// Where bpffs must be mounted.
+        #[arg(long, default_value = "/sys/fs/bpf")]
+        bpf_root: PathBuf,
+        /// The runtime's network namespace directory.
+        #[arg(long, default_value = "/run/netns")]
+        netns_dir: PathBuf,
+    },
+    /// Detach the datapath everywhere and unpin it; with --state-dir, also
+    /// remove what install-cni installed.
+    Uninstall {
+        /// The datapath's pin directory.
+        #[arg(long, default_value = xdpcni_ebpf::DEFAULT_PIN_DIR)]
+        pin_dir: PathBuf,
+        /// The CNI state directory holding install-cni's manifest.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
 
 fn main() -> Result<()> {
+    let cli = Cli::parse();
     tracing_init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("run") => {
-            let cfg = read_config(&args)?;
+    match cli.command {
+        Command::Run { config } => {
+            let cfg = read_config(&config)?;
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()?
                 .block_on(xdpcni_agent::kube::run(cfg))
         }
-        Some("install-cni") => {
-            let cfg = read_config(&args)?;
-            let conf_dir = flag(&args, "--cni-conf-dir").unwrap_or_else(|| "/etc/cni/net.d".into());
-            let bin_dir = flag(&args, "--cni-bin-dir").unwrap_or_else(|| "/opt/cni/bin".into());
-            let plugin = match flag(&args, "--plugin") {
-                Some(p) => PathBuf::from(p),
+        Command::InstallCni {
+            config,
+            cni_conf_dir,
+            cni_bin_dir,
+            plugin,
+            pod_cidrs,
+        } => {
+            let cfg = read_config(&config)?;
+            let plugin = match plugin {
+                Some(p) => p,
                 None => std::env::current_exe()?.with_file_name("xdpcni"),
             };
-            let mut cidrs: Vec<String> = args
-                .windows(2)
-                .filter(|w| w[0] == "--pod-cidr")
-                .map(|w| w[1].clone())
-                .collect();
+            let mut cidrs = pod_cidrs;
             if cidrs.is_empty() {
                 let node = cfg
                     .node_name
@@ -51,70 +118,55 @@ fn main() -> Result<()> {
                     .build()?
                     .block_on(xdpcni_agent::install::node_pod_cidrs(&node))?;
             }
-            let dest = xdpcni_agent::install::install(
-                &cfg,
-                &cidrs,
-                std::path::Path::new(&conf_dir),
-                std::path::Path::new(&bin_dir),
-                &plugin,
-            )?;
+            let dest =
+                xdpcni_agent::install::install(&cfg, &cidrs, &cni_conf_dir, &cni_bin_dir, &plugin)?;
             eprintln!(
-                "xdpcni-agent: wrote {} for {cidrs:?}, installed {} in {bin_dir}",
+                "xdpcni-agent: wrote {} for {cidrs:?}, installed {} in {}",
                 dest.conflist.display(),
                 dest.binaries
                     .iter()
                     .filter_map(|b| b.file_name()?.to_str())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                cni_bin_dir.display()
             );
             Ok(())
         }
-        Some("standalone") => {
-            let cfg = read_config(&args)?;
+        Command::Standalone { config } => {
+            let cfg = read_config(&config)?;
             xdpcni_agent::standalone::run(&cfg)
         }
-        Some("prepare-node") => {
-            let host_proc = flag(&args, "--host-proc").map(PathBuf::from);
-            let bpf_root = flag(&args, "--bpf-root").unwrap_or_else(|| "/sys/fs/bpf".into());
-            let netns_dir = flag(&args, "--netns-dir").unwrap_or_else(|| "/run/netns".into());
-            xdpcni_agent::prepare::prepare_node(
-                host_proc.as_deref(),
-                std::path::Path::new(&bpf_root),
-                std::path::Path::new(&netns_dir),
-            )
-        }
-        Some("uninstall") => {
-            if let Some(state) = flag(&args, "--state-dir") {
-                let removed = xdpcni_node::install::uninstall(std::path::Path::new(&state))
-                    .with_context(|| format!("uninstalling the installation recorded in {state}"))?;
+        Command::PrepareNode {
+            host_proc,
+            bpf_root,
+            netns_dir,
+        } => xdpcni_agent::prepare::prepare_node(host_proc.as_deref(), &bpf_root, &netns_dir),
+        Command::Uninstall { pin_dir, state_dir } => {
+            if let Some(state) = state_dir {
+                let removed = xdpcni_node::install::uninstall(&state).with_context(|| {
+                    format!(
+                        "uninstalling the installation recorded in {}",
+                        state.display()
+                    )
+                })?;
                 for p in removed.paths {
                     eprintln!("xdpcni-agent: removed {}", p.display());
                 }
             }
-            let dir =
-                flag(&args, "--pin-dir").unwrap_or_else(|| xdpcni_ebpf::DEFAULT_PIN_DIR.into());
-            xdpcni_ebpf::Datapath::uninstall(&PathBuf::from(&dir))
-                .with_context(|| format!("uninstalling {dir}"))?;
-            eprintln!("xdpcni-agent: datapath at {dir} detached and unpinned");
+            xdpcni_ebpf::Datapath::uninstall(&pin_dir)
+                .with_context(|| format!("uninstalling {}", pin_dir.display()))?;
+            eprintln!(
+                "xdpcni-agent: datapath at {} detached and unpinned",
+                pin_dir.display()
+            );
             Ok(())
         }
-        _ => bail!(
-            "usage: xdpcni-agent run|standalone|install-cni --config FILE ... | prepare-node [...] | uninstall [--pin-dir DIR] [--state-dir DIR]"
-        ),
     }
 }
 
-fn read_config(args: &[String]) -> Result<xdpcni_agent::standalone::Config> {
-    let path = flag(args, "--config").context("--config FILE is required")?;
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {path}"))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {path}"))
-}
-
-fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+fn read_config(path: &Path) -> Result<xdpcni_agent::standalone::Config> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
 }
 
 fn tracing_init() {
