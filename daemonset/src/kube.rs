@@ -38,28 +38,12 @@ use crate::{
 };
 
 /// Whether `selector` selects a pod with `labels` (an empty selector selects
-/// every pod of the namespace).
+/// every pod of the namespace), by kube's `Selector`. A selector kube cannot
+/// read (an unknown operator, `In` without values: the API server refuses
+/// those) selects nothing.
 pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    if let Some(ml) = &selector.match_labels {
-        if ml.iter().any(|(k, v)| labels.get(k) != Some(v)) {
-            return false;
-        }
-    }
-    for e in selector.match_expressions.iter().flatten() {
-        let have = labels.get(&e.key);
-        let values = e.values.as_deref().unwrap_or_default();
-        let ok = match e.operator.as_str() {
-            "In" => have.is_some_and(|v| values.contains(v)),
-            "NotIn" => have.is_none_or(|v| !values.contains(v)),
-            "Exists" => have.is_some(),
-            "DoesNotExist" => have.is_none(),
-            _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
+    use kube::core::SelectorExt;
+    kube::core::Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
 }
 
 /// (namespace, name) of the pods selected by any NetworkPolicy.
