@@ -80,11 +80,8 @@ struct Progress {
 
 /// The offloads of the pod's eth0 in `mode` (the table is pod::offloads).
 fn pod_offloads(ifname: &str, mode: XdpMode) -> Result<()> {
-    for (o, on) in pod::offloads(mode) {
-        ethtool::ensure(ifname, o, on)
-            .map_err(|e| Error::io(format!("ethtool {o:?} on {ifname}"), e))?;
-    }
-    Ok(())
+    pod::ensure_offloads(ifname, &pod::offloads(mode))
+        .map_err(|e| Error::io(format!("offloads of {ifname}"), e))
 }
 
 /// ADD.

@@ -48,11 +48,6 @@ impl std::fmt::Display for Problem {
     }
 }
 
-/// The label of a redirect policy.
-pub fn redirect_str(r: RedirectPolicy) -> &'static str {
-    r.as_str()
-}
-
 /// Resolves a pod's policy from `annotations`, `defaults` for what is absent,
 /// and `online` (mask of online CPUs) to check CPU lists against.
 pub fn resolve(
@@ -80,7 +75,7 @@ pub fn resolve(
                 key: ANNOTATION_REDIRECT.into(),
                 value: v.clone(),
                 why: "not one of devmap, cpumap".into(),
-                fallback: format!("the node default {}", redirect_str(defaults.redirect)),
+                fallback: format!("the node default {}", defaults.redirect.as_str()),
             }),
         }
     }

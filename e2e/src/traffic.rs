@@ -306,18 +306,19 @@ fn packet_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
     Ok(sock)
 }
 
-/// Sends the prebuilt Ethernet `frame` out of `ifname` in `from` as fast as
-/// `sendmmsg` batches of 64 go, skipping the pod's socket and qdisc layers,
-/// from one thread per entry of `cpus` (`Some(n)`: pinned to CPU n), for
-/// `dur`. Returns frames handed to the driver.
-pub fn raw_flood(
+/// Sends `payload` from `from` as fast as `sendmmsg` batches of 64 go, from
+/// one thread per entry of `cpus` (`Some(n)`: pinned to CPU n), each on its
+/// own socket from `open` (called inside the namespace), for `dur`. Returns
+/// messages handed to the kernel.
+pub fn flood(
     from: &Netns,
-    ifname: &str,
-    frame: &[u8],
+    open: impl Fn() -> Result<std::os::fd::OwnedFd> + Sync,
+    payload: &[u8],
     cpus: &[Option<usize>],
     dur: Duration,
 ) -> Result<u64> {
     const BATCH: usize = 64;
+    let open = &open;
     std::thread::scope(|s| {
         let handles: Vec<_> = cpus
             .iter()
@@ -327,8 +328,8 @@ pub fn raw_flood(
                         if let Some(cpu) = cpu {
                             pin_to_cpu(*cpu)?;
                         }
-                        let sock = packet_socket(ifname)?;
-                        let mut buf = frame.to_vec();
+                        let sock = open()?;
+                        let mut buf = payload.to_vec();
                         let mut iov = libc::iovec {
                             iov_base: buf.as_mut_ptr().cast(),
                             iov_len: buf.len(),
@@ -343,7 +344,8 @@ pub fn raw_flood(
                         let deadline = Instant::now() + dur;
                         let mut sent = 0u64;
                         while Instant::now() < deadline {
-                            // SAFETY: msgs/iov/buf outlive the call; the socket is bound.
+                            // SAFETY: msgs/iov/buf outlive the call; the socket is
+                            // connected or bound, so no address is needed.
                             let n = unsafe {
                                 libc::sendmmsg(
                                     std::os::fd::AsRawFd::as_raw_fd(&sock),
@@ -367,6 +369,36 @@ pub fn raw_flood(
         }
         Ok(total)
     })
+}
+
+/// Sends the prebuilt Ethernet `frame` out of `ifname` in `from`, skipping
+/// the pod's socket and qdisc layers (see [`flood`]). Returns frames handed
+/// to the driver.
+pub fn raw_flood(
+    from: &Netns,
+    ifname: &str,
+    frame: &[u8],
+    cpus: &[Option<usize>],
+    dur: Duration,
+) -> Result<u64> {
+    flood(from, || packet_socket(ifname), frame, cpus, dur)
+}
+
+/// Sends UDP datagrams of `payload` bytes from `from` to `to` through
+/// ordinary connected sockets (see [`flood`]). Returns datagrams sent.
+pub fn udp_flood(
+    from: &Netns,
+    to: SocketAddr,
+    payload: usize,
+    cpus: &[Option<usize>],
+    dur: Duration,
+) -> Result<u64> {
+    let open = || -> Result<std::os::fd::OwnedFd> {
+        let sock = UdpSocket::bind("0.0.0.0:0")?;
+        sock.connect(to)?;
+        Ok(sock.into())
+    };
+    flood(from, open, &vec![0x5a; payload], cpus, dur)
 }
 
 /// TCP request/response round trips from `from` to an echo server in `to_ns`

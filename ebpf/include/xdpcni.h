@@ -72,7 +72,7 @@ struct nat_port_key {
 };
 
 /*
- * Verdicts counted per (host veth, verdict) in the stats map: a per-CPU array
+ * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
  * of XDPCNI_MAX_SLOTS * XDPCNI_V_MAX rows, row slot * XDPCNI_V_MAX + verdict.
  * Each host veth with counters owns a slot (port_slots: ifindex -> slot,
  * slot_owners: slot -> ifindex, claimed with BPF_NOEXIST so two writers never
@@ -103,7 +103,7 @@ enum xdpcni_verdict {
 	XDPCNI_V_MAX = 18,
 };
 
-/* Per-CPU value of the stats map. */
+/* Per-CPU value of the counters map. */
 struct stats_value {
 	__u64 packets;
 	__u64 bytes;

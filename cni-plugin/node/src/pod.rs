@@ -94,6 +94,17 @@ pub fn after(target: XdpMode) -> Vec<(Offload, bool)> {
     }
 }
 
+/// Sets `settings` on `ifname` in the calling thread's network namespace,
+/// reading each back.
+pub fn ensure_offloads(ifname: &str, settings: &[(Offload, bool)]) -> std::io::Result<()> {
+    for (o, on) in settings {
+        ethtool::ensure(ifname, *o, *on).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("ethtool {o:?} {on} on {ifname}: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
 /// Sets `settings` on `ifname` inside the network namespace at `netns`.
 pub fn set_offloads(
     netns: &Path,
@@ -104,12 +115,7 @@ pub fn set_offloads(
         return Ok(());
     }
     let ifname = ifname.to_string();
-    in_netns(netns, || -> std::io::Result<()> {
-        for (o, on) in settings {
-            ethtool::ensure(&ifname, *o, *on)?;
-        }
-        Ok(())
-    })
+    in_netns(netns, || ensure_offloads(&ifname, settings))
 }
 
 /// The mode attached to `ifindex` now.

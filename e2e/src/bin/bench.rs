@@ -14,7 +14,6 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr, UdpSocket},
-    os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicBool, AtomicU16, Ordering},
@@ -29,7 +28,7 @@ use xdpcni_e2e::{
     in_netns,
     netns::Netns,
     packet::{eth, ipv4, udp, ETH_P_IP, IPPROTO_UDP},
-    traffic::{raw_flood, tcp_rr},
+    traffic::{raw_flood, tcp_rr, udp_flood},
     PinDir,
 };
 use xdpcni_ebpf::{Datapath, Maps};
@@ -53,6 +52,11 @@ fn install_signal_handlers() {
 fn check_interrupt() -> Result<()> {
     ensure!(!INTERRUPTED.load(Ordering::Relaxed), "interrupted");
     Ok(())
+}
+
+/// One unpinned sender thread per CPU.
+fn every_cpu() -> Vec<Option<usize>> {
+    vec![None; std::thread::available_parallelism().map_or(1, |n| n.get())]
 }
 
 fn port() -> u16 {
@@ -309,59 +313,6 @@ fn rx_packets(ns: &Netns) -> Result<u64> {
         .context("no rx stats")
 }
 
-/// Sends UDP datagrams of `payload` bytes from `from` to `to` with sendmmsg
-/// from `threads` threads for `dur`. Returns datagrams sent.
-fn udp_flood(
-    from: &Netns,
-    to: SocketAddr,
-    payload: usize,
-    threads: usize,
-    dur: Duration,
-) -> Result<u64> {
-    const BATCH: usize = 64;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(move || {
-                    in_netns(from, || {
-                        let sock = UdpSocket::bind("0.0.0.0:0")?;
-                        sock.connect(to)?;
-                        let mut buf = vec![0x5au8; payload];
-                        let mut iov = libc::iovec {
-                            iov_base: buf.as_mut_ptr().cast(),
-                            iov_len: payload,
-                        };
-                        // SAFETY: zeroed mmsghdr is valid; each points at the one iovec.
-                        let mut msgs: Vec<libc::mmsghdr> =
-                            (0..BATCH).map(|_| unsafe { std::mem::zeroed() }).collect();
-                        for m in &mut msgs {
-                            m.msg_hdr.msg_iov = &mut iov;
-                            m.msg_hdr.msg_iovlen = 1;
-                        }
-                        let deadline = Instant::now() + dur;
-                        let mut sent = 0u64;
-                        while Instant::now() < deadline {
-                            // SAFETY: msgs/iov/buf outlive the call; fd is a connected socket.
-                            let n = unsafe {
-                                libc::sendmmsg(sock.as_raw_fd(), msgs.as_mut_ptr(), BATCH as u32, 0)
-                            };
-                            if n > 0 {
-                                sent += n as u64;
-                            }
-                        }
-                        Ok(sent)
-                    })
-                })
-            })
-            .collect();
-        let mut total = 0;
-        for h in handles {
-            total += h.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
-        }
-        Ok(total)
-    })
-}
-
 /// Packets per second delivered to pod 1's eth0 from pod 0's flood.
 fn pps(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
     check_interrupt()?;
@@ -369,10 +320,9 @@ fn pps(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
     // A bound socket that is never read: datagrams are delivered (and then
     // dropped at the full socket) without ICMP port-unreachable replies.
     let sink = in_netns(&b.pods[1], || Ok(UdpSocket::bind(to)?))?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let before = rx_packets(&b.pods[1])?;
     let start = Instant::now();
-    let sent = udp_flood(&b.pods[0], to, payload, threads, dur)?;
+    let sent = udp_flood(&b.pods[0], to, payload, &every_cpu(), dur)?;
     let elapsed = start.elapsed();
     std::thread::sleep(Duration::from_millis(100));
     let delivered = rx_packets(&b.pods[1])? - before;
@@ -469,30 +419,18 @@ fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<F
     let frame = fwd_frame(b)?;
     let r = match sink {
         Sink::XdpDrop => {
-            let ebpf = in_netns(&b.pods[1], || {
-                let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
-                let prog: &mut aya::programs::Xdp = ebpf
-                    .program_mut("xdp_drop_count")
-                    .context("drop program")?
-                    .try_into()?;
-                prog.load()?;
-                prog.attach("eth0", aya::programs::XdpMode::Driver)?;
-                Ok(ebpf)
+            let eth0 = b.pods[1].ifindex("eth0")?;
+            let sink = in_netns(&b.pods[1], || {
+                DropSink::attach(eth0, aya::programs::XdpMode::Driver)
             })?;
-            let count = |ebpf: &aya::Ebpf| -> Result<u64> {
-                let map = ebpf.map("drop_count").context("drop_count")?;
-                let arr = aya::maps::PerCpuArray::<_, u64>::try_from(map)?;
-                Ok(arr.get(&0, 0)?.iter().sum())
-            };
-            let before = count(&ebpf)?;
+            let before = sink.dropped()?;
             let t0 = cpu_times()?;
             let start = Instant::now();
             raw_flood(&b.pods[0], "eth0", &frame, cpus, dur)?;
             let busy = busy_between(&t0, &cpu_times()?);
             std::thread::sleep(Duration::from_millis(100));
-            let rate = (count(&ebpf)? - before) as f64 / start.elapsed().as_secs_f64();
-            // Dropping the object detaches and unloads the sink.
-            drop(ebpf);
+            let rate = (sink.dropped()? - before) as f64 / start.elapsed().as_secs_f64();
+            drop(sink);
             Fwd { rate, busy }
         }
         Sink::RawTable => {
@@ -681,32 +619,41 @@ fn add_latency(spec: PathSpec, n: usize) -> Result<Vec<f64>> {
 fn ceiling(b: &Bench, payload: usize, dur: Duration, mode: aya::programs::XdpMode) -> Result<f64> {
     let host = b.net.node.ifindex(&b.hosts[0])?;
     let pin = b._pins.path().to_path_buf();
-    let ebpf = in_netns(&b.net.node, || {
+    let sink = in_netns(&b.net.node, || {
         let mut dp = Datapath::open_existing(&pin)?;
         dp.detach(host)?;
+        DropSink::attach(host, mode)
+    })?;
+    let before = sink.dropped()?;
+    let to = SocketAddr::new(b.ips[1], port());
+    let start = Instant::now();
+    udp_flood(&b.pods[0], to, payload, &every_cpu(), dur)?;
+    Ok((sink.dropped()? - before) as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The bench's counting XDP_DROP program (bench.bpf.c) attached to one
+/// interface; dropping it detaches and unloads the program.
+struct DropSink(aya::Ebpf);
+
+impl DropSink {
+    /// Attaches to `ifindex` of the calling thread's namespace.
+    fn attach(ifindex: u32, mode: aya::programs::XdpMode) -> Result<Self> {
         let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
         let prog: &mut aya::programs::Xdp = ebpf
             .program_mut("xdp_drop_count")
             .context("drop program")?
             .try_into()?;
         prog.load()?;
-        prog.attach_to_if_index(host, mode)?;
-        Ok(ebpf)
-    })?;
-    let count = |ebpf: &aya::Ebpf| -> Result<u64> {
-        let map = ebpf.map("drop_count").context("drop_count")?;
+        prog.attach_to_if_index(ifindex, mode)?;
+        Ok(Self(ebpf))
+    }
+
+    /// Frames dropped so far, summed over CPUs.
+    fn dropped(&self) -> Result<u64> {
+        let map = self.0.map("drop_count").context("drop_count")?;
         let arr = aya::maps::PerCpuArray::<_, u64>::try_from(map)?;
         Ok(arr.get(&0, 0)?.iter().sum())
-    };
-    let before = count(&ebpf)?;
-    let to = SocketAddr::new(b.ips[1], port());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let start = Instant::now();
-    udp_flood(&b.pods[0], to, payload, threads, dur)?;
-    let rate = (count(&ebpf)? - before) as f64 / start.elapsed().as_secs_f64();
-    // Dropping the Ebpf object detaches and unloads the drop program.
-    drop(ebpf);
-    Ok(rate)
+    }
 }
 
 /// `kernel.bpf_stats_enabled`, restored to what it was on Drop.
@@ -1027,7 +974,6 @@ fn main() -> Result<()> {
     install_signal_handlers();
     let dur = Duration::from_secs(u64::from(o.secs));
     let rounds = if o.quick { 200 } else { 5000 };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pods_for_add = if o.quick { 10 } else { 100 };
     let machine = format!(
         "{} vCPU, kernel {}",
@@ -1066,7 +1012,7 @@ fn main() -> Result<()> {
         })
         .chain(pinned_nodes.iter())
         .collect();
-    let all_cpus: Vec<Option<usize>> = vec![None; cpus];
+    let all_cpus = every_cpu();
     let direct = Bench::new(DIRECT)?;
     let mut extra = Vec::new();
     let mut pinned_busy: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
