@@ -2,8 +2,11 @@
 /*
  * Built and run on the host by build.rs: prints the layout of every struct in
  * include/xdpcni.h as Rust constants, so src/abi.rs can assert at compile
- * time that its #[repr(C)] twins match the C side field by field.
+ * time that its #[repr(C)] twins match the C side field by field, and the
+ * verdict list (XDPCNI_VERDICTS) as one invocation of abi.rs's `verdicts!`
+ * macro: the Rust enum is generated from the header, not written twice.
  */
+#include <ctype.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -12,6 +15,53 @@
 #define SIZE(t)	  printf("pub const SIZEOF_%s: usize = %zu;\n", #t, sizeof(struct t))
 #define OFF(t, f) printf("pub const OFFSETOF_%s_%s: usize = %zu;\n", #t, #f, offsetof(struct t, f))
 #define VAL(n)	  printf("pub const %s: u32 = %u;\n", #n, (unsigned)(n))
+
+/* NAME_IN_CAPS as a Rust variant (CamelCase) or a label (snake_case). */
+static void print_camel(const char *name)
+{
+	int up = 1;
+
+	for (; *name; name++) {
+		if (*name == '_') {
+			up = 1;
+			continue;
+		}
+		putchar(up ? *name : tolower((unsigned char)*name));
+		up = 0;
+	}
+}
+
+static void print_lower(const char *name)
+{
+	for (; *name; name++)
+		putchar(tolower((unsigned char)*name));
+}
+
+static void print_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			putchar('\\');
+		putchar(*s);
+	}
+	putchar('"');
+}
+
+static void verdict(const char *name, unsigned value, const char *kind, const char *when)
+{
+	printf("    ");
+	print_camel(name);
+	printf(" = %u, ", value);
+	print_str(name);
+	printf(", \"");
+	print_lower(name);
+	printf("\", ");
+	print_camel(kind);
+	printf(", ");
+	print_str(when);
+	printf(";\n");
+}
 
 int main(void)
 {
@@ -46,24 +96,10 @@ int main(void)
 	VAL(XDPCNI_REDIRECT_CPUMAP);
 	VAL(XDPCNI_EP_KERNEL_ONLY);
 	VAL(XDPCNI_EP_NO_NAT_PORTS);
-	VAL(XDPCNI_V_REDIRECT_DEVMAP);
-	VAL(XDPCNI_V_REDIRECT_CPUMAP);
-	VAL(XDPCNI_V_CPUMAP_DELIVERED);
-	VAL(XDPCNI_V_PASS_NOT_IP);
-	VAL(XDPCNI_V_PASS_MULTICAST);
-	VAL(XDPCNI_V_PASS_ND);
-	VAL(XDPCNI_V_PASS_NO_ENDPOINT);
-	VAL(XDPCNI_V_PASS_TTL);
-	VAL(XDPCNI_V_PASS_KERNEL_ONLY);
-	VAL(XDPCNI_V_PASS_MTU);
-	VAL(XDPCNI_V_PASS_NAT);
-	VAL(XDPCNI_V_PASS_L4);
-	VAL(XDPCNI_V_PASS_NO_TARGET);
-	VAL(XDPCNI_V_PASS_MALFORMED);
-	VAL(XDPCNI_V_DROP_SPOOFED);
-	VAL(XDPCNI_V_DROP_CPUMAP_LOST);
-	VAL(XDPCNI_V_RX_FASTPATH);
-	VAL(XDPCNI_V_PASS_GSO);
 	VAL(XDPCNI_V_MAX);
+#define XDPCNI_VERDICT_RUST(name, value, kind, when) verdict(#name, value, #kind, when);
+	printf("verdicts! {\n");
+	XDPCNI_VERDICTS(XDPCNI_VERDICT_RUST)
+	printf("}\n");
 	return 0;
 }

@@ -72,6 +72,56 @@ struct nat_port_key {
 };
 
 /*
+ * The verdict list, written once: X(NAME, value, kind, "when"). kind is
+ * FORWARD (the fast path delivered it), KERNEL (passed to the kernel stack)
+ * or DROP. build/layout.c turns this list into the Rust twin (enum Verdict,
+ * its labels, kinds and descriptions), from which the agent's metric labels
+ * and the README's verdict table (checked by a test) follow. Values are the
+ * counters map's row offsets: append, never renumber.
+ */
+#define XDPCNI_VERDICTS(X)                                                                         \
+	X(REDIRECT_DEVMAP, 0, FORWARD,                                                             \
+	  "destination is a local pod whose policy is devmap: MACs rewritten, TTL/hop limit "      \
+	  "decremented (RFC 1624 incremental IPv4 checksum), sent to its host veth")               \
+	X(REDIRECT_CPUMAP, 1, FORWARD,                                                             \
+	  "same, queued to a CPU picked by flow hash among the destination's allowed CPUs")        \
+	X(CPUMAP_DELIVERED, 2, FORWARD,                                                            \
+	  "the cpumap's second stage, on the picked CPU, sent it on to the destination veth")      \
+	X(PASS_NOT_IP, 3, KERNEL, "ARP and other ethertypes")                                      \
+	X(PASS_MULTICAST, 4, KERNEL,                                                               \
+	  "broadcast or multicast MAC or IP, IPv6 link-local destinations")                        \
+	X(PASS_ND, 5, KERNEL,                                                                      \
+	  "ICMPv6 router solicitation/advertisement, neighbour discovery, "                        \
+	  "redirect")                                                                              \
+	X(PASS_NO_ENDPOINT, 6, KERNEL,                                                             \
+	  "destination is not a pod of this node (other nodes, Services, the host, the world)")    \
+	X(PASS_TTL, 7, KERNEL, "TTL/hop limit would expire: the kernel sends the ICMP error")      \
+	X(PASS_KERNEL_ONLY, 8, KERNEL,                                                             \
+	  "source or destination endpoint flagged kernel-only (e.g. selected by a "                \
+	  "NetworkPolicy)")                                                                        \
+	X(PASS_MTU, 9, KERNEL,                                                                     \
+	  "L3 length above the destination's MTU (a real frame): the kernel fragments or sends "   \
+	  "PTB")                                                                                   \
+	X(PASS_NAT, 10, KERNEL,                                                                    \
+	  "source or destination (address, protocol, port) is in nat_ports: a flow the kernel "    \
+	  "may have to translate")                                                                 \
+	X(PASS_L4, 11, KERNEL,                                                                     \
+	  "IPv4 fragments, IPv6 extension headers, protocols other than TCP/UDP/ICMP echo, ICMP "  \
+	  "errors")                                                                                \
+	X(PASS_NO_TARGET, 12, KERNEL,                                                              \
+	  "the destination has no devmap/cpumap entry; the frame is left untouched")               \
+	X(PASS_MALFORMED, 13, KERNEL, "truncated or inconsistent headers")                         \
+	X(DROP_SPOOFED, 14, DROP,                                                                  \
+	  "source address is not an address of the endpoint on the ingress veth (what rp_filter "  \
+	  "does on the kernel path)")                                                              \
+	X(DROP_CPUMAP_LOST, 15, DROP, "the destination vanished between the two cpumap stages")    \
+	X(RX_FASTPATH, 16, FORWARD,                                                                \
+	  "counted on the destination's host veth for each frame the fast path delivered to it")   \
+	X(PASS_GSO, 17, KERNEL,                                                                    \
+	  "L3 length above the sender's MTU: a GSO super-packet (generic mode keeps the pod's "    \
+	  "TSO); the kernel path segments it")
+
+/*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
  * of XDPCNI_MAX_SLOTS * XDPCNI_V_MAX rows, row slot * XDPCNI_V_MAX + verdict.
  * Each host veth with counters owns a slot (port_slots: ifindex -> slot,
@@ -82,26 +132,22 @@ struct nat_port_key {
  * is counted on the destination's host veth.
  */
 enum xdpcni_verdict {
-	XDPCNI_V_REDIRECT_DEVMAP = 0,	/* sent to the destination veth via devmap */
-	XDPCNI_V_REDIRECT_CPUMAP = 1,	/* queued to a cpumap CPU */
-	XDPCNI_V_CPUMAP_DELIVERED = 2,	/* second stage sent it on to the destination */
-	XDPCNI_V_PASS_NOT_IP = 3,	/* ARP and other ethertypes */
-	XDPCNI_V_PASS_MULTICAST = 4,	/* broadcast, multicast, link-local scope */
-	XDPCNI_V_PASS_ND = 5,		/* ICMPv6 router/neighbour discovery */
-	XDPCNI_V_PASS_NO_ENDPOINT = 6,	/* destination is not a pod of this node */
-	XDPCNI_V_PASS_TTL = 7,		/* TTL/hop limit would expire: kernel sends ICMP */
-	XDPCNI_V_PASS_KERNEL_ONLY = 8,	/* source or destination flagged kernel-only */
-	XDPCNI_V_PASS_MTU = 9,		/* larger than the destination MTU (a real frame) */
-	XDPCNI_V_PASS_NAT = 10,		/* from or to a port the kernel NATs */
-	XDPCNI_V_PASS_L4 = 11,		/* fragments, IPv6 ext headers, other protocols */
-	XDPCNI_V_PASS_NO_TARGET = 12,	/* no devmap/cpumap entry for the destination */
-	XDPCNI_V_PASS_MALFORMED = 13,	/* truncated or invalid headers */
-	XDPCNI_V_DROP_SPOOFED = 14,	/* source address is not the sender's */
-	XDPCNI_V_DROP_CPUMAP_LOST = 15, /* destination vanished between the two stages */
-	XDPCNI_V_RX_FASTPATH = 16,	/* delivered to this endpoint by the fast path */
-	XDPCNI_V_PASS_GSO = 17,		/* longer than the sender's MTU: a GSO super-packet */
-	XDPCNI_V_MAX = 18,
+#define XDPCNI_VERDICT_ENUM(name, value, kind, when) XDPCNI_V_##name = value,
+	XDPCNI_VERDICTS(XDPCNI_VERDICT_ENUM)
+#undef XDPCNI_VERDICT_ENUM
+	    XDPCNI_V_MAX = 18,
 };
+
+/* Verdict kinds, and the verdicts of each kind as a bit mask (bit = value). */
+#define XDPCNI_KIND_FORWARD 0
+#define XDPCNI_KIND_KERNEL  1
+#define XDPCNI_KIND_DROP    2
+#define XDPCNI_VERDICT_BIT(want, kind, value)                                                      \
+	((XDPCNI_KIND_##kind == XDPCNI_KIND_##want) ? (1u << (value)) : 0u)
+#define XDPCNI_FORWARD_BIT(name, value, kind, when) | XDPCNI_VERDICT_BIT(FORWARD, kind, value)
+#define XDPCNI_DROP_BIT(name, value, kind, when)    | XDPCNI_VERDICT_BIT(DROP, kind, value)
+#define XDPCNI_FORWARD_VERDICTS			    (0u XDPCNI_VERDICTS(XDPCNI_FORWARD_BIT))
+#define XDPCNI_DROP_VERDICTS			    (0u XDPCNI_VERDICTS(XDPCNI_DROP_BIT))
 
 /* Per-CPU value of the counters map. */
 struct stats_value {

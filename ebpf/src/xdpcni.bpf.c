@@ -125,19 +125,30 @@ static __always_inline __u32 slot_of(__u32 ifindex)
 	return slot ? *slot : 0;
 }
 
+/* What a verdict does with the frame: its kind's action (see xdpcni.h). */
+static __always_inline int action_of(__u32 v)
+{
+	__u32 bit = 1u << v;
+
+	if (bit & XDPCNI_DROP_VERDICTS)
+		return XDP_DROP;
+	if (bit & XDPCNI_FORWARD_VERDICTS)
+		return XDP_REDIRECT;
+	return XDP_PASS;
+}
+
 /* Counts on the ingress veth, found through port_slots: the slow paths. */
-static __always_inline int verdict(struct xdp_md *ctx, __u32 v, int action)
+static __always_inline int verdict(struct xdp_md *ctx, __u32 v)
 {
 	count(slot_of(ctx->ingress_ifindex), v, ctx->data_end - ctx->data);
-	return action;
+	return action_of(v);
 }
 
 /* Counts on the sender's endpoint slot, once its source is validated. */
-static __always_inline int ep_verdict(const struct endpoint_info *src, __u32 v, __u64 bytes,
-				      int action)
+static __always_inline int ep_verdict(const struct endpoint_info *src, __u32 v, __u64 bytes)
 {
 	count(src->stats_slot, v, bytes);
-	return action;
+	return action_of(v);
 }
 
 static __always_inline int is_ipv6_multicast_or_link_local(const __u8 *a)
@@ -200,6 +211,7 @@ static __always_inline struct endpoint_info *lookup_endpoint(const struct addr *
 }
 
 struct packet {
+	struct ethhdr *eth;
 	struct addr src;
 	struct addr dst;
 	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
@@ -213,8 +225,8 @@ struct packet {
 	__u16 *csum; /* IPv4 header checksum, NULL for IPv6 */
 };
 
-enum parse_result {
-	PARSE_OK = -1, /* anything >= 0 is a verdict to pass with */
+enum stage_result {
+	STAGE_OK = -1, /* the next stage runs; anything >= 0 is the packet's verdict */
 };
 
 /* Reads the L4 head shared by IPv4 and IPv6: ports or ICMP echo. */
@@ -230,7 +242,7 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 		p->sport = h->a;
 		p->dport = h->b;
 		p->flow_id = ((__u32)h->a << 16) | h->b;
-		return PARSE_OK;
+		return STAGE_OK;
 	case IPPROTO_ICMP:
 	case IPPROTO_ICMPV6_: {
 		__u8 type = ((__u8 *)l4)[0];
@@ -245,7 +257,7 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 		       : (type != ICMP_ECHO_ && type != ICMP_ECHOREPLY_))
 			return XDPCNI_V_PASS_L4;
 		p->flow_id = h->c;
-		return PARSE_OK;
+		return STAGE_OK;
 	}
 	default:
 		return XDPCNI_V_PASS_L4;
@@ -334,64 +346,73 @@ static __always_inline void decrement_ttl(struct packet *p)
 	*p->ttl -= 1;
 }
 
-SEC("xdp")
-int xdpcni_from_pod(struct xdp_md *ctx)
+/*
+ * Stage 1, parse: Ethernet, IPv4/IPv6, the L4 head. STAGE_OK, or the verdict
+ * of a frame the fast path does not handle.
+ */
+static __always_inline int parse(struct packet *p, void *data, void *data_end)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
-	struct endpoint_info *src_ep, *dst_ep;
-	struct packet p = {};
-	__u64 bytes = data_end - data;
-	long target;
-	int r;
 
-#ifdef XDPCNI_UPGRADE_TEST
-	/* Same behaviour, other instructions (another tag): tests upgrades. */
-	asm volatile("r0 = 0" ::: "r0");
-#endif
 	if ((void *)(eth + 1) > data_end)
-		return verdict(ctx, XDPCNI_V_PASS_MALFORMED, XDP_PASS);
+		return XDPCNI_V_PASS_MALFORMED;
+	p->eth = eth;
 	if (eth->h_dest[0] & 1)
-		return verdict(ctx, XDPCNI_V_PASS_MULTICAST, XDP_PASS);
-
+		return XDPCNI_V_PASS_MULTICAST;
 	if (eth->h_proto == bpf_htons(ETH_P_IP))
-		r = parse_ipv4(&p, eth + 1, data_end);
-	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
-		r = parse_ipv6(&p, eth + 1, data_end);
-	else
-		r = XDPCNI_V_PASS_NOT_IP;
-	/* ND and multicast pass before source validation: they use link-local sources. */
-	if (r == XDPCNI_V_PASS_NOT_IP || r == XDPCNI_V_PASS_MALFORMED ||
-	    r == XDPCNI_V_PASS_MULTICAST || r == XDPCNI_V_PASS_ND)
-		return verdict(ctx, r, XDP_PASS);
+		return parse_ipv4(p, eth + 1, data_end);
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return parse_ipv6(p, eth + 1, data_end);
+	return XDPCNI_V_PASS_NOT_IP;
+}
 
-	/* Source validation: what rp_filter does on the kernel path. */
-	src_ep = lookup_endpoint(&p.src);
-	if (!src_ep || src_ep->ifindex != ctx->ingress_ifindex)
-		return verdict(ctx, XDPCNI_V_DROP_SPOOFED, XDP_DROP);
-	if (r >= 0)
-		return ep_verdict(src_ep, r, bytes, XDP_PASS);
-	if (src_ep->flags & XDPCNI_EP_KERNEL_ONLY)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_KERNEL_ONLY, bytes, XDP_PASS);
+/* Verdicts given before the source is known: no address to validate. */
+static __always_inline int before_source(int r)
+{
+	/* ND and multicast use link-local sources. */
+	return r == XDPCNI_V_PASS_NOT_IP || r == XDPCNI_V_PASS_MALFORMED ||
+	       r == XDPCNI_V_PASS_MULTICAST || r == XDPCNI_V_PASS_ND;
+}
 
-	dst_ep = lookup_endpoint(&p.dst);
-	if (!dst_ep)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_NO_ENDPOINT, bytes, XDP_PASS);
-	if (dst_ep->flags & XDPCNI_EP_KERNEL_ONLY)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_KERNEL_ONLY, bytes, XDP_PASS);
-	if (*p.ttl <= 1)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_TTL, bytes, XDP_PASS);
+/*
+ * Stage 2, validate: the source address must be one of the endpoint on the
+ * ingress veth (what rp_filter does on the kernel path).
+ */
+static __always_inline struct endpoint_info *validate(const struct packet *p, __u32 ingress)
+{
+	struct endpoint_info *src = lookup_endpoint(&p->src);
+
+	return src && src->ifindex == ingress ? src : 0;
+}
+
+/*
+ * Stage 3, decide: STAGE_OK with *dst set when the fast path may deliver the
+ * packet exactly as kernel routing would; otherwise the kernel's verdict.
+ */
+static __always_inline int decide(const struct packet *p, const struct endpoint_info *src,
+				  struct endpoint_info **dst_out)
+{
+	struct endpoint_info *dst;
+
+	if (src->flags & XDPCNI_EP_KERNEL_ONLY)
+		return XDPCNI_V_PASS_KERNEL_ONLY;
+	dst = lookup_endpoint(&p->dst);
+	if (!dst)
+		return XDPCNI_V_PASS_NO_ENDPOINT;
+	if (dst->flags & XDPCNI_EP_KERNEL_ONLY)
+		return XDPCNI_V_PASS_KERNEL_ONLY;
+	if (*p->ttl <= 1)
+		return XDPCNI_V_PASS_TTL;
 	/*
 	 * Longer than the sender's own MTU: no wire frame, a GSO super-packet
 	 * (generic mode keeps the pod's TSO). Redirecting it would drop it
 	 * (xdp_ok_fwd_dev); the kernel path segments it.
 	 */
-	if (p.l3_len > src_ep->mtu)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_GSO, bytes, XDP_PASS);
-	if (p.l3_len > dst_ep->mtu)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_MTU, bytes, XDP_PASS);
-	if (p.sport) {
+	if (p->l3_len > src->mtu)
+		return XDPCNI_V_PASS_GSO;
+	if (p->l3_len > dst->mtu)
+		return XDPCNI_V_PASS_MTU;
+	if (p->sport) {
 		/*
 		 * A flow from or to a port the kernel NATs takes the kernel path
 		 * both ways: replies need un-DNAT, and conntrack must see the
@@ -400,45 +421,83 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		 * lookup is skipped.
 		 */
 		struct nat_port_key nk = {
-		    .family = p.src.family,
-		    .proto = p.proto,
-		    .port = p.sport,
+		    .family = p->src.family,
+		    .proto = p->proto,
+		    .port = p->sport,
 		};
 
-		if (!(src_ep->flags & XDPCNI_EP_NO_NAT_PORTS)) {
-			__builtin_memcpy(nk.addr, p.src.addr, 16);
+		if (!(src->flags & XDPCNI_EP_NO_NAT_PORTS)) {
+			__builtin_memcpy(nk.addr, p->src.addr, 16);
 			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return ep_verdict(src_ep, XDPCNI_V_PASS_NAT, bytes, XDP_PASS);
+				return XDPCNI_V_PASS_NAT;
 		}
-		if (!(dst_ep->flags & XDPCNI_EP_NO_NAT_PORTS)) {
-			nk.port = p.dport;
-			__builtin_memcpy(nk.addr, p.dst.addr, 16);
+		if (!(dst->flags & XDPCNI_EP_NO_NAT_PORTS)) {
+			nk.port = p->dport;
+			__builtin_memcpy(nk.addr, p->dst.addr, 16);
 			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return ep_verdict(src_ep, XDPCNI_V_PASS_NAT, bytes, XDP_PASS);
+				return XDPCNI_V_PASS_NAT;
 		}
 	}
+	*dst_out = dst;
+	return STAGE_OK;
+}
 
-	/*
-	 * Pick the target first: bpf_redirect_map() only records it, and falls
-	 * back to XDP_PASS when the entry is missing, before we touch the packet.
-	 */
-	if (dst_ep->redirect == XDPCNI_REDIRECT_CPUMAP && dst_ep->cpu_mask) {
+/*
+ * Stage 4, rewrite and redirect: pick the target first (bpf_redirect_map()
+ * only records it, and gives XDP_PASS when the entry is missing, before the
+ * packet is touched), then TTL and MACs as the kernel's forwarding would.
+ */
+static __always_inline int rewrite_redirect(struct packet *p, const struct endpoint_info *dst,
+					    __u64 bytes)
+{
+	long target;
+	int r;
+
+	if (dst->redirect == XDPCNI_REDIRECT_CPUMAP && dst->cpu_mask) {
 		target =
-		    bpf_redirect_map(&cpu_map, pick_cpu(dst_ep->cpu_mask, flow_hash(&p)), XDP_PASS);
+		    bpf_redirect_map(&cpu_map, pick_cpu(dst->cpu_mask, flow_hash(p)), XDP_PASS);
 		r = XDPCNI_V_REDIRECT_CPUMAP;
 	} else {
-		target = bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_PASS);
+		target = bpf_redirect_map(&tx_ports, dst->ifindex, XDP_PASS);
 		r = XDPCNI_V_REDIRECT_DEVMAP;
 	}
 	if (target != XDP_REDIRECT)
-		return ep_verdict(src_ep, XDPCNI_V_PASS_NO_TARGET, bytes, XDP_PASS);
+		return XDPCNI_V_PASS_NO_TARGET;
 
-	decrement_ttl(&p);
-	__builtin_memcpy(eth->h_dest, dst_ep->pod_mac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, dst_ep->host_mac, ETH_ALEN);
+	decrement_ttl(p);
+	__builtin_memcpy(p->eth->h_dest, dst->pod_mac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, dst->host_mac, ETH_ALEN);
 	if (r == XDPCNI_V_REDIRECT_DEVMAP)
-		count(dst_ep->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
-	return ep_verdict(src_ep, r, bytes, XDP_REDIRECT);
+		count(dst->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
+	return r;
+}
+
+/* From a pod: parse -> validate -> decide -> rewrite+redirect, each a verdict. */
+SEC("xdp")
+int xdpcni_from_pod(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct endpoint_info *src, *dst = 0;
+	struct packet p = {};
+	__u64 bytes = data_end - data;
+	int r;
+
+#ifdef XDPCNI_UPGRADE_TEST
+	/* Same behaviour, other instructions (another tag): tests upgrades. */
+	asm volatile("r0 = 0" ::: "r0");
+#endif
+	r = parse(&p, data, data_end);
+	if (before_source(r))
+		return verdict(ctx, r);
+	src = validate(&p, ctx->ingress_ifindex);
+	if (!src)
+		return verdict(ctx, XDPCNI_V_DROP_SPOOFED);
+	if (r == STAGE_OK)
+		r = decide(&p, src, &dst);
+	if (r == STAGE_OK && dst)
+		r = rewrite_redirect(&p, dst, bytes);
+	return ep_verdict(src, r, bytes);
 }
 
 /*
@@ -456,23 +515,23 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 	__u64 bytes = data_end - data;
 
 	if ((void *)(eth + 1) > data_end)
-		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST);
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *iph = (void *)(eth + 1);
 
 		if ((void *)(iph + 1) > data_end)
-			return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+			return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST);
 		dst.family = XDPCNI_FAMILY_IPV4;
 		__builtin_memcpy(dst.addr, &iph->daddr, 4);
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6h = (void *)(eth + 1);
 
 		if ((void *)(ip6h + 1) > data_end)
-			return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+			return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST);
 		dst.family = XDPCNI_FAMILY_IPV6;
 		__builtin_memcpy(dst.addr, &ip6h->daddr, 16);
 	} else {
-		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST);
 	}
 
 	dst_ep = lookup_endpoint(&dst);
@@ -481,7 +540,7 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 	 * PACKET_OTHERHOST: drop and count instead of passing.
 	 */
 	if (!dst_ep || bpf_redirect_map(&tx_ports, dst_ep->ifindex, XDP_DROP) != XDP_REDIRECT)
-		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST, XDP_DROP);
+		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST);
 	count(dst_ep->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
-	return verdict(ctx, XDPCNI_V_CPUMAP_DELIVERED, XDP_REDIRECT);
+	return verdict(ctx, XDPCNI_V_CPUMAP_DELIVERED);
 }
