@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Value};
 use xdpcni_node::install::{InstallPlan, Manifest};
 
-use crate::standalone::Config;
+use crate::config::Config;
 
 /// The pod CIDRs of `node` (IPv4 and/or IPv6).
 pub async fn node_pod_cidrs(node: &str) -> Result<Vec<String>> {

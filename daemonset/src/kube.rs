@@ -1,10 +1,13 @@
-//! Kubernetes mode: watches the Pods bound to this node (field selector on
-//! `spec.nodeName`) and every NetworkPolicy, turns each pod's `xdpcni.io/`
-//! annotations into its datapath policy, marks pods selected by any
-//! NetworkPolicy kernel-only, and reports refused values as Events on the pod.
+//! Kubernetes mode: a controller (kube-runtime's `Controller`) reconciles
+//! each Pod bound to this node when it changes, when a NetworkPolicy of its
+//! namespace changes (kernel-only when any selects it), and when the CNI
+//! writes its record; it reports refused values as Events on the pod. A
+//! node task does the node-wide work every `intervalMs`: routes to the other
+//! nodes' pod CIDRs, the NAT'd ports, the records no pod claims, collection.
+//! Nothing is decided from a cache before its first complete list.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     net::IpAddr,
     sync::Arc,
     time::Duration,
@@ -21,21 +24,31 @@ use k8s_openapi::{
 };
 use kube::{
     runtime::{
+        controller::{Action, Controller},
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{self, Store},
+        reflector::{self, ObjectRef, Store},
         watcher, WatchStreamExt,
     },
-    Api, Client, Resource,
+    Api, Client, Resource, ResourceExt,
 };
-use tracing::{info, warn};
+use tokio::sync::{mpsc, Notify};
+use tracing::{debug, info, warn, Instrument};
 use xdpcni_ebpf::L4Proto;
-use xdpcni_node::{pod::online_cpus, state};
+use xdpcni_node::state::Record;
 
 use crate::{
-    node::{PodInput, Reconciler},
+    config::Config,
+    core::{Core, ReconcileError, Shutdown},
+    metrics::Stage,
+    node::{is_live, orphans, pod_key, PodInput, PodKey},
     routes,
-    standalone::{install_signal_handlers, open_reconciler, stopping, Config, Shared},
 };
+
+/// How often a converged pod is reconciled again without an event: repairs
+/// drift (a program detached by hand, a map entry removed).
+const RESYNC: Duration = Duration::from_secs(300);
+/// How soon a pod whose reconcile failed is tried again.
+const RETRY: Duration = Duration::from_secs(2);
 
 /// Whether `selector` selects a pod with `labels` (an empty selector selects
 /// every pod of the namespace), by kube's `Selector`. A selector kube cannot
@@ -46,28 +59,17 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
     kube::core::Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
 }
 
-/// (namespace, name) of the pods selected by any NetworkPolicy.
-pub fn policy_selected(
-    pods: &[Arc<Pod>],
-    policies: &[Arc<NetworkPolicy>],
-) -> HashSet<(String, String)> {
-    let mut out = HashSet::new();
-    for np in policies {
-        let ns = np.metadata.namespace.clone().unwrap_or_default();
-        let Some(spec) = &np.spec else { continue };
-        for pod in pods {
-            if pod.metadata.namespace.as_deref() != Some(ns.as_str()) {
-                continue;
-            }
-            let labels = pod.metadata.labels.clone().unwrap_or_default();
-            // An absent podSelector selects every pod of the namespace.
-            let selector = spec.pod_selector.clone().unwrap_or_default();
-            if selects(&selector, &labels) {
-                out.insert((ns.clone(), pod.metadata.name.clone().unwrap_or_default()));
-            }
-        }
-    }
-    out
+/// Whether any NetworkPolicy of the pod's namespace selects it (an absent
+/// podSelector selects every pod of the namespace).
+pub fn policy_selected(pod: &Pod, policies: &[Arc<NetworkPolicy>]) -> bool {
+    let labels = pod.labels();
+    policies.iter().any(|np| {
+        np.namespace() == pod.namespace()
+            && np
+                .spec
+                .as_ref()
+                .is_some_and(|spec| selects(&spec.pod_selector.clone().unwrap_or_default(), labels))
+    })
 }
 
 /// The NAT'd ports of this node's pods: every Endpoints address that is a
@@ -133,7 +135,9 @@ pub fn nat_ports(
     out
 }
 
-fn drive<K>(api: Api<K>, cfg: watcher::Config) -> Store<K>
+/// A reflector store fed by a watch of `api` in a task of its own; each
+/// change wakes `changed`.
+fn drive<K>(api: Api<K>, cfg: watcher::Config, changed: Arc<Notify>) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -142,131 +146,265 @@ where
     let stream = reflector::reflector(writer, watcher(api, cfg)).default_backoff();
     tokio::spawn(async move {
         stream
-            .for_each(|ev| async move {
-                if let Err(e) = ev {
-                    warn!(error = %e, "watch error (retrying)");
+            .for_each(|ev| {
+                match ev {
+                    Ok(_) => changed.notify_one(),
+                    Err(e) => warn!(error = %e, "watch error (retrying)"),
                 }
+                futures::future::ready(())
             })
             .await;
     });
     reader
 }
 
+/// What a pod reconcile needs.
+struct Ctx {
+    core: Arc<Core>,
+    recorder: Recorder,
+    policies: Store<NetworkPolicy>,
+}
+
+/// A pod reconcile that failed (retried after [`RETRY`]).
+#[derive(Debug, thiserror::Error)]
+enum PodError {
+    #[error(transparent)]
+    Reconcile(#[from] ReconcileError),
+    #[error("the NetworkPolicy cache is gone")]
+    PoliciesGone,
+}
+
+/// One pod: its records' policy from its annotations and the policies that
+/// select it, applied; refused values as an Event.
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
+    let key: PodKey = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let span = tracing::info_span!("reconcile", namespace = %key.0, pod = %key.1);
+    async move {
+        // Kernel-only is decided from the complete list of policies only.
+        ctx.policies
+            .wait_until_ready()
+            .await
+            .map_err(|_| PodError::PoliciesGone)?;
+        let records: Vec<Record> = ctx
+            .core
+            .records()
+            .into_iter()
+            .filter(|r| is_live(r) && pod_key(r) == key)
+            .collect();
+        if records.is_empty() {
+            // No network yet: the node task triggers this pod when the CNI
+            // writes its record.
+            return Ok(Action::await_change());
+        }
+        let input = PodInput {
+            annotations: pod.annotations().clone(),
+            kernel_only: policy_selected(&pod, &ctx.policies.state()),
+        };
+        for rec in records {
+            let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
+            if !outcome.new_problems.is_empty() {
+                publish_problems(&ctx, &pod, &outcome.new_problems).await;
+            }
+        }
+        Ok(Action::requeue(RESYNC))
+    }
+    .instrument(span)
+    .await
+}
+
+fn error_policy(_pod: Arc<Pod>, error: &PodError, _ctx: Arc<Ctx>) -> Action {
+    warn!(%error, "pod reconcile failed; retrying");
+    Action::requeue(RETRY)
+}
+
+async fn publish_problems(ctx: &Ctx, pod: &Pod, problems: &[crate::policy::Problem]) {
+    let note = problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "XdpcniFallback".into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "ApplyXdpPolicy".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+        warn!(error = %e, "could not publish the Event");
+        ctx.core.metrics.error(Stage::Event);
+    }
+}
+
+/// The node-wide work, once every cache has its first complete list, on each
+/// change of a Node or Endpoints object and every `intervalMs` (new records,
+/// resync): new records trigger their pods, records no pod claims get the
+/// node defaults, then NAT'd ports, collection, routes, readiness.
+struct NodeTask {
+    ctx: Arc<Ctx>,
+    node: String,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    endpoints: Store<Endpoints>,
+    trigger: mpsc::Sender<ObjectRef<Pod>>,
+    changed: Arc<Notify>,
+}
+
+impl NodeTask {
+    async fn run(self, shutdown: Shutdown) -> Result<()> {
+        let lists = async {
+            self.pods.wait_until_ready().await?;
+            self.ctx.policies.wait_until_ready().await?;
+            self.nodes.wait_until_ready().await?;
+            self.endpoints.wait_until_ready().await
+        };
+        tokio::select! {
+            listed = lists => listed.context("a watch cache closed before its first list")?,
+            _ = shutdown.clone().wait() => return Ok(()),
+        }
+        info!(node = %self.node, "first lists complete: pods, policies, nodes, endpoints");
+        let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
+        tokio::spawn(conn);
+        let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
+        let mut seen: HashSet<String> = HashSet::new();
+        while !shutdown.is_set() {
+            self.pass(&netlink, &mut seen).await?;
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = self.changed.notified() => {}
+                _ = shutdown.clone().wait() => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn pass(&self, netlink: &rtnetlink::Handle, seen: &mut HashSet<String>) -> Result<()> {
+        let core = &self.ctx.core;
+        let records = core.records();
+        let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
+        for rec in &live {
+            if seen.insert(rec.container_id.clone()) && !rec.pod_name.is_empty() {
+                let pod = ObjectRef::new(&rec.pod_name).within(&rec.pod_namespace);
+                if self.trigger.send(pod).await.is_err() {
+                    debug!("the controller stopped");
+                }
+            }
+        }
+        seen.retain(|id| live.iter().any(|r| &r.container_id == id));
+        let pod_list = self.pods.state();
+        let listed: HashSet<PodKey> = pod_list
+            .iter()
+            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        for rec in orphans(&live, Some(&listed)) {
+            let (ns, name) = pod_key(rec);
+            let span =
+                tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
+            // Errors are counted and logged by the core; the next pass retries.
+            let _ = core
+                .reconcile_pod(rec.clone(), PodInput::default())
+                .instrument(span)
+                .await;
+        }
+        let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
+        core.node_work(records.clone(), Some(nat)).await;
+        match routes::sync(netlink, &routes::desired(&self.nodes.state(), &self.node)).await {
+            Ok((0, 0)) => {}
+            Ok((added, removed)) => info!(added, removed, "node routes updated"),
+            Err(e) => {
+                warn!(error = %e, "node routes");
+                core.metrics.error(Stage::Routes);
+            }
+        }
+        if core.all_converged(&records) {
+            core.set_ready()?;
+        }
+        Ok(())
+    }
+}
+
 /// Runs the agent against the API server until SIGTERM/SIGINT.
 pub async fn run(cfg: Config) -> Result<()> {
-    install_signal_handlers();
+    let shutdown = Shutdown::on_signals()?;
     let node = cfg
-        .node_name
-        .clone()
-        .or_else(|| std::env::var("NODE_NAME").ok())
+        .node_name()
         .context("the node name: set nodeName in the config or NODE_NAME (downward API)")?;
     let client = Client::try_default()
         .await
         .context("connecting to the API server (in-cluster or KUBECONFIG)")?;
-    let pods = drive(
+    let core = Core::open(cfg).await?;
+    core.serve(shutdown.clone()).await?;
+
+    let controller = Controller::new(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     );
-    let policies = drive(
-        Api::<NetworkPolicy>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let nodes = drive(Api::<Node>::all(client.clone()), watcher::Config::default());
-    let endpoints = drive(
-        Api::<Endpoints>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
-    tokio::spawn(conn);
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "xdpcni-agent".into(),
-            instance: Some(node.clone()),
-        },
-    );
-    let online = online_cpus();
-    let cfg2 = cfg.clone();
-    let mut rec: Reconciler =
-        tokio::task::spawn_blocking(move || open_reconciler(&cfg2, online)).await??;
-    let shared = Shared::serve(&cfg.listen)?;
-    // Wait for the first lists: applying defaults to pods whose annotations
-    // are not known yet would undo their modes after a restart.
-    let _ = tokio::time::timeout(Duration::from_secs(30), pods.wait_until_ready()).await;
-    let _ = tokio::time::timeout(Duration::from_secs(30), policies.wait_until_ready()).await;
-    let _ = tokio::time::timeout(Duration::from_secs(30), nodes.wait_until_ready()).await;
-    let _ = tokio::time::timeout(Duration::from_secs(30), endpoints.wait_until_ready()).await;
-    info!(node = %node, "watching pods and network policies");
-    while !stopping() {
-        let pod_list = pods.state();
-        let selected = policy_selected(&pod_list, &policies.state());
-        let inputs: HashMap<(String, String), PodInput> = pod_list
-            .iter()
-            .map(|p| {
-                let key = (
-                    p.metadata.namespace.clone().unwrap_or_default(),
-                    p.metadata.name.clone().unwrap_or_default(),
-                );
-                let input = PodInput {
-                    annotations: p.metadata.annotations.clone().unwrap_or_default(),
-                    kernel_only: selected.contains(&key),
-                };
-                (key, input)
-            })
-            .collect();
-        let records = state::list(&cfg.state_dir).unwrap_or_default();
-        let nat = nat_ports(&records, &endpoints.state(), &pod_list);
-        let (back, pass) = tokio::task::spawn_blocking(move || {
-            let pass = rec.pass(&records, |ns, name| {
-                inputs.get(&(ns.to_string(), name.to_string())).cloned()
-            });
-            match rec.sync_nat_ports(&nat) {
-                Ok((0, 0)) => {}
-                Ok((added, removed)) => info!(added, removed, "NAT'd ports updated"),
-                Err(e) => warn!(error = %e, "NAT'd ports"),
-            }
-            (rec, pass)
-        })
-        .await?;
-        rec = back;
-        for np in &pass.new_problems {
-            let Some(pod) = pod_list.iter().find(|p| {
-                p.metadata.namespace.as_deref() == Some(np.namespace.as_str())
-                    && p.metadata.name.as_deref() == Some(np.name.as_str())
-            }) else {
-                continue;
-            };
-            let note = np
-                .problems
-                .iter()
-                .map(ToString::to_string)
+    let pods = controller.store();
+    // One watch of NetworkPolicies feeds both the store reconciles read and
+    // the trigger of the pods of the policy's namespace.
+    let (policies, policy_writer) = reflector::store();
+    let policy_events = reflector::reflector(
+        policy_writer,
+        watcher(
+            Api::<NetworkPolicy>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let pods_of_ns = pods.clone();
+    let (trigger, triggered) = mpsc::channel(1024);
+    let ctx = Arc::new(Ctx {
+        core: Arc::clone(&core),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "xdpcni-agent".into(),
+                instance: Some(node.clone()),
+            },
+        ),
+        policies,
+    });
+    let changed = Arc::new(Notify::new());
+    let node_task = NodeTask {
+        ctx: Arc::clone(&ctx),
+        node: node.clone(),
+        pods: pods.clone(),
+        nodes: drive(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            Arc::clone(&changed),
+        ),
+        endpoints: drive(
+            Api::<Endpoints>::all(client.clone()),
+            watcher::Config::default(),
+            Arc::clone(&changed),
+        ),
+        trigger,
+        changed,
+    };
+    info!(node = %node, "watching this node's pods, network policies, nodes and endpoints");
+    let controller = controller
+        .watches_stream(policy_events, move |np: NetworkPolicy| {
+            let ns = np.namespace();
+            pods_of_ns
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace() == ns)
+                .map(|p| ObjectRef::from_obj(&*p))
                 .collect::<Vec<_>>()
-                .join("; ");
-            let event = Event {
-                type_: EventType::Warning,
-                reason: "XdpcniFallback".into(),
-                note: Some(note.chars().take(1000).collect()),
-                action: "ApplyXdpPolicy".into(),
-                secondary: None,
-            };
-            if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
-                warn!(pod = %np.name, error = %e, "could not publish the Event");
+        })
+        .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(triggered))
+        .graceful_shutdown_on(shutdown.clone().wait())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|done| async move {
+            if let Err(e) = done {
+                debug!(error = %e, "controller");
             }
-        }
-        // Host-gateway routes to the other nodes' pod CIDRs.
-        match routes::sync(&netlink, &routes::desired(&nodes.state(), &node)).await {
-            Ok((0, 0)) => {}
-            Ok((added, removed)) => info!(added, removed, "node routes updated"),
-            Err(e) => warn!(error = %e, "node routes"),
-        }
-        shared.publish(&cfg, &mut rec, &pass)?;
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(cfg.interval_ms);
-        while tokio::time::Instant::now() < deadline && !stopping() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+        });
+    let (_, node_result) = tokio::join!(controller, node_task.run(shutdown));
     info!("stopping; the datapath stays attached");
-    Ok(())
+    node_result
 }
 
 #[cfg(test)]

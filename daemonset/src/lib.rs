@@ -1,7 +1,19 @@
 //! The xdpcni node agent: turns each pod's policy (annotations in Kubernetes,
 //! a file in standalone mode) into the datapath's state, and reports it.
+//!
+//! - `config`: the config file and the node defaults.
+//! - `policy`: a pod's policy from its annotations (pure).
+//! - `apply`: one pod's policy onto the datapath (through `xdpcni_node::pod`).
+//! - `node`: the reconciler over the datapath: one pod, or the node-wide work.
+//! - `core`: shared by both modes: the reconciler behind a lock, metrics,
+//!   readiness, HTTP, shutdown.
+//! - `kube` (Kubernetes mode, a kube-runtime controller) and `standalone`.
+//! - `routes`, `install`, `prepare`: routes to other nodes, install-cni,
+//!   prepare-node.
 
 pub mod apply;
+pub mod config;
+pub mod core;
 pub mod install;
 pub mod kube;
 pub mod metrics;

@@ -11,10 +11,11 @@
 //!                                         --state-dir, also remove what install-cni installed
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use xdpcni_agent::config::Config;
 
 /// The xdpcni node agent.
 #[derive(Parser, Debug)]
@@ -87,12 +88,8 @@ fn main() -> Result<()> {
     tracing_init();
     match cli.command {
         Command::Run { config } => {
-            let cfg = read_config(&config)?;
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?
-                .block_on(xdpcni_agent::kube::run(cfg))
+            let cfg = Config::read(&config)?;
+            runtime()?.block_on(xdpcni_agent::kube::run(cfg))
         }
         Command::InstallCni {
             config,
@@ -101,7 +98,7 @@ fn main() -> Result<()> {
             plugin,
             pod_cidrs,
         } => {
-            let cfg = read_config(&config)?;
+            let cfg = Config::read(&config)?;
             let plugin = match plugin {
                 Some(p) => p,
                 None => std::env::current_exe()?.with_file_name("xdpcni"),
@@ -109,9 +106,7 @@ fn main() -> Result<()> {
             let mut cidrs = pod_cidrs;
             if cidrs.is_empty() {
                 let node = cfg
-                    .node_name
-                    .clone()
-                    .or_else(|| std::env::var("NODE_NAME").ok())
+                    .node_name()
                     .context("NODE_NAME (or --pod-cidr) is needed")?;
                 cidrs = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -133,8 +128,8 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Standalone { config } => {
-            let cfg = read_config(&config)?;
-            xdpcni_agent::standalone::run(&cfg)
+            let cfg = Config::read(&config)?;
+            runtime()?.block_on(xdpcni_agent::standalone::run(cfg))
         }
         Command::PrepareNode {
             host_proc,
@@ -164,9 +159,11 @@ fn main() -> Result<()> {
     }
 }
 
-fn read_config(path: &Path) -> Result<xdpcni_agent::standalone::Config> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
 }
 
 fn tracing_init() {

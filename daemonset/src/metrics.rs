@@ -1,160 +1,362 @@
-//! Prometheus text exposition of the agent's view: per-pod datapath counters,
-//! attach modes, reconcile errors and latency.
+//! The agent's metrics, through prometheus-client: reconcile figures kept in
+//! the registry, and the datapath's per-pod counters read from the pinned
+//! maps at scrape time (a collector), so a scrape is never older than the
+//! packets it reports.
 
-use std::fmt::Write;
+use std::{
+    collections::BTreeMap,
+    fmt,
+    sync::{Mutex, PoisonError},
+};
 
-use xdpcni_ebpf::Counters;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::{exponential_buckets, Histogram},
+        MetricType,
+    },
+    registry::Registry,
+};
+use xdpcni_ebpf::{
+    abi::{Verdict, VerdictKind},
+    Counters,
+};
+use xdpcni_node::pod::XdpMode;
 
-/// One pod's line-up for /metrics.
-#[derive(Clone, Debug)]
-pub struct PodMetrics {
+/// A label value escaped as the exposition format requires (backslash,
+/// double quote, newline): prometheus-client writes values as given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+        use fmt::Write;
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A label set of one (name, value) pair.
+pub type OneLabel = [(&'static str, &'static str); 1];
+
+/// Where a reconcile error happened: the `stage` label of
+/// `xdpcni_reconcile_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Applying a pod's policy to the datapath and its netns.
+    Apply,
+    /// Reading the CNI's attachment records.
+    Records,
+    /// Syncing the NAT'd ports.
+    NatPorts,
+    /// Syncing the routes to other nodes' pod CIDRs.
+    Routes,
+    /// Publishing a Kubernetes Event.
+    Event,
+    /// Collecting what deleted pods left.
+    Gc,
+}
+
+impl Stage {
+    /// Every stage (all are exported from the start, at 0).
+    pub const ALL: [Stage; 6] = [
+        Self::Apply,
+        Self::Records,
+        Self::NatPorts,
+        Self::Routes,
+        Self::Event,
+        Self::Gc,
+    ];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Apply => "apply",
+            Self::Records => "records",
+            Self::NatPorts => "nat_ports",
+            Self::Routes => "routes",
+            Self::Event => "event",
+            Self::Gc => "gc",
+        }
+    }
+}
+
+/// What /metrics shows of one pod: its labels, veth and mode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
     /// Kubernetes namespace (or empty).
     pub namespace: String,
     /// Pod name (or the container ID when unknown).
     pub pod: String,
-    /// Host veth.
+    /// Host veth name.
     pub interface: String,
-    /// `native`, `generic` or `off`.
-    pub mode: String,
-    /// Datapath counters of its host veth.
-    pub counters: Counters,
+    /// Host veth ifindex (its counters).
+    pub ifindex: u32,
+    /// The mode in force.
+    pub mode: XdpMode,
 }
 
-/// Agent-wide figures.
-#[derive(Clone, Debug, Default)]
-pub struct AgentMetrics {
-    /// Reconcile passes that failed for some pod.
-    pub reconcile_errors: u64,
-    /// Reconcile passes.
-    pub reconciles: u64,
-    /// Sum of reconcile pass durations, seconds.
-    pub reconcile_seconds: f64,
-    /// Annotation values refused (each reported once per change).
-    pub policy_problems: u64,
-    /// Whether the agent is ready.
-    pub ready: bool,
+/// Reads a host veth's datapath counters (the pinned maps, in the agent).
+pub type CounterSource = Box<dyn Fn(u32) -> Counters + Send + Sync>;
+
+/// The per-pod families, read at scrape time.
+pub struct PodsCollector {
+    source: CounterSource,
+    pods: Mutex<BTreeMap<String, PodView>>,
 }
 
-/// Escapes a label value (backslash, quote, newline).
-pub fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+impl fmt::Debug for PodsCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodsCollector").finish_non_exhaustive()
+    }
 }
 
-/// Renders the exposition text.
-pub fn render(pods: &[PodMetrics], agent: &AgentMetrics) -> String {
-    let mut out = String::new();
-    for (family, help, bytes) in [
-        ("xdpcni_packets_total", "Packets", false),
-        ("xdpcni_bytes_total", "Bytes", true),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {family} {help} seen by the XDP datapath, by pod and verdict."
-        );
-        let _ = writeln!(out, "# TYPE {family} counter");
-        for p in pods {
-            for (v, s) in p.counters.iter() {
-                let _ = writeln!(
-                    out,
-                    "{family}{{namespace=\"{}\",pod=\"{}\",interface=\"{}\",verdict=\"{}\"}} {}",
-                    escape(&p.namespace),
-                    escape(&p.pod),
-                    escape(&p.interface),
-                    v.label(),
-                    if bytes { s.bytes } else { s.packets }
-                );
+impl PodsCollector {
+    fn views(&self) -> Vec<PodView> {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+}
+
+/// The family name of a verdict kind's packets or bytes counter (the
+/// encoder appends `_total`).
+pub fn family_name(kind: VerdictKind, bytes: bool) -> String {
+    format!(
+        "xdpcni_{}_{}",
+        kind.as_str(),
+        if bytes { "bytes" } else { "packets" }
+    )
+}
+
+fn family_help(kind: VerdictKind, bytes: bool) -> String {
+    let what = if bytes { "Bytes" } else { "Packets" };
+    match kind {
+        VerdictKind::Forward => {
+            format!("{what} the XDP fast path delivered, by pod and verdict")
+        }
+        VerdictKind::Kernel => {
+            format!("{what} the XDP datapath passed to the kernel stack, by pod and reason")
+        }
+        VerdictKind::Drop => format!("{what} the XDP datapath dropped, by pod and reason"),
+    }
+}
+
+impl Collector for PodsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let views = self.views();
+        // One read of each pod's counters serves all six families.
+        let counters: Vec<_> = views.iter().map(|v| (self.source)(v.ifindex)).collect();
+        for kind in VerdictKind::ALL {
+            for bytes in [false, true] {
+                let name = family_name(kind, bytes);
+                let help = family_help(kind, bytes);
+                let mut family =
+                    encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+                for (view, c) in views.iter().zip(&counters) {
+                    for &verdict in Verdict::ALL.iter().filter(|v| v.kind() == kind) {
+                        let s = c.get(verdict);
+                        let labels = [
+                            ("namespace", Escaped(&view.namespace)),
+                            ("pod", Escaped(&view.pod)),
+                            ("interface", Escaped(&view.interface)),
+                            ("verdict", Escaped(verdict.label())),
+                        ];
+                        let value = if bytes { s.bytes } else { s.packets };
+                        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                    }
+                }
             }
         }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP xdpcni_attach_mode The XDP mode of each pod's host veth (1 for the mode in force)."
-    );
-    let _ = writeln!(out, "# TYPE xdpcni_attach_mode gauge");
-    for p in pods {
-        for mode in ["native", "generic", "off"] {
-            let _ = writeln!(
-                out,
-                "xdpcni_attach_mode{{namespace=\"{}\",pod=\"{}\",mode=\"{mode}\"}} {}",
-                escape(&p.namespace),
-                escape(&p.pod),
-                u8::from(p.mode == mode)
-            );
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_attach_mode",
+            "The XDP mode of each pod's host veth (1 for the mode in force)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for view in &views {
+            for mode in ["native", "generic", "off"] {
+                let labels = [
+                    ("namespace", Escaped(&view.namespace)),
+                    ("pod", Escaped(&view.pod)),
+                    ("mode", Escaped(mode)),
+                ];
+                ConstGauge::new(i64::from(view.mode.as_str() == mode))
+                    .encode(family.encode_family(&labels)?)?;
+            }
         }
+        Ok(())
     }
-    let scalars: [(&str, &str, &str, String); 4] = [
-        (
-            "xdpcni_reconcile_errors_total",
-            "counter",
-            "Reconcile passes that failed for some pod.",
-            agent.reconcile_errors.to_string(),
-        ),
-        (
-            "xdpcni_reconcile_duration_seconds",
-            "summary",
-            "Time spent reconciling the node.",
-            String::new(),
-        ),
-        (
-            "xdpcni_policy_problems_total",
-            "counter",
-            "Annotation values refused, with a fallback used.",
-            agent.policy_problems.to_string(),
-        ),
-        (
-            "xdpcni_ready",
-            "gauge",
-            "Whether the agent has reconciled the node.",
-            u8::from(agent.ready).to_string(),
-        ),
-    ];
-    for (name, kind, help, value) in &scalars {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        if *kind == "summary" {
-            let _ = writeln!(out, "{name}_sum {}", agent.reconcile_seconds);
-            let _ = writeln!(out, "{name}_count {}", agent.reconciles);
-        } else {
-            let _ = writeln!(out, "{name} {value}");
-        }
-    }
-    out
 }
+
+/// The agent's metrics.
+pub struct Metrics {
+    registry: Registry,
+    pods: std::sync::Arc<PodsCollector>,
+    /// `xdpcni_reconcile_errors_total{stage}`.
+    pub errors: Family<OneLabel, Counter>,
+    /// `xdpcni_reconcile_duration_seconds{scope="pod"|"node"}`.
+    pub duration: Family<OneLabel, Histogram, fn() -> Histogram>,
+    /// `xdpcni_policy_problems_total`.
+    pub policy_problems: Counter,
+    /// `xdpcni_ready`.
+    pub ready: Gauge,
+}
+
+fn duration_histogram() -> Histogram {
+    // 100 us .. ~3 s.
+    Histogram::new(exponential_buckets(1e-4, 2.0, 16))
+}
+
+impl Metrics {
+    /// Metrics whose per-pod families read `source` at scrape time.
+    pub fn new(source: CounterSource) -> Self {
+        let mut registry = Registry::default();
+        let errors = Family::<OneLabel, Counter>::default();
+        for stage in Stage::ALL {
+            let _ = errors.get_or_create(&[("stage", stage.as_str())]);
+        }
+        registry.register(
+            "xdpcni_reconcile_errors",
+            "Reconcile failures, by stage (apply, records, nat_ports, routes, event, gc)",
+            errors.clone(),
+        );
+        let duration: Family<OneLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "xdpcni_reconcile_duration_seconds",
+            "Time to reconcile one pod (scope=pod) or the node-wide work (scope=node)",
+            duration.clone(),
+        );
+        let policy_problems = Counter::default();
+        registry.register(
+            "xdpcni_policy_problems",
+            "Annotation values refused and kernel attach refusals, each with a fallback used",
+            policy_problems.clone(),
+        );
+        let ready = Gauge::default();
+        registry.register(
+            "xdpcni_ready",
+            "Whether the agent has reconciled the node",
+            ready.clone(),
+        );
+        let pods = std::sync::Arc::new(PodsCollector {
+            source,
+            pods: Mutex::new(BTreeMap::new()),
+        });
+        registry.register_collector(Box::new(std::sync::Arc::clone(&pods)));
+        Self {
+            registry,
+            pods,
+            errors,
+            duration,
+            policy_problems,
+            ready,
+        }
+    }
+
+    /// Counts an error at `stage`.
+    pub fn error(&self, stage: Stage) {
+        self.errors
+            .get_or_create(&[("stage", stage.as_str())])
+            .inc();
+    }
+
+    /// Records one reconcile's duration in `scope` (`pod` or `node`).
+    pub fn observe(&self, scope: &'static str, seconds: f64) {
+        self.duration
+            .get_or_create(&[("scope", scope)])
+            .observe(seconds);
+    }
+
+    /// Shows (or updates) a pod, keyed by its container ID.
+    pub fn show_pod(&self, container_id: &str, view: PodView) {
+        self.pods
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(container_id.to_string(), view);
+    }
+
+    /// Keeps only the pods whose container IDs `keep` accepts.
+    pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
+        self.pods
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|id, _| keep(id));
+    }
+
+    /// The OpenMetrics text of every family.
+    pub fn render(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// The Content-Type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
+    use xdpcni_ebpf::AttachMode;
+
     use super::*;
 
     #[test]
-    fn labels_are_escaped_and_every_family_is_typed() {
-        let text = render(
-            &[PodMetrics {
+    fn families_by_verdict_kind_modes_errors_and_histogram() {
+        let m = Metrics::new(Box::new(|_| Counters::default()));
+        m.show_pod(
+            "c1",
+            PodView {
                 namespace: "ns".into(),
-                pod: "we\"ird\\pod".into(),
+                pod: "we\"ird".into(),
                 interface: "xdp0".into(),
-                mode: "generic".into(),
-                counters: Counters::default(),
-            }],
-            &AgentMetrics {
-                ready: true,
-                ..Default::default()
+                ifindex: 7,
+                mode: XdpMode::Xdp(AttachMode::Generic),
             },
         );
-        assert!(
-            text.contains(r#"pod="we\"ird\\pod",mode="generic"} 1"#),
-            "{text}"
-        );
-        assert!(text.contains(r#"mode="native"} 0"#));
-        assert!(text.contains("xdpcni_ready 1"));
-        for family in [
-            "xdpcni_packets_total",
-            "xdpcni_attach_mode",
-            "xdpcni_reconcile_errors_total",
-            "xdpcni_reconcile_duration_seconds",
-        ] {
-            assert!(text.contains(&format!("# TYPE {family} ")), "{family}");
+        m.error(Stage::Routes);
+        m.observe("pod", 0.002);
+        m.ready.set(1);
+        let text = m.render().unwrap();
+        // Each verdict sits in its kind's family, none in another.
+        for v in Verdict::ALL {
+            for kind in VerdictKind::ALL {
+                let line = format!(
+                    "{}_total{{namespace=\"ns\",pod=\"we\\\"ird\",interface=\"xdp0\",verdict=\"{}\"}} 0",
+                    family_name(kind, false),
+                    v.label()
+                );
+                assert_eq!(text.contains(&line), v.kind() == kind, "{line}\n{text}");
+            }
         }
+        assert!(
+            text.contains(r#"xdpcni_attach_mode{namespace="ns",pod="we\"ird",mode="generic"} 1"#)
+        );
+        assert!(text.contains(r#"mode="off"} 0"#));
+        assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="routes"} 1"#));
+        assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="apply"} 0"#));
+        assert!(text.contains(r#"xdpcni_reconcile_duration_seconds_count{scope="pod"} 1"#));
+        assert!(text.contains("xdpcni_ready 1"));
+        assert!(text.ends_with("# EOF\n"));
+        assert!(!text.contains(".."), "help ends with one period");
+        m.retain_pods(|id| id != "c1");
+        assert!(!m.render().unwrap().contains("xdp0"));
     }
 }

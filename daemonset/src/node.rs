@@ -1,24 +1,31 @@
-//! One reconcile pass over the pods of this node, shared by the standalone
-//! and the Kubernetes modes: records from the CNI, a policy per pod, applied
-//! to the datapath; problems reported once per change; metrics collected.
+//! The node's datapath state and the two kinds of work on it, shared by the
+//! standalone and the Kubernetes modes: reconciling one pod (its record from
+//! the CNI, its policy, applied), and the node-wide work (NAT'd ports,
+//! collecting what deleted pods left). Synchronous: callers run it on a
+//! blocking thread, one at a time (the core holds it behind a mutex).
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    net::IpAddr,
+};
 
 use tracing::{info, warn};
-use xdpcni_ebpf::Datapath;
-use xdpcni_node::state::Record;
+use xdpcni_ebpf::{Datapath, L4Proto};
+use xdpcni_node::{pod::XdpMode, state::Record};
 
 use crate::{
-    apply::apply,
-    metrics::{AgentMetrics, PodMetrics},
+    apply::{apply, ApplyError},
     policy::{resolve, Policy, Problem},
 };
 
 /// Annotations of a pod.
 pub type Annotations = BTreeMap<String, String>;
 
+/// (namespace, name) of a pod; ("", container ID) for a record without one.
+pub type PodKey = (String, String);
+
 /// What the agent knows of a pod beyond its record.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInput {
     /// Its annotations.
     pub annotations: Annotations,
@@ -26,35 +33,34 @@ pub struct PodInput {
     pub kernel_only: bool,
 }
 
-/// Problems first seen (or changed) in a pass, for Events.
-#[derive(Clone, Debug)]
-pub struct NewProblems {
-    /// Namespace of the pod.
-    pub namespace: String,
-    /// Name of the pod.
-    pub name: String,
-    /// The problems.
-    pub problems: Vec<Problem>,
-}
-
-/// The outcome of a pass.
-#[derive(Debug, Default)]
-pub struct Pass {
-    /// One entry per pod with a live record.
-    pub pods: Vec<PodMetrics>,
-    /// Problems to report.
-    pub new_problems: Vec<NewProblems>,
-    /// Whether some pod failed to apply.
-    pub failed: bool,
-}
-
 /// (namespace, name) of a record: the pod's, or ("", container ID).
-pub fn pod_key(rec: &Record) -> (String, String) {
+pub fn pod_key(rec: &Record) -> PodKey {
     if rec.pod_name.is_empty() {
         (String::new(), rec.container_id.clone())
     } else {
         (rec.pod_namespace.clone(), rec.pod_name.clone())
     }
+}
+
+/// The records no listed pod claims, which get the node defaults. `listed`
+/// is None until the first complete list of pods has arrived: before it, a
+/// record's pod may simply not be known yet, and the defaults would undo the
+/// mode its annotations chose (after an agent restart, say), so none is an
+/// orphan yet.
+pub fn orphans<'a>(records: &'a [Record], listed: Option<&HashSet<PodKey>>) -> Vec<&'a Record> {
+    let Some(listed) = listed else {
+        return Vec::new();
+    };
+    records
+        .iter()
+        .filter(|r| !listed.contains(&pod_key(r)))
+        .collect()
+}
+
+/// Whether a record's pod is still there: its netns exists. A pod whose
+/// netns is gone is being deleted; its DEL cleans up.
+pub fn is_live(rec: &Record) -> bool {
+    std::path::Path::new(&rec.netns).exists()
 }
 
 /// Whether a device with `ifindex` exists in this network namespace.
@@ -64,45 +70,99 @@ fn link_exists(ifindex: u32) -> bool {
     !unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null()
 }
 
-/// The datapath and what the agent remembers between passes.
+/// The outcome of reconciling one pod.
+#[derive(Clone, Debug)]
+pub struct PodOutcome {
+    /// The mode in force now.
+    pub mode: XdpMode,
+    /// Whether anything changed.
+    pub changed: bool,
+    /// The problems, when they differ from the last ones reported for this
+    /// pod (to report once per change); empty otherwise.
+    pub new_problems: Vec<Problem>,
+}
+
+/// The datapath and what the agent remembers between reconciles.
 pub struct Reconciler {
-    /// The datapath.
-    pub dp: Datapath,
+    dp: Datapath,
     defaults: Policy,
     online: u64,
-    reported: HashMap<(String, String), String>,
-    /// Agent-wide metrics.
-    pub metrics: AgentMetrics,
+    reported: HashMap<PodKey, String>,
 }
 
 impl Reconciler {
-    /// A reconciler over `dp` with node `defaults`.
+    /// A reconciler over `dp` with node `defaults`; `online` is the mask of
+    /// online CPUs that CPU lists are checked against.
     pub fn new(dp: Datapath, defaults: Policy, online: u64) -> Self {
         Self {
             dp,
             defaults,
             online,
             reported: HashMap::new(),
-            metrics: AgentMetrics::default(),
         }
     }
 
-    /// Removes endpoint records (and their devmap entries and counters) whose
-    /// veth is gone and that no attachment record claims: pods whose DEL
-    /// never came.
-    fn gc_endpoints(&mut self, records: &[Record]) {
-        let Ok(endpoints) = self.dp.maps().endpoints() else {
-            return;
+    /// The datapath.
+    pub fn datapath(&self) -> &Datapath {
+        &self.dp
+    }
+
+    /// Applies the policy of `pod` (annotations over the node defaults) to
+    /// the pod of `rec`.
+    pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {
+        let key = pod_key(rec);
+        let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
+        let applied = apply(&mut self.dp, rec, &policy, pod.kernel_only)?;
+        if applied.changed {
+            info!(
+                mode = applied.mode.as_str(),
+                kernel_only = pod.kernel_only,
+                "applied"
+            );
+        }
+        problems.extend(applied.problems);
+        let text = problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let new_problems = if !text.is_empty() && self.reported.get(&key) != Some(&text) {
+            warn!(problem = %text, "policy refused, fallback in use");
+            problems
+        } else {
+            Vec::new()
         };
-        for (ip, ep) in endpoints {
+        self.reported.insert(key, text);
+        Ok(PodOutcome {
+            mode: applied.mode,
+            changed: applied.changed,
+            new_problems,
+        })
+    }
+
+    /// Node-wide collection: link pins of deleted veths, endpoint records
+    /// (with their devmap entries and counters) whose veth is gone and that
+    /// no record claims (pods whose DEL never came), and what was remembered
+    /// of pods without a record. Returns how many things were collected.
+    pub fn collect(&mut self, records: &[Record]) -> Result<usize, xdpcni_ebpf::Error> {
+        let mut n = 0;
+        for ifindex in self.dp.gc_links()? {
+            info!(ifindex, "collected the link pin of a deleted veth");
+            n += 1;
+        }
+        for (ip, ep) in self.dp.maps().endpoints()? {
             if records.iter().any(|r| r.host_ifindex == ep.ifindex) || link_exists(ep.ifindex) {
                 continue;
             }
             info!(%ip, ifindex = ep.ifindex, "removing the endpoint of a vanished veth");
-            let _ = self.dp.maps_mut().remove_endpoint(ip);
-            let _ = self.dp.maps_mut().remove_tx_port(ep.ifindex);
-            let _ = self.dp.maps_mut().remove_counters(ep.ifindex);
+            self.dp.maps_mut().remove_endpoint(ip)?;
+            self.dp.maps_mut().remove_tx_port(ep.ifindex)?;
+            self.dp.maps_mut().remove_counters(ep.ifindex)?;
+            n += 1;
         }
+        let keys: HashSet<PodKey> = records.iter().map(pod_key).collect();
+        self.reported.retain(|k, _| keys.contains(k));
+        Ok(n)
     }
 
     /// Makes the datapath's NAT'd ports equal `want`: the (address, protocol,
@@ -111,9 +171,9 @@ impl Reconciler {
     /// flag agree with them. Returns (added, removed).
     pub fn sync_nat_ports(
         &mut self,
-        want: &std::collections::BTreeSet<(std::net::IpAddr, xdpcni_ebpf::L4Proto, u16)>,
+        want: &BTreeSet<(IpAddr, L4Proto, u16)>,
     ) -> Result<(usize, usize), xdpcni_ebpf::Error> {
-        let have: std::collections::BTreeSet<_> = self.dp.maps().nat_ports()?.into_iter().collect();
+        let have: BTreeSet<_> = self.dp.maps().nat_ports()?.into_iter().collect();
         let (mut added, mut removed) = (0, 0);
         for (ip, proto, port) in want.difference(&have) {
             self.dp.maps_mut().add_nat_port(*ip, *proto, *port)?;
@@ -131,77 +191,51 @@ impl Reconciler {
         }
         Ok((added, removed))
     }
+}
 
-    /// Applies every record's policy; `input` gives what is known of a pod
-    /// (None: nothing, the node defaults apply).
-    pub fn pass(
-        &mut self,
-        records: &[Record],
-        input: impl Fn(&str, &str) -> Option<PodInput>,
-    ) -> Pass {
-        let started = std::time::Instant::now();
-        let mut out = Pass::default();
-        for rec in records {
-            // A pod whose netns is gone is being deleted: DEL cleans it.
-            if !std::path::Path::new(&rec.netns).exists() {
-                continue;
-            }
-            let (ns, name) = pod_key(rec);
-            let pod = input(&ns, &name).unwrap_or_default();
-            let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
-            let mode = match apply(&mut self.dp, rec, &policy, pod.kernel_only) {
-                Ok(applied) => {
-                    if applied.changed {
-                        info!(pod = %format!("{ns}/{name}"), mode = applied.mode.as_str(), kernel_only = pod.kernel_only, "applied");
-                    }
-                    problems.extend(applied.problems);
-                    applied.mode.as_str().to_string()
-                }
-                Err(e) => {
-                    warn!(pod = %format!("{ns}/{name}"), error = %e, "apply failed");
-                    out.failed = true;
-                    continue;
-                }
-            };
-            let text = problems
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ");
-            let key = (ns.clone(), name.clone());
-            if !text.is_empty() && self.reported.get(&key) != Some(&text) {
-                warn!(pod = %format!("{ns}/{name}"), problem = %text, "policy refused, fallback in use");
-                self.metrics.policy_problems += problems.len() as u64;
-                out.new_problems.push(NewProblems {
-                    namespace: ns.clone(),
-                    name: name.clone(),
-                    problems,
-                });
-            }
-            self.reported.insert(key, text);
-            out.pods.push(PodMetrics {
-                namespace: ns,
-                pod: name,
-                interface: rec.host_veth.clone(),
-                mode,
-                counters: self
-                    .dp
-                    .maps()
-                    .counters(rec.host_ifindex)
-                    .unwrap_or_default(),
-            });
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(ns: &str, name: &str, id: &str) -> Record {
+        Record {
+            container_id: id.into(),
+            ifname: "eth0".into(),
+            netns: String::new(),
+            host_veth: String::new(),
+            host_ifindex: 1,
+            host_mac: String::new(),
+            pod_mac: String::new(),
+            ips: vec![],
+            mtu: 1500,
+            headroom_requested: 256,
+            headroom_effective: None,
+            xdp_mode: "native".into(),
+            redirect: "devmap".into(),
+            pod_namespace: ns.into(),
+            pod_name: name.into(),
         }
-        if let Ok(gone) = self.dp.gc_links() {
-            for ifindex in gone {
-                info!(ifindex, "collected the link pin of a deleted veth");
-            }
-        }
-        self.gc_endpoints(records);
-        self.metrics.reconciles += 1;
-        self.metrics.reconcile_seconds += started.elapsed().as_secs_f64();
-        if out.failed {
-            self.metrics.reconcile_errors += 1;
-        }
-        out
+    }
+
+    #[test]
+    fn no_record_is_an_orphan_before_the_first_complete_list() {
+        let records = vec![rec("default", "a", "c1"), rec("", "", "c2")];
+        assert!(orphans(&records, None).is_empty(), "nothing is known yet");
+        let listed: HashSet<PodKey> = [("default".to_string(), "a".to_string())].into();
+        let got: Vec<_> = orphans(&records, Some(&listed))
+            .iter()
+            .map(|r| r.container_id.clone())
+            .collect();
+        assert_eq!(got, vec!["c2"], "only the record no listed pod claims");
+        assert_eq!(orphans(&records, Some(&HashSet::new())).len(), 2);
+    }
+
+    #[test]
+    fn records_are_keyed_by_pod_or_container() {
+        assert_eq!(
+            pod_key(&rec("ns", "p", "c")),
+            ("ns".to_string(), "p".to_string())
+        );
+        assert_eq!(pod_key(&rec("", "", "c")), (String::new(), "c".to_string()));
     }
 }

@@ -48,13 +48,12 @@ x() {
 metrics() {
 	in_node python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9965/metrics", timeout=5).read().decode())'
 }
-# Sum of xdpcni_packets_total for pod $1 over verdicts matching regex $2.
-# The agent renders /metrics once per reconcile pass (agent.intervalMs, 500 ms
-# in the chart): wait for the pass after the traffic before reading.
+# Sum of the datapath's packet counters (xdpcni_{forward,kernel,drop}_packets_total)
+# for pod $1 over verdicts matching regex $2. /metrics reads the maps at scrape
+# time: no wait for a reconcile pass.
 counter() {
-	sleep 1.1
 	metrics | awk -v pod="$1" -v re="$2" '
-		/^xdpcni_packets_total\{/ {
+		/^xdpcni_(forward|kernel|drop)_packets_total\{/ {
 			if (index($0, "pod=\"" pod "\"") == 0) next
 			match($0, /verdict="[^"]*"/); v = substr($0, RSTART + 9, RLENGTH - 10)
 			if (v ~ "^(" re ")$") s += $NF

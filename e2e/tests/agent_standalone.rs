@@ -253,14 +253,14 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     let scrape = metrics(&node);
     let redirected = sample(
         &scrape,
-        "xdpcni_packets_total",
+        "xdpcni_forward_packets_total",
         &[("pod", "a"), ("verdict", "redirect_devmap")],
     )
     .expect("per-pod redirect counter");
     assert!(redirected > 0.0);
     let via_cpumap = sample(
         &scrape,
-        "xdpcni_packets_total",
+        "xdpcni_forward_packets_total",
         &[("pod", "a"), ("verdict", "redirect_cpumap")],
     );
     assert!(

@@ -1,0 +1,130 @@
+//! The agent's configuration file (JSON), shared by every mode, and the node
+//! defaults it names.
+
+use std::{collections::HashMap, path::PathBuf};
+
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use xdpcni_ebpf::abi::RedirectPolicy;
+use xdpcni_node::pod::{parse_cpu_list, XdpMode};
+
+use crate::{node::Annotations, policy::Policy};
+
+fn default_interval() -> u64 {
+    500
+}
+
+/// The agent's configuration file (JSON).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// Datapath pin directory.
+    pub pin_dir: PathBuf,
+    /// The CNI plugin's record directory (its `stateDir`).
+    pub state_dir: PathBuf,
+    /// Created once the node is reconciled (the CNI's `agentReadyFile`).
+    pub ready_file: Option<PathBuf>,
+    /// Address of /metrics, /healthz, /readyz.
+    pub listen: String,
+    /// Node defaults: `native`, `generic` or `off`.
+    pub xdp_mode: String,
+    /// Node default redirect: `devmap` or `cpumap`.
+    pub redirect: String,
+    /// Node default cpumap CPUs (empty: all online).
+    #[serde(default)]
+    pub cpus: String,
+    /// Standalone: JSON object `{"namespace/name" | "containerID": {annotations}}`.
+    #[serde(default)]
+    pub pods_file: Option<PathBuf>,
+    /// Kubernetes: this node's name (default: the NODE_NAME variable).
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// install-cni: MTU of pod interfaces (default 1500).
+    #[serde(default)]
+    pub mtu: Option<u32>,
+    /// install-cni: headroom asked of pod veths (default 256).
+    #[serde(default)]
+    pub headroom: Option<u16>,
+    /// Period of the node-wide work (records, routes, NAT ports, GC) in
+    /// milliseconds; pods are reconciled on their watch events.
+    #[serde(default = "default_interval")]
+    pub interval_ms: u64,
+}
+
+impl Config {
+    /// Reads and parses the file at `path`.
+    pub fn read(path: &std::path::Path) -> Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// The node defaults, validated against the `online` CPU mask.
+    pub fn defaults(&self, online: u64) -> Result<Policy> {
+        let mode = XdpMode::parse(&self.xdp_mode).with_context(|| {
+            format!("xdpMode {:?} is not native, generic or off", self.xdp_mode)
+        })?;
+        let redirect = RedirectPolicy::parse(&self.redirect)
+            .with_context(|| format!("redirect {:?} is not devmap or cpumap", self.redirect))?;
+        let cpu_mask = if self.cpus.is_empty() {
+            online
+        } else {
+            parse_cpu_list(&self.cpus).map_err(|e| anyhow::anyhow!("cpus: {e}"))?
+        };
+        Ok(Policy {
+            mode,
+            redirect,
+            cpu_mask,
+        })
+    }
+
+    /// The node name: the config's, else NODE_NAME.
+    pub fn node_name(&self) -> Option<String> {
+        self.node_name
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok())
+    }
+}
+
+/// Standalone mode's pods file: `{"ns/pod" | "containerID": {annotations}}`.
+/// Missing or blank: no pods.
+pub fn read_pods_file(path: &std::path::Path) -> Result<HashMap<String, Annotations>> {
+    match std::fs::read(path) {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(HashMap::new()),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not {{\"ns/pod\": {{annotations}}}}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashMap::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(mode: &str, redirect: &str, cpus: &str) -> Config {
+        serde_json::from_value(serde_json::json!({
+            "pinDir": "/sys/fs/bpf/x", "stateDir": "/run/x", "listen": "127.0.0.1:1",
+            "xdpMode": mode, "redirect": redirect, "cpus": cpus,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn node_defaults_are_validated() {
+        let p = cfg("generic", "cpumap", "1").defaults(0b11).unwrap();
+        assert_eq!(p.mode.as_str(), "generic");
+        assert_eq!((p.redirect, p.cpu_mask), (RedirectPolicy::Cpumap, 0b10));
+        assert_eq!(
+            cfg("off", "devmap", "").defaults(0b11).unwrap().cpu_mask,
+            0b11
+        );
+        assert!(cfg("turbo", "devmap", "").defaults(1).is_err());
+        assert!(cfg("native", "bridge", "").defaults(1).is_err());
+        assert!(cfg("native", "devmap", "x").defaults(1).is_err());
+        assert_eq!(cfg("native", "devmap", "").interval_ms, 500);
+        assert!(
+            serde_json::from_value::<Config>(serde_json::json!({"pinDir": "/", "bogus": 1}))
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,328 @@
+//! The agent's core, shared by the standalone and the Kubernetes modes: the
+//! datapath behind one lock, the metrics, readiness, the HTTP endpoints
+//! (/metrics, /healthz, /readyz through axum) and the shutdown signal
+//! (tokio's). A mode decides *when* to reconcile what (watch events, a
+//! file); the core does the reconciling and reports it.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Instant,
+};
+
+use anyhow::{Context, Result};
+use axum::{
+    extract::State,
+    http::{header, StatusCode},
+    response::IntoResponse,
+    routing::get,
+    Router,
+};
+use tokio::sync::watch;
+use tracing::{info, warn};
+use xdpcni_ebpf::{Datapath, L4Proto, Maps};
+use xdpcni_node::{
+    pod::online_cpus,
+    state::{self, Record},
+};
+
+use crate::{
+    apply::ApplyError,
+    config::Config,
+    metrics::{Metrics, PodView, Stage, CONTENT_TYPE},
+    node::{is_live, pod_key, PodInput, PodOutcome, Reconciler},
+};
+
+/// Set once SIGTERM or SIGINT arrived.
+#[derive(Clone, Debug)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Listens for SIGTERM and SIGINT (tokio::signal).
+    pub fn on_signals() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM"),
+                _ = int.recv() => info!("SIGINT"),
+            }
+            let _ = tx.send(true);
+        });
+        Ok(Self(rx))
+    }
+
+    /// Resolves once the signal came.
+    pub async fn wait(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+
+    /// Whether the signal came.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// The shared core.
+pub struct Core {
+    cfg: Config,
+    reconciler: Mutex<Reconciler>,
+    /// The metrics.
+    pub metrics: Metrics,
+    converged: Mutex<HashMap<String, bool>>,
+    ready: AtomicBool,
+}
+
+/// A pod that could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Applying its policy failed (it is retried).
+    #[error("{0}")]
+    Apply(#[from] ApplyError),
+    /// The blocking task running it died.
+    #[error("the reconcile task failed: {0}")]
+    Task(String),
+}
+
+impl Core {
+    /// Opens (or takes over) the datapath at the config's pin directory.
+    pub async fn open(cfg: Config) -> Result<Arc<Self>> {
+        tokio::task::spawn_blocking(move || Self::open_blocking(cfg)).await?
+    }
+
+    fn open_blocking(cfg: Config) -> Result<Arc<Self>> {
+        let online = online_cpus();
+        let defaults = cfg.defaults(online)?;
+        let dp = Datapath::open(&cfg.pin_dir)
+            .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
+        info!(
+            pin_dir = %cfg.pin_dir.display(),
+            upgraded = dp.upgraded(),
+            program = dp.from_pod_program_id().unwrap_or(0),
+            "datapath ready"
+        );
+        // The scrape reads the counters through its own handle on the pins,
+        // never waiting for a reconcile.
+        let maps = Maps::open_pinned(&cfg.pin_dir)
+            .with_context(|| format!("opening the maps at {}", cfg.pin_dir.display()))?;
+        let metrics = Metrics::new(Box::new(move |ifindex| {
+            maps.counters(ifindex).unwrap_or_default()
+        }));
+        Ok(Arc::new(Self {
+            cfg,
+            reconciler: Mutex::new(Reconciler::new(dp, defaults, online)),
+            metrics,
+            converged: Mutex::new(HashMap::new()),
+            ready: AtomicBool::new(false),
+        }))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Serves /metrics, /healthz and /readyz on the config's address until
+    /// `shutdown`. Binds before returning, so a taken port fails the start.
+    pub async fn serve(self: &Arc<Self>, shutdown: Shutdown) -> Result<()> {
+        let listener = tokio::net::TcpListener::bind(&self.cfg.listen)
+            .await
+            .with_context(|| format!("listening on {}", self.cfg.listen))?;
+        let app = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .with_state(Arc::clone(self));
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.wait())
+                .await;
+            if let Err(e) = served {
+                warn!(error = %e, "the HTTP server stopped");
+            }
+        });
+        Ok(())
+    }
+
+    /// The CNI's attachment records (counted as a `records` error when the
+    /// directory cannot be read).
+    pub fn records(&self) -> Vec<Record> {
+        match state::list(&self.cfg.state_dir) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "reading the CNI's records");
+                self.metrics.error(Stage::Records);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Reconciles one pod's record with `input` on a blocking thread: its
+    /// policy applied, the metrics view updated, problems counted.
+    pub async fn reconcile_pod(
+        self: &Arc<Self>,
+        rec: Record,
+        input: PodInput,
+    ) -> Result<PodOutcome, ReconcileError> {
+        let core = Arc::clone(self);
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
+            core.reconcile_blocking(&rec, &input)
+        })
+        .await
+        .map_err(|e| ReconcileError::Task(e.to_string()))?
+    }
+
+    fn reconcile_blocking(
+        &self,
+        rec: &Record,
+        input: &PodInput,
+    ) -> Result<PodOutcome, ReconcileError> {
+        let started = Instant::now();
+        let result = self
+            .reconciler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reconcile(rec, input);
+        self.metrics.observe("pod", started.elapsed().as_secs_f64());
+        let ok = result.is_ok();
+        self.converged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(rec.container_id.clone(), ok);
+        match result {
+            Ok(outcome) => {
+                let (namespace, pod) = pod_key(rec);
+                self.metrics.show_pod(
+                    &rec.container_id,
+                    PodView {
+                        namespace,
+                        pod,
+                        interface: rec.host_veth.clone(),
+                        ifindex: rec.host_ifindex,
+                        mode: outcome.mode,
+                    },
+                );
+                self.metrics
+                    .policy_problems
+                    .inc_by(outcome.new_problems.len() as u64);
+                Ok(outcome)
+            }
+            Err(e) => {
+                warn!(error = %e, "apply failed");
+                self.metrics.error(Stage::Apply);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// The node-wide work over `records`: collection, and the NAT'd ports
+    /// when `nat` is given. Forgets pods without a live record.
+    pub async fn node_work(
+        self: &Arc<Self>,
+        records: Vec<Record>,
+        nat: Option<BTreeSet<(IpAddr, L4Proto, u16)>>,
+    ) {
+        let core = Arc::clone(self);
+        let done = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let mut rec = core
+                .reconciler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Err(e) = rec.collect(&records) {
+                warn!(error = %e, "collecting deleted pods' leftovers");
+                core.metrics.error(Stage::Gc);
+            }
+            if let Some(nat) = nat {
+                match rec.sync_nat_ports(&nat) {
+                    Ok((0, 0)) => {}
+                    Ok((added, removed)) => info!(added, removed, "NAT'd ports updated"),
+                    Err(e) => {
+                        warn!(error = %e, "NAT'd ports");
+                        core.metrics.error(Stage::NatPorts);
+                    }
+                }
+            }
+            drop(rec);
+            let live: std::collections::HashSet<&str> = records
+                .iter()
+                .filter(|r| is_live(r))
+                .map(|r| r.container_id.as_str())
+                .collect();
+            core.metrics.retain_pods(|id| live.contains(id));
+            core.converged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(|id, _| live.contains(id.as_str()));
+            core.metrics
+                .observe("node", started.elapsed().as_secs_f64());
+        })
+        .await;
+        if let Err(e) = done {
+            warn!(error = %e, "node work task failed");
+            self.metrics.error(Stage::Gc);
+        }
+    }
+
+    /// Whether every live record has been reconciled successfully.
+    pub fn all_converged(&self, records: &[Record]) -> bool {
+        let converged = self
+            .converged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        records
+            .iter()
+            .filter(|r| is_live(r))
+            .all(|r| converged.get(&r.container_id) == Some(&true))
+    }
+
+    /// Marks the node ready (once): /readyz answers 200, `xdpcni_ready` is 1
+    /// and the CNI's ready file is written.
+    pub fn set_ready(&self) -> Result<()> {
+        if self.ready.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.metrics.ready.set(1);
+        if let Some(f) = &self.cfg.ready_file {
+            if let Some(dir) = f.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(f, b"ready\n").with_context(|| format!("writing {}", f.display()))?;
+        }
+        info!("node reconciled: ready");
+        Ok(())
+    }
+
+    /// Whether the node was reconciled.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
+    match core.metrics.render() {
+        Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, CONTENT_TYPE)], text),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            "encoding failed\n".to_string(),
+        ),
+    }
+}
+
+async fn readyz(State(core): State<Arc<Core>>) -> impl IntoResponse {
+    if core.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
