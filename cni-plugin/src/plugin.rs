@@ -100,12 +100,20 @@ pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
         Ok(())
     })?;
 
-    let mut progress = Progress::default();
-    match add_steps(conf, env, log, &netns, &host_name, &mut nl, &mut progress) {
+    let mut add = Add {
+        conf,
+        env,
+        log,
+        netns: &netns,
+        host_name: &host_name,
+        nl,
+        progress: Progress::default(),
+    };
+    match add.run() {
         Ok(v) => Ok(v),
         Err(e) => {
             log.warn(&format!("ADD failed, undoing: {e}"));
-            if let Err(undo) = undo_add(conf, env, &host_name, &mut nl, &progress) {
+            if let Err(undo) = undo_add(conf, env, &host_name, &mut add.nl, &add.progress) {
                 log.warn(&format!("undo incomplete: {undo}"));
             }
             Err(e)
@@ -113,163 +121,274 @@ pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn add_steps(
-    conf: &NetConf,
-    env: &CniEnv,
-    log: &Log,
-    netns: &Path,
-    host_name: &str,
-    nl: &mut Netlink,
-    progress: &mut Progress,
-) -> Result<Value> {
-    let ipam_result = ipam::exec(conf, env, "ADD", &env.container_id, &env.ifname)?
-        .ok_or_else(|| Error::Decode("IPAM ADD returned nothing".into()))?;
-    progress.ipam = true;
-    fail_point("ipam")?;
-    let ips: Vec<IpAddr> = ipam_result.ips.iter().map(|c| c.address.ip).collect();
+/// One ADD in progress: its inputs and what it has done so far (for the
+/// undo). Its steps, in order: addresses (IPAM), veth pair, pod side, host
+/// side, datapath, record; each step is a method, and a failure after any
+/// of them is undone by `undo_add` from `progress`.
+struct Add<'a> {
+    conf: &'a NetConf,
+    env: &'a CniEnv,
+    log: &'a Log,
+    netns: &'a Path,
+    host_name: &'a str,
+    nl: Netlink,
+    progress: Progress,
+}
 
-    let ns_file = File::open(netns)
-        .map_err(|e| Error::ContainerUnknown(format!("opening {}: {e}", netns.display())))?;
-    nl.create_veth(host_name, &env.ifname, ns_file.as_fd(), conf.mtu)?;
-    let host = nl
-        .link_by_name(host_name)?
-        .ok_or_else(|| Error::TryAgain(format!("{host_name} vanished after creation")))?;
-    progress.host_ifindex = Some(host.index);
-    fail_point("veth")?;
+/// The host end of the veth pair, and the headroom the kernel reports.
+struct HostSide {
+    link: crate::netlink::Link,
+    headroom_effective: Option<u16>,
+}
 
-    // No DAD on the host veth's link-local: the node must solicit the pod's
-    // IPv6 address right away.
-    let _ = write_sysctl(
-        &format!("/proc/sys/net/ipv6/conf/{host_name}/accept_dad"),
-        "0",
-    );
-    nl.set_up(host.index)?;
-    // Headroom: veth has no attribute for it; ask anyway, then report what
-    // the kernel says it has (IFLA_HEADROOM).
-    if let Err(e) = nl.set_headroom(host.index, conf.headroom) {
-        log.info(&format!(
-            "kernel refused IFLA_HEADROOM={} on {host_name}: {e}",
+impl Add<'_> {
+    fn run(&mut self) -> Result<Value> {
+        let ipam = self.addresses()?;
+        fail_point("ipam")?;
+        let ips: Vec<IpAddr> = ipam.ips.iter().map(|c| c.address.ip).collect();
+        let host = self.veth_pair()?;
+        fail_point("veth")?;
+        let pod_mac = self.pod_side(&ips, &host.link)?;
+        fail_point("pod")?;
+        self.host_side(&ips, &host.link)?;
+        fail_point("routes")?;
+        let mode = self.datapath(&ips, &host.link, pod_mac)?;
+        fail_point("datapath")?;
+        self.record(&ips, &host, pod_mac, mode)?;
+        Ok(self.result(&ips, &host.link, pod_mac, ipam.dns))
+    }
+
+    /// Step 1: the pod's addresses from the IPAM plugin.
+    fn addresses(&mut self) -> Result<CniResult> {
+        let (conf, env) = (self.conf, self.env);
+        let result = ipam::exec(conf, env, "ADD", &env.container_id, &env.ifname)?
+            .ok_or_else(|| Error::Decode("IPAM ADD returned nothing".into()))?;
+        self.progress.ipam = true;
+        Ok(result)
+    }
+
+    /// Step 2: the veth pair (pod end moved into the netns), the host end up
+    /// with the headroom asked for; reports what the kernel granted.
+    fn veth_pair(&mut self) -> Result<HostSide> {
+        let (conf, name) = (self.conf, self.host_name);
+        let ns_file = File::open(self.netns).map_err(|e| {
+            Error::ContainerUnknown(format!("opening {}: {e}", self.netns.display()))
+        })?;
+        self.nl
+            .create_veth(name, &self.env.ifname, ns_file.as_fd(), conf.mtu)?;
+        let link = self
+            .nl
+            .link_by_name(name)?
+            .ok_or_else(|| Error::TryAgain(format!("{name} vanished after creation")))?;
+        self.progress.host_ifindex = Some(link.index);
+        // No DAD on the host veth's link-local: the node must solicit the
+        // pod's IPv6 address right away.
+        let _ = write_sysctl(&format!("/proc/sys/net/ipv6/conf/{name}/accept_dad"), "0");
+        self.nl.set_up(link.index)?;
+        // Headroom: veth has no attribute for it; ask anyway, then report
+        // what the kernel says it has (IFLA_HEADROOM).
+        if let Err(e) = self.nl.set_headroom(link.index, conf.headroom) {
+            self.log.info(&format!(
+                "kernel refused IFLA_HEADROOM={} on {name}: {e}",
+                conf.headroom
+            ));
+        }
+        let headroom_effective = self.nl.link_by_name(name)?.and_then(|l| l.headroom);
+        self.log.info(&format!(
+            "{name}: headroom requested {}, effective {headroom_effective:?}",
             conf.headroom
         ));
+        Ok(HostSide {
+            link,
+            headroom_effective,
+        })
     }
-    let headroom_effective = nl.link_by_name(host_name)?.and_then(|l| l.headroom);
-    log.info(&format!(
-        "{host_name}: headroom requested {}, effective {:?}",
-        conf.headroom, headroom_effective
-    ));
 
-    let want_mode = if conf.datapath_present() {
-        conf.xdp_mode
-    } else {
-        XdpMode::Off
-    };
-    let ifname = env.ifname.clone();
-    let host_mac = host.mac;
-    let pod_mac = in_netns(netns, || -> Result<[u8; 6]> {
-        let mut pnl = Netlink::new()?;
-        let pod = pnl
-            .link_by_name(&ifname)?
-            .ok_or_else(|| Error::TryAgain(format!("{ifname} missing in the pod")))?;
-        for ip in &ips {
-            pnl.add_address(pod.index, *ip, host_prefix(*ip))?;
-        }
-        pnl.set_up(pod.index)?;
-        for ip in &ips {
-            let gw = gateway(*ip);
-            pnl.add_permanent_neighbour(pod.index, gw, host_mac)?;
-            if ip.is_ipv4() {
-                pnl.add_route(gw, 32, None, pod.index)?;
+    /// Step 3, inside the pod: addresses, the gateway's permanent neighbour
+    /// entry, routes, and the offloads the mode needs. Returns the pod MAC.
+    fn pod_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<[u8; 6]> {
+        let want_mode = if self.conf.datapath_present() {
+            self.conf.xdp_mode
+        } else {
+            XdpMode::Off
+        };
+        let ifname = self.env.ifname.as_str();
+        let host_mac = host.mac;
+        in_netns(self.netns, || -> Result<[u8; 6]> {
+            let mut pnl = Netlink::new()?;
+            let pod = pnl
+                .link_by_name(ifname)?
+                .ok_or_else(|| Error::TryAgain(format!("{ifname} missing in the pod")))?;
+            for ip in ips {
+                pnl.add_address(pod.index, *ip, host_prefix(*ip))?;
             }
-            pnl.add_route(unspecified(*ip), 0, Some(gw), pod.index)?;
+            pnl.set_up(pod.index)?;
+            for ip in ips {
+                let gw = gateway(*ip);
+                pnl.add_permanent_neighbour(pod.index, gw, host_mac)?;
+                if ip.is_ipv4() {
+                    pnl.add_route(gw, 32, None, pod.index)?;
+                }
+                pnl.add_route(unspecified(*ip), 0, Some(gw), pod.index)?;
+            }
+            pod_offloads(ifname, want_mode)?;
+            Ok(pod.mac)
+        })
+    }
+
+    /// Step 4, on the node: a host route per pod address, forwarding on.
+    fn host_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<()> {
+        for ip in ips {
+            self.nl.add_route(*ip, host_prefix(*ip), None, host.index)?;
         }
-        pod_offloads(&ifname, want_mode)?;
-        Ok(pod.mac)
-    })?;
-    fail_point("pod")?;
-
-    for ip in &ips {
-        nl.add_route(*ip, host_prefix(*ip), None, host.index)?;
+        if ips.iter().any(IpAddr::is_ipv4) {
+            write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")?;
+        }
+        if ips.iter().any(IpAddr::is_ipv6) {
+            write_sysctl("/proc/sys/net/ipv6/conf/all/forwarding", "1")?;
+        }
+        Ok(())
     }
-    if ips.iter().any(IpAddr::is_ipv4) {
-        write_sysctl("/proc/sys/net/ipv4/ip_forward", "1")?;
+
+    /// Step 5: the pod as an endpoint of the datapath, attached in the
+    /// configured mode with the fallback native -> generic -> off when the
+    /// kernel refuses (the decisions and their order are pod::converge's,
+    /// shared with the agent). Kernel routing only when no datapath is
+    /// pinned. Returns the mode attached.
+    fn datapath(
+        &mut self,
+        ips: &[IpAddr],
+        host: &crate::netlink::Link,
+        pod_mac: [u8; 6],
+    ) -> Result<String> {
+        let (conf, log, ifname) = (self.conf, self.log, self.env.ifname.as_str());
+        if !conf.datapath_present() {
+            log.info("datapath not pinned: kernel routing only");
+            return Ok("none".into());
+        }
+        let mut dp = Datapath::open_existing(&conf.pin_dir)?;
+        let cpu_mask = match conf.cpu_mask {
+            0 => pod::online_cpus(),
+            m => m,
+        };
+        let info = pod::endpoint_info(
+            host.index,
+            pod::Mac(pod_mac),
+            pod::Mac(host.mac),
+            conf.redirect,
+            conf.mtu,
+            cpu_mask,
+        );
+        // Recorded before the first write, so the undo removes them if any fails.
+        self.progress.endpoints.extend_from_slice(ips);
+        dp.maps_mut().add_tx_port(host.index)?;
+        self.progress.tx_port = true;
+        pod::enable_cpus(&mut dp, conf.redirect, cpu_mask)?;
+        let attachment = pod::Attachment {
+            netns: self.netns,
+            ifname,
+            host_ifindex: host.index,
+            ips,
+            info,
+        };
+        let done = pod::converge(&mut dp, &attachment, conf.xdp_mode).map_err(|e| match e {
+            pod::ConvergeError::Datapath(e) => Error::from(e),
+            pod::ConvergeError::Offloads { source, .. } => {
+                Error::io(format!("offloads of {ifname} in the pod"), source)
+            }
+        })?;
+        self.progress.attached = done.mode != XdpMode::Off;
+        for r in &done.refused {
+            log.warn(&format!(
+                "{} XDP refused on {}: {}",
+                r.mode, host.name, r.error
+            ));
+        }
+        if done.mode == XdpMode::Off && conf.xdp_mode != XdpMode::Off {
+            log.warn(&format!(
+                "{}: no XDP mode accepted, kernel routing only",
+                host.name
+            ));
+        }
+        Ok(done.mode.as_str().into())
     }
-    if ips.iter().any(IpAddr::is_ipv6) {
-        write_sysctl("/proc/sys/net/ipv6/conf/all/forwarding", "1")?;
+
+    /// Step 6: the attachment record the agent, CHECK, DEL and GC read.
+    fn record(
+        &mut self,
+        ips: &[IpAddr],
+        host: &HostSide,
+        pod_mac: [u8; 6],
+        mode: String,
+    ) -> Result<()> {
+        let (conf, env) = (self.conf, self.env);
+        let rec = Record {
+            container_id: env.container_id.clone(),
+            ifname: env.ifname.clone(),
+            netns: self.netns.display().to_string(),
+            host_veth: self.host_name.to_string(),
+            host_ifindex: host.link.index,
+            host_mac: fmt_mac(&host.link.mac),
+            pod_mac: fmt_mac(&pod_mac),
+            ips: ips.to_vec(),
+            mtu: conf.mtu,
+            headroom_requested: conf.headroom,
+            headroom_effective: host.headroom_effective,
+            xdp_mode: mode,
+            redirect: conf.redirect.as_str().into(),
+            pod_namespace: env
+                .args
+                .get("K8S_POD_NAMESPACE")
+                .cloned()
+                .unwrap_or_default(),
+            pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
+        };
+        state::save(&conf.state_dir, &rec)?;
+        self.progress.record = true;
+        Ok(())
     }
-    fail_point("routes")?;
 
-    let mode = if conf.datapath_present() {
-        register(
-            conf,
-            log,
-            netns,
-            &env.ifname,
-            &ips,
-            &host,
-            pod_mac,
-            progress,
-        )?
-    } else {
-        log.info("datapath not pinned: kernel routing only");
-        "none".to_string()
-    };
-    fail_point("datapath")?;
-
-    let rec = Record {
-        container_id: env.container_id.clone(),
-        ifname: env.ifname.clone(),
-        netns: netns.display().to_string(),
-        host_veth: host_name.to_string(),
-        host_ifindex: host.index,
-        host_mac: fmt_mac(&host.mac),
-        pod_mac: fmt_mac(&pod_mac),
-        ips: ips.clone(),
-        mtu: conf.mtu,
-        headroom_requested: conf.headroom,
-        headroom_effective,
-        xdp_mode: mode,
-        redirect: conf.redirect.as_str().into(),
-        pod_namespace: env
-            .args
-            .get("K8S_POD_NAMESPACE")
-            .cloned()
-            .unwrap_or_default(),
-        pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
-    };
-    state::save(&conf.state_dir, &rec)?;
-    progress.record = true;
-
-    let result = CniResult {
-        interfaces: vec![
-            Interface {
-                name: host_name.to_string(),
-                mac: fmt_mac(&host.mac),
-                mtu: Some(conf.mtu),
-                sandbox: String::new(),
-            },
-            Interface {
-                name: env.ifname.clone(),
-                mac: fmt_mac(&pod_mac),
-                mtu: Some(conf.mtu),
-                sandbox: netns.display().to_string(),
-            },
-        ],
-        ips: ips
-            .iter()
-            .map(|ip| IpConfig {
-                address: Cidr {
-                    ip: *ip,
-                    prefix: host_prefix(*ip),
+    /// The CNI result: both interfaces, the addresses with their gateway,
+    /// a default route per family, the IPAM's DNS.
+    fn result(
+        &self,
+        ips: &[IpAddr],
+        host: &crate::netlink::Link,
+        pod_mac: [u8; 6],
+        dns: Value,
+    ) -> Value {
+        let (conf, env) = (self.conf, self.env);
+        CniResult {
+            interfaces: vec![
+                Interface {
+                    name: self.host_name.to_string(),
+                    mac: fmt_mac(&host.mac),
+                    mtu: Some(conf.mtu),
+                    sandbox: String::new(),
                 },
-                gateway: Some(gateway(*ip)),
-                interface: Some(1),
-            })
-            .collect(),
-        routes: default_routes(&ips),
-        dns: ipam_result.dns,
-    };
-    Ok(result.to_json(&conf.cni_version))
+                Interface {
+                    name: env.ifname.clone(),
+                    mac: fmt_mac(&pod_mac),
+                    mtu: Some(conf.mtu),
+                    sandbox: self.netns.display().to_string(),
+                },
+            ],
+            ips: ips
+                .iter()
+                .map(|ip| IpConfig {
+                    address: Cidr {
+                        ip: *ip,
+                        prefix: host_prefix(*ip),
+                    },
+                    gateway: Some(gateway(*ip)),
+                    interface: Some(1),
+                })
+                .collect(),
+            routes: default_routes(ips),
+            dns,
+        }
+        .to_json(&conf.cni_version)
+    }
 }
 
 /// `0.0.0.0` or `::`, in the family of `ip`.
@@ -293,68 +412,6 @@ fn default_routes(ips: &[IpAddr]) -> Vec<Route> {
             gw: Some(gateway(*ip)),
         })
         .collect()
-}
-
-/// Registers the pod in the datapath and attaches it in the configured mode,
-/// falling back native -> generic -> off when the kernel refuses (the
-/// decisions and their order are pod::converge's, shared with the agent).
-/// Returns the mode attached.
-#[allow(clippy::too_many_arguments)]
-fn register(
-    conf: &NetConf,
-    log: &Log,
-    netns: &Path,
-    ifname: &str,
-    ips: &[IpAddr],
-    host: &crate::netlink::Link,
-    pod_mac: [u8; 6],
-    progress: &mut Progress,
-) -> Result<String> {
-    let mut dp = Datapath::open_existing(&conf.pin_dir)?;
-    let cpu_mask = match conf.cpu_mask {
-        0 => pod::online_cpus(),
-        m => m,
-    };
-    let info = pod::endpoint_info(
-        host.index,
-        pod::Mac(pod_mac),
-        pod::Mac(host.mac),
-        conf.redirect,
-        conf.mtu,
-        cpu_mask,
-    );
-    // Recorded before the first write, so the undo removes them if any fails.
-    progress.endpoints.extend_from_slice(ips);
-    dp.maps_mut().add_tx_port(host.index)?;
-    progress.tx_port = true;
-    pod::enable_cpus(&mut dp, conf.redirect, cpu_mask)?;
-    let attachment = pod::Attachment {
-        netns,
-        ifname,
-        host_ifindex: host.index,
-        ips,
-        info,
-    };
-    let done = pod::converge(&mut dp, &attachment, conf.xdp_mode).map_err(|e| match e {
-        pod::ConvergeError::Datapath(e) => Error::from(e),
-        pod::ConvergeError::Offloads { source, .. } => {
-            Error::io(format!("offloads of {ifname} in the pod"), source)
-        }
-    })?;
-    progress.attached = done.mode != XdpMode::Off;
-    for r in &done.refused {
-        log.warn(&format!(
-            "{} XDP refused on {}: {}",
-            r.mode, host.name, r.error
-        ));
-    }
-    if done.mode == XdpMode::Off && conf.xdp_mode != XdpMode::Off {
-        log.warn(&format!(
-            "{}: no XDP mode accepted, kernel routing only",
-            host.name
-        ));
-    }
-    Ok(done.mode.as_str().into())
 }
 
 fn undo_add(

@@ -102,11 +102,6 @@ impl Reconciler {
         }
     }
 
-    /// The datapath.
-    pub fn datapath(&self) -> &Datapath {
-        &self.dp
-    }
-
     /// Applies the policy of `pod` (annotations over the node defaults) to
     /// the pod of `rec`.
     pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {
