@@ -260,11 +260,11 @@ impl Add<'_> {
         ips: &[IpAddr],
         host: &crate::netlink::Link,
         pod_mac: [u8; 6],
-    ) -> Result<String> {
+    ) -> Result<XdpMode> {
         let (conf, log, ifname) = (self.conf, self.log, self.env.ifname.as_str());
         if !conf.datapath_present() {
             log.info("datapath not pinned: kernel routing only");
-            return Ok("none".into());
+            return Ok(XdpMode::Off);
         }
         let mut dp = Datapath::open_existing(&conf.pin_dir)?;
         let cpu_mask = match conf.cpu_mask {
@@ -310,7 +310,7 @@ impl Add<'_> {
                 host.name
             ));
         }
-        Ok(done.mode.as_str().into())
+        Ok(done.mode)
     }
 
     /// Step 6: the attachment record the agent, CHECK, DEL and GC read.
@@ -319,7 +319,7 @@ impl Add<'_> {
         ips: &[IpAddr],
         host: &HostSide,
         pod_mac: [u8; 6],
-        mode: String,
+        mode: XdpMode,
     ) -> Result<()> {
         let (conf, env) = (self.conf, self.env);
         let rec = Record {
@@ -328,14 +328,14 @@ impl Add<'_> {
             netns: self.netns.display().to_string(),
             host_veth: self.host_name.to_string(),
             host_ifindex: host.link.index,
-            host_mac: fmt_mac(&host.link.mac),
-            pod_mac: fmt_mac(&pod_mac),
+            host_mac: pod::Mac(host.link.mac),
+            pod_mac: pod::Mac(pod_mac),
             ips: ips.to_vec(),
             mtu: conf.mtu,
             headroom_requested: conf.headroom,
             headroom_effective: host.headroom_effective,
             xdp_mode: mode,
-            redirect: conf.redirect.as_str().into(),
+            redirect: conf.redirect,
             pod_namespace: env
                 .args
                 .get("K8S_POD_NAMESPACE")

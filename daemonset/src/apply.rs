@@ -11,7 +11,7 @@ use std::path::Path;
 
 use xdpcni_ebpf::Datapath;
 use xdpcni_node::{
-    pod::{self, fallback, Attachment, Mac, XdpMode},
+    pod::{self, fallback, Attachment, XdpMode},
     state::Record,
 };
 
@@ -26,9 +26,6 @@ pub enum ApplyError {
     /// The mode could not be reached (datapath or offloads in the pod).
     #[error("{0}")]
     Converge(#[from] pod::ConvergeError),
-    /// A record is unusable.
-    #[error("record of {0}: {1}")]
-    Record(String, String),
 }
 
 /// What a pod ended up with.
@@ -52,10 +49,6 @@ pub fn apply(
     want: &Policy,
     kernel_only: bool,
 ) -> Result<Applied, ApplyError> {
-    let (pod_mac, host_mac) = match (rec.pod_mac.parse::<Mac>(), rec.host_mac.parse::<Mac>()) {
-        (Ok(p), Ok(h)) => (p, h),
-        (Err(e), _) | (_, Err(e)) => return Err(ApplyError::Record(rec.container_id.clone(), e)),
-    };
     let mut changed = false;
     if !dp.maps().has_tx_port(rec.host_ifindex)? {
         dp.maps_mut().add_tx_port(rec.host_ifindex)?;
@@ -69,8 +62,8 @@ pub fn apply(
         ips: &rec.ips,
         info: pod::endpoint_info(
             rec.host_ifindex,
-            pod_mac,
-            host_mac,
+            rec.pod_mac,
+            rec.host_mac,
             want.redirect,
             rec.mtu,
             want.cpu_mask,

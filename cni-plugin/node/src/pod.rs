@@ -51,6 +51,26 @@ impl fmt::Display for XdpMode {
     }
 }
 
+impl serde::Serialize for XdpMode {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Reads `native`, `generic` or `off`; also `none`, which records written
+/// before the mode was typed used for "no datapath pinned" (kernel routing).
+impl<'de> serde::Deserialize<'de> for XdpMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "none" => Ok(Self::Off),
+            s => Self::parse(s).ok_or_else(|| {
+                serde::de::Error::custom(format!("XDP mode {s:?} is not native, generic or off"))
+            }),
+        }
+    }
+}
+
 /// The next mode to try when the kernel refuses `mode`: native, then
 /// generic, then kernel routing, which always works.
 pub fn fallback(mode: XdpMode) -> XdpMode {
@@ -332,6 +352,20 @@ impl fmt::Display for Mac {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let [a, b, c, d, e, g] = self.0;
         write!(f, "{a:02x}:{b:02x}:{c:02x}:{d:02x}:{e:02x}:{g:02x}")
+    }
+}
+
+impl serde::Serialize for Mac {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Mac {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 

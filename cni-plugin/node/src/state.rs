@@ -9,6 +9,26 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+use xdpcni_ebpf::abi::RedirectPolicy;
+
+use crate::pod::{Mac, XdpMode};
+
+/// `devmap` or `cpumap` in the record's JSON.
+mod redirect_str {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use xdpcni_ebpf::abi::RedirectPolicy;
+
+    pub fn serialize<S: Serializer>(p: &RedirectPolicy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RedirectPolicy, D::Error> {
+        let s = String::deserialize(d)?;
+        RedirectPolicy::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!("redirect {s:?} is not devmap or cpumap"))
+        })
+    }
+}
 
 /// Failures reading or writing records.
 #[derive(Debug, thiserror::Error)]
@@ -50,9 +70,9 @@ pub struct Record {
     /// Its ifindex (in the host namespace).
     pub host_ifindex: u32,
     /// Its MAC.
-    pub host_mac: String,
+    pub host_mac: Mac,
     /// The pod interface's MAC.
-    pub pod_mac: String,
+    pub pod_mac: Mac,
     /// The pod's addresses.
     pub ips: Vec<IpAddr>,
     /// MTU of both ends.
@@ -61,10 +81,11 @@ pub struct Record {
     pub headroom_requested: u16,
     /// Headroom the kernel reports on the host veth (`IFLA_HEADROOM`), if any.
     pub headroom_effective: Option<u16>,
-    /// XDP mode attached (`native`, `generic`, `off`), or `none` without a datapath.
-    pub xdp_mode: String,
-    /// Redirect policy registered.
-    pub redirect: String,
+    /// XDP mode attached at ADD (`off` also when no datapath was pinned).
+    pub xdp_mode: XdpMode,
+    /// Redirect policy registered at ADD.
+    #[serde(with = "redirect_str")]
+    pub redirect: RedirectPolicy,
     /// K8S_POD_NAMESPACE, when the runtime gave it.
     #[serde(default)]
     pub pod_namespace: String,
@@ -147,6 +168,40 @@ pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records are typed (MACs, mode, redirect) and read the JSON written
+    /// before they were: the same strings, and `none` for a pod attached
+    /// without a datapath.
+    #[test]
+    fn records_are_typed_and_read_the_old_json() {
+        let old = serde_json::json!({
+            "containerId": "c1", "ifname": "eth0", "netns": "/run/netns/x",
+            "hostVeth": "xdpabc", "hostIfindex": 7,
+            "hostMac": "02:00:00:00:00:01", "podMac": "0a:58:0a:01:00:02",
+            "ips": ["10.1.0.2"], "mtu": 1500, "headroomRequested": 256,
+            "headroomEffective": null, "xdpMode": "none", "redirect": "cpumap",
+        });
+        let rec: Record = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(rec.host_mac, Mac([2, 0, 0, 0, 0, 1]));
+        assert_eq!(rec.pod_mac.to_string(), "0a:58:0a:01:00:02");
+        assert_eq!(rec.xdp_mode, XdpMode::Off);
+        assert_eq!(rec.redirect, RedirectPolicy::Cpumap);
+        assert_eq!(rec.pod_name, "", "absent pod fields default to empty");
+        let back = serde_json::to_value(&rec).unwrap();
+        assert_eq!(back["hostMac"], "02:00:00:00:00:01");
+        assert_eq!(back["xdpMode"], "off");
+        assert_eq!(back["redirect"], "cpumap");
+        for (field, bad) in [
+            ("hostMac", "02:00:00:00:00"),
+            ("xdpMode", "turbo"),
+            ("redirect", "bridge"),
+        ] {
+            let mut v = old.clone();
+            v[field] = serde_json::json!(bad);
+            let err = serde_json::from_value::<Record>(v).unwrap_err().to_string();
+            assert!(err.contains(bad), "{field}: {err}");
+        }
+    }
 
     #[test]
     fn host_veth_names_are_stable_short_and_distinct() {
