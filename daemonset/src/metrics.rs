@@ -189,13 +189,13 @@ impl Collector for PodsCollector {
             MetricType::Gauge,
         )?;
         for view in &views {
-            for mode in ["native", "generic", "off"] {
+            for mode in XdpMode::ALL {
                 let labels = [
                     ("namespace", Escaped(&view.namespace)),
                     ("pod", Escaped(&view.pod)),
-                    ("mode", Escaped(mode)),
+                    ("mode", Escaped(mode.as_str())),
                 ];
-                ConstGauge::new(i64::from(view.mode.as_str() == mode))
+                ConstGauge::new(i64::from(view.mode == mode))
                     .encode(family.encode_family(&labels)?)?;
             }
         }

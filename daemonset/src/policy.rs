@@ -105,11 +105,6 @@ pub fn resolve(
     (p, problems)
 }
 
-/// The node default a config names (`native`, `generic` or `off`).
-pub fn default_mode(s: &str) -> Option<XdpMode> {
-    XdpMode::parse(s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

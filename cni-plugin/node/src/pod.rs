@@ -26,14 +26,16 @@ pub enum XdpMode {
 }
 
 impl XdpMode {
+    /// Every mode, fastest first (the fallback order).
+    pub const ALL: [XdpMode; 3] = [
+        Self::Xdp(AttachMode::Native),
+        Self::Xdp(AttachMode::Generic),
+        Self::Off,
+    ];
+
     /// Parses `native`, `generic` or `off`.
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "native" => Some(Self::Xdp(AttachMode::Native)),
-            "generic" => Some(Self::Xdp(AttachMode::Generic)),
-            "off" => Some(Self::Off),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
 
     /// `native`, `generic` or `off`.
@@ -441,6 +443,11 @@ mod tests {
         assert_eq!(m, XdpMode::Xdp(AttachMode::Generic));
         assert_eq!(fallback(m), XdpMode::Off);
         assert_eq!(fallback(XdpMode::Off), XdpMode::Off);
+        // The fallback walks XdpMode::ALL in order, so metrics and docs that
+        // list ALL list the fallback order.
+        for w in XdpMode::ALL.windows(2) {
+            assert_eq!(fallback(w[0]), w[1]);
+        }
     }
 
     #[test]
