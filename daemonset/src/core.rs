@@ -233,16 +233,16 @@ impl Core {
         let core = Arc::clone(self);
         let done = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let mut rec = core
+            let mut reconciler = core
                 .reconciler
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Err(e) = rec.collect(&records) {
+            if let Err(e) = reconciler.collect(&records) {
                 warn!(error = %e, "collecting deleted pods' leftovers");
                 core.metrics.error(Stage::Gc);
             }
             if let Some(nat) = nat {
-                match rec.sync_nat_ports(&nat) {
+                match reconciler.sync_nat_ports(&nat) {
                     Ok((0, 0)) => {}
                     Ok((added, removed)) => info!(added, removed, "NAT'd ports updated"),
                     Err(e) => {
@@ -251,7 +251,7 @@ impl Core {
                     }
                 }
             }
-            drop(rec);
+            drop(reconciler);
             let live: std::collections::HashSet<&str> = records
                 .iter()
                 .filter(|r| is_live(r))
