@@ -630,15 +630,18 @@ fn truncated_and_malformed_headers_pass_without_fault() {
             eth(a.host_mac, a.pod_mac, ETH_P_IPV6, &bad6),
         ));
         for (what, frame) in &cases {
-            let before = count(dp, a, Verdict::PassMalformed);
+            // Cut inside L4: the headers parse, the length field does not
+            // match the frame (what ip_rcv drops as truncated).
+            let v = if what.contains("tcp ports") {
+                Verdict::PassBadLength
+            } else {
+                Verdict::PassMalformed
+            };
+            let before = count(dp, a, v);
             let r = run(dp, a, frame);
             assert_eq!(r.action, XDP_PASS, "{what}");
             assert_eq!(&r.frame, frame, "{what} untouched");
-            assert_eq!(
-                count(dp, a, Verdict::PassMalformed),
-                before + 1,
-                "{what} counted"
-            );
+            assert_eq!(count(dp, a, v), before + 1, "{what} counted as {v:?}");
         }
         // Fragments carry no ports for the NAT check: kernel.
         let mut frag = good.clone();
@@ -651,6 +654,56 @@ fn truncated_and_malformed_headers_pass_without_fault() {
         // IPv6 extension header (hop-by-hop).
         let ext = v6_frame(a, a.ipv6, b.ipv6, 64, (0, vec![6, 0, 1, 4, 0, 0, 0, 0]));
         expect_unchanged(dp, a, &ext, XDP_PASS, Verdict::PassL4);
+        Ok(())
+    });
+}
+
+/// What the kernel checks before it would forward a packet, the fast path
+/// must check too (or leave the packet to the kernel): the destination MAC,
+/// IPv4 options, the header checksum, and the length field against the frame.
+#[test]
+fn frames_the_kernel_would_not_forward_as_is_go_to_kernel() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let l4 = || (IPPROTO_UDP, udp(1, 2, b"payload"));
+        let good = v4_frame(a, a.ipv4, b.ipv4, 64, l4());
+        assert_eq!(run(dp, a, &good).action, XDP_REDIRECT, "the control");
+        // Unicast destination MACs other than the host veth's: all-zero, and
+        // another host veth's.
+        for other in [[0u8; 6], b.host_mac] {
+            let mut f = good.clone();
+            f[..6].copy_from_slice(&other);
+            expect_unchanged(dp, a, &f, XDP_PASS, Verdict::PassOtherhost);
+        }
+        let mut f6 = v6_frame(a, a.ipv6, b.ipv6, 64, l4());
+        f6[..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 9]);
+        expect_unchanged(dp, a, &f6, XDP_PASS, Verdict::PassOtherhost);
+        // IPv4 options (four NOPs): the kernel's forwarding owns them.
+        let ip = ipv4(a.ipv4, b.ipv4, 64, IPPROTO_UDP, &udp(1, 2, b"payload"));
+        let mut opt = vec![0x46, 0];
+        opt.extend_from_slice(&u16::try_from(ip.len() + 4).unwrap().to_be_bytes());
+        opt.extend_from_slice(&ip[4..10]);
+        opt.extend_from_slice(&[0, 0]);
+        opt.extend_from_slice(&ip[12..20]);
+        opt.extend_from_slice(&[1, 1, 1, 1]);
+        let c = packet::checksum(&opt);
+        opt[10..12].copy_from_slice(&c.to_be_bytes());
+        opt.extend_from_slice(&ip[20..]);
+        let opt = eth(a.host_mac, a.pod_mac, ETH_P_IP, &opt);
+        expect_unchanged(dp, a, &opt, XDP_PASS, Verdict::PassIpOptions);
+        // A wrong header checksum.
+        let mut bad = good.clone();
+        bad[14 + 10] ^= 0x5a;
+        expect_unchanged(dp, a, &bad, XDP_PASS, Verdict::PassBadChecksum);
+        // Trailing bytes after the IP packet, and a length past the frame.
+        let mut padded = good.clone();
+        padded.extend_from_slice(&[0; 6]);
+        expect_unchanged(dp, a, &padded, XDP_PASS, Verdict::PassBadLength);
+        let mut padded6 = v6_frame(a, a.ipv6, b.ipv6, 64, l4());
+        padded6.extend_from_slice(&[0; 6]);
+        expect_unchanged(dp, a, &padded6, XDP_PASS, Verdict::PassBadLength);
+        let cut = good[..good.len() - 3].to_vec();
+        expect_unchanged(dp, a, &cut, XDP_PASS, Verdict::PassBadLength);
         Ok(())
     });
 }

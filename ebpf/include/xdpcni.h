@@ -119,7 +119,17 @@ struct nat_port_key {
 	  "counted on the destination's host veth for each frame the fast path delivered to it")   \
 	X(PASS_GSO, 17, KERNEL,                                                                    \
 	  "L3 length above the sender's MTU: a GSO super-packet (generic mode keeps the pod's "    \
-	  "TSO); the kernel path segments it")
+	  "TSO); the kernel path segments it")                                                     \
+	X(PASS_OTHERHOST, 18, KERNEL,                                                              \
+	  "destination MAC is unicast but not the ingress host veth's: the kernel drops it "       \
+	  "(PACKET_OTHERHOST), so must the fast path")                                             \
+	X(PASS_IP_OPTIONS, 19, KERNEL,                                                             \
+	  "IPv4 header options: the kernel's forwarding processes them (record route, "            \
+	  "timestamps, source routes)")                                                            \
+	X(PASS_BAD_LENGTH, 20, KERNEL,                                                             \
+	  "the IP length field disagrees with the frame: truncated (the kernel drops it) or "      \
+	  "with trailing bytes (the kernel trims them)")                                           \
+	X(PASS_BAD_CHECKSUM, 21, KERNEL, "IPv4 header checksum is wrong: the kernel drops it")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
@@ -135,7 +145,8 @@ enum xdpcni_verdict {
 #define XDPCNI_VERDICT_ENUM(name, value, kind, when) XDPCNI_V_##name = value,
 	XDPCNI_VERDICTS(XDPCNI_VERDICT_ENUM)
 #undef XDPCNI_VERDICT_ENUM
-	    XDPCNI_V_MAX = 18,
+	/* Counter rows per slot: room for verdicts to come without resizing the map. */
+	XDPCNI_V_MAX = 32,
 };
 
 /* Verdict kinds, and the verdicts of each kind as a bit mask (bit = value). */

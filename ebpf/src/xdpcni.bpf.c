@@ -264,6 +264,26 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 	}
 }
 
+/* Whether the 20-byte IPv4 header sums to 0xffff, as ip_rcv() requires. */
+static __always_inline int ipv4_header_ok(const struct iphdr *iph)
+{
+	const __u16 *w = (const __u16 *)iph;
+	__u32 sum = 0;
+
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum == 0xffff;
+}
+
+/*
+ * The IPv4 checks of ip_rcv() that decide whether the kernel would forward
+ * the packet at all, in its order, then the addresses (for source
+ * validation), then what only the kernel's forwarding does (options,
+ * fragments).
+ */
 static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end)
 {
 	struct iphdr *iph = l3;
@@ -290,6 +310,14 @@ static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end
 	p->proto = iph->protocol;
 	p->ttl = &iph->ttl;
 	p->csum = &iph->check;
+	/* Options: the kernel's forwarding rewrites some (record route). */
+	if (hlen > sizeof(*iph))
+		return XDPCNI_V_PASS_IP_OPTIONS;
+	if (!ipv4_header_ok(iph))
+		return XDPCNI_V_PASS_BAD_CHECKSUM;
+	/* Truncated (dropped) or padded (trimmed): the kernel's business. */
+	if (l3 + p->l3_len != data_end)
+		return XDPCNI_V_PASS_BAD_LENGTH;
 	/* Non-first fragments carry no ports: leave reassembly to the kernel. */
 	if (iph->frag_off & bpf_htons(IP_MF_ | IP_OFFSET_))
 		return XDPCNI_V_PASS_L4;
@@ -315,6 +343,9 @@ static __always_inline int parse_ipv6(struct packet *p, void *l3, void *data_end
 	p->proto = ip6h->nexthdr;
 	p->ttl = &ip6h->hop_limit;
 	p->csum = 0;
+	/* Truncated, padded, or a jumbogram (payload length 0). */
+	if (l3 + p->l3_len != data_end)
+		return XDPCNI_V_PASS_BAD_LENGTH;
 	/* Extension headers (fragments included) take the kernel path. */
 	return parse_l4(p, ip6h + 1, data_end, 1);
 }
@@ -385,6 +416,12 @@ static __always_inline struct endpoint_info *validate(const struct packet *p, __
 	return src && src->ifindex == ingress ? src : 0;
 }
 
+static __always_inline int mac_equal(const __u8 *a, const __u8 *b)
+{
+	return *(const __u32 *)a == *(const __u32 *)b &&
+	       *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
+}
+
 /*
  * Stage 3, decide: STAGE_OK with *dst set when the fast path may deliver the
  * packet exactly as kernel routing would; otherwise the kernel's verdict.
@@ -394,6 +431,9 @@ static __always_inline int decide(const struct packet *p, const struct endpoint_
 {
 	struct endpoint_info *dst;
 
+	/* Not addressed to the host veth: the kernel would not route it. */
+	if (!mac_equal(p->eth->h_dest, src->host_mac))
+		return XDPCNI_V_PASS_OTHERHOST;
 	if (src->flags & XDPCNI_EP_KERNEL_ONLY)
 		return XDPCNI_V_PASS_KERNEL_ONLY;
 	dst = lookup_endpoint(&p->dst);
