@@ -25,7 +25,7 @@ use crate::{
     log::Log,
     netlink::Netlink,
     netns::in_netns,
-    pod,
+    pod, source_check,
     state::{self, Record},
     types::{self, Cidr, CniResult, Interface, IpConfig, Route},
 };
@@ -236,8 +236,22 @@ impl Add<'_> {
         })
     }
 
-    /// Step 4, on the node: a host route per pod address, forwarding on.
+    /// Step 4, on the node: a host route per pod address, forwarding on,
+    /// and the kernel path's source check (what the datapath's
+    /// `drop_spoofed` is on the fast path): strict rp_filter on the veth,
+    /// and for IPv6 the node's `rpfilter` rule.
     fn host_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<()> {
+        source_check::ipv4_strict(&host.name)
+            .map_err(|e| Error::io(format!("strict rp_filter on {}", host.name), e))?;
+        if ips.iter().any(IpAddr::is_ipv6) {
+            match source_check::ensure_ipv6() {
+                Ok(true) => self
+                    .log
+                    .info("added the IPv6 source check rule (ip6tables raw)"),
+                Ok(false) => {}
+                Err(e) => self.log.warn(&format!("IPv6 source check: {e}")),
+            }
+        }
         for ip in ips {
             self.nl.add_route(*ip, host_prefix(*ip), None, host.index)?;
         }

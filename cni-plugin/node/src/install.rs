@@ -225,6 +225,9 @@ pub struct Removed {
     /// Attachment records of pods still on the node (they keep kernel
     /// routing until they are deleted).
     pub pods_left: Vec<String>,
+    /// Copies of the IPv6 source-check rule removed (only once no pod is
+    /// left: the rule protects their kernel path).
+    pub source_rules: usize,
 }
 
 /// Takes xdpcni off the node: detaches and unpins the datapath, removes the
@@ -271,6 +274,10 @@ pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
         .map(|r| format!("{}/{}", r.pod_namespace, r.pod_name))
         .collect();
     if records.as_ref().is_some_and(Vec::is_empty) {
+        match crate::source_check::remove_ipv6() {
+            Ok(n) => removed.source_rules = n,
+            Err(e) => failed.push(format!("removing the IPv6 source check: {e}")),
+        }
         match std::fs::remove_dir_all(&m.state_dir) {
             Ok(()) => removed.paths.push(m.state_dir.clone()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -7,10 +7,13 @@
 //!   endpoint record, MAC and CPU-list parsing and formatting.
 //! - [`state`]: the per-attachment records the plugin writes and the agent
 //!   reads; [`install`]: the CNI files on a node and their removal.
+//! - [`source_check`]: the kernel path's check that pods send from their own
+//!   addresses (what the datapath's `drop_spoofed` is on the fast path).
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
 
 pub mod ethtool;
 pub mod install;
 pub mod netns;
 pub mod pod;
+pub mod source_check;
 pub mod state;

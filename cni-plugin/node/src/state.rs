@@ -55,6 +55,10 @@ impl StateError {
 type Error = StateError;
 type Result<T> = std::result::Result<T, StateError>;
 
+/// The first letters of every host veth xdpcni makes (the IPv6 source
+/// check's rule matches `xdp+`).
+pub const HOST_VETH_PREFIX: &str = "xdp";
+
 /// What ADD built for one attachment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -157,12 +161,13 @@ pub fn list(dir: &Path) -> Result<Vec<Record>> {
 /// The host veth name of an attachment: `xdp` + 12 hex digits of a 64-bit
 /// FNV-1a hash of container ID and interface (15 bytes, the kernel's limit).
 pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    // HOST_VETH_PREFIX + 12 hex digits: 15 bytes, IFNAMSIZ - 1.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in container_id.bytes().chain([0]).chain(ifname.bytes()) {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    format!("xdp{:012x}", h >> 16)
+    format!("{HOST_VETH_PREFIX}{:012x}", h >> 16)
 }
 
 #[cfg(test)]
