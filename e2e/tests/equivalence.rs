@@ -1,0 +1,926 @@
+//! Equivalence: the fast path delivers exactly what kernel routing would.
+//!
+//! Three pods on a node made by the real CNI (a sends, b receives with a
+//! smaller MTU, c only lends its addresses). Every probe is a sequence of
+//! frames sent with an AF_PACKET socket from inside a pod (so malformed and
+//! unusual frames can be sent); everything that then arrives at a's and b's
+//! eth0 is captured. The probes run once with every pod in `off` (kernel
+//! routing) and once in each XDP mode (native/generic x devmap/cpumap), and
+//! the captures must be equal byte for byte, unless the probe is in
+//! INTENDED, each with its reason. Then a seeded random run (seed printed,
+//! `XDPCNI_EQ_SEED` / `XDPCNI_EQ_FRAMES` to replay or lengthen) compares a
+//! few thousand generated frames the same way.
+//!
+//! What is not compared, and why: frames the node itself sends to resolve a
+//! pod's address (ARP, neighbour solicitations) exist only on the kernel
+//! path, which resolves neighbours; the fast path takes the MAC from the
+//! endpoint record. The pods' own stacks are silenced (INPUT dropped in the
+//! pods, neighbour advertisements excepted) so that every captured frame is
+//! the node's doing, not the pods' (whose replies carry IP IDs and sequence
+//! numbers that differ between runs).
+//!
+//! Needs root, bpffs, iptables and containernetworking-plugins.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use xdpcni_e2e::{
+    cni::{Call, Network},
+    in_netns,
+    netns::Netns,
+    packet::{self, checksum, eth, ETH_P_IP, ETH_P_IPV6},
+    traffic::ping,
+    PinDir,
+};
+use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode, Datapath, Maps};
+use xdpcni_node::{
+    pod::{self, XdpMode},
+    state::{self, Record},
+};
+
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_8021Q: u16 = 0x8100;
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+
+/// The XDP modes compared against `off`.
+const MODES: [(&str, AttachMode, RedirectPolicy); 4] = [
+    ("native/devmap", AttachMode::Native, RedirectPolicy::Devmap),
+    ("native/cpumap", AttachMode::Native, RedirectPolicy::Cpumap),
+    (
+        "generic/devmap",
+        AttachMode::Generic,
+        RedirectPolicy::Devmap,
+    ),
+    (
+        "generic/cpumap",
+        AttachMode::Generic,
+        RedirectPolicy::Cpumap,
+    ),
+];
+
+/// Probes whose captures may differ, and why. Each is a limit of any fast
+/// path that bypasses netfilter; the README's "what the fast path does not
+/// see" says what a user should do about it.
+const INTENDED: &[(&str, &str)] = &[(
+    "v4 FORWARD DROP rule between the pods",
+    "XDP runs before netfilter: an administrator's FORWARD rule is not seen \
+     by the fast path (README: what the fast path does not see)",
+)];
+
+struct Pod {
+    ns: Netns,
+    rec: Record,
+    v4: Ipv4Addr,
+    v6: Ipv6Addr,
+    /// AF_PACKET socket on eth0: sends, and captures what arrives.
+    sock: OwnedFd,
+}
+
+impl Pod {
+    fn host_mac(&self) -> [u8; 6] {
+        self.rec.host_mac.0
+    }
+
+    fn pod_mac(&self) -> [u8; 6] {
+        self.rec.pod_mac.0
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: a valid socket and buffer.
+        let n = unsafe { libc::send(self.sock.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(
+            n,
+            frame.len() as isize,
+            "send: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// Everything received since the last call.
+    fn drain(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        loop {
+            // SAFETY: a valid socket and buffer of the given size.
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n <= 0 {
+                return out;
+            }
+            out.push(buf[..n as usize].to_vec());
+        }
+    }
+}
+
+/// A raw socket on `ifname` in `ns` that ignores its own transmissions.
+fn packet_socket(ns: &Netns, ifname: &str) -> OwnedFd {
+    let ifname = ifname.to_string();
+    in_netns(ns, move || {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain socket creation.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto)) };
+        anyhow::ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh fd we own.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let one: libc::c_int = 1;
+        // SAFETY: an int option of the right size.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_PACKET,
+                libc::PACKET_IGNORE_OUTGOING,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        let name = std::ffi::CString::new(ifname.clone())?;
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+        anyhow::ensure!(ifindex != 0, "no {ifname}");
+        // SAFETY: a zeroed sockaddr_ll is valid.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex as i32;
+        // SAFETY: `sll` is a sockaddr_ll of the size passed.
+        let rc = unsafe {
+            libc::bind(
+                fd,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        anyhow::ensure!(rc == 0, "bind: {}", std::io::Error::last_os_error());
+        Ok(sock)
+    })
+    .unwrap()
+}
+
+struct Lab {
+    pins: PinDir,
+    net: Network,
+    a: Pod,
+    b: Pod,
+    c: Pod,
+}
+
+fn first_v4(ips: &[IpAddr]) -> Ipv4Addr {
+    ips.iter()
+        .find_map(|i| match i {
+            IpAddr::V4(v) => Some(*v),
+            IpAddr::V6(_) => None,
+        })
+        .unwrap()
+}
+
+fn first_v6(ips: &[IpAddr]) -> Ipv6Addr {
+    ips.iter()
+        .find_map(|i| match i {
+            IpAddr::V6(v) => Some(*v),
+            IpAddr::V4(_) => None,
+        })
+        .unwrap()
+}
+
+impl Lab {
+    fn new() -> Self {
+        let pins = PinDir::new("xq").unwrap();
+        let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+        in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+        let add = |id: &str, mtu: u32| {
+            let ns = Netns::new("xe").unwrap();
+            let out = net
+                .call(
+                    &Call::new("ADD", id, Some(&ns.path())),
+                    &json!({ "mtu": mtu }),
+                )
+                .unwrap();
+            assert_eq!(out.status, 0, "ADD {id}: {:?} {}", out.json, net.log());
+            // Silence the pod's own stack: only the node's doing is captured.
+            for cmd in [
+                vec!["iptables", "-A", "INPUT", "-j", "DROP"],
+                vec![
+                    "ip6tables",
+                    "-A",
+                    "INPUT",
+                    "-p",
+                    "icmpv6",
+                    "--icmpv6-type",
+                    "neighbour-solicitation",
+                    "-j",
+                    "ACCEPT",
+                ],
+                vec![
+                    "ip6tables",
+                    "-A",
+                    "INPUT",
+                    "-p",
+                    "icmpv6",
+                    "--icmpv6-type",
+                    "neighbour-advertisement",
+                    "-j",
+                    "ACCEPT",
+                ],
+                vec!["ip6tables", "-A", "INPUT", "-j", "DROP"],
+            ] {
+                ns.exec(&cmd).unwrap();
+            }
+            let rec = state::list(&net.dir.path().join("state"))
+                .unwrap()
+                .into_iter()
+                .find(|r| r.container_id == id)
+                .unwrap();
+            let sock = packet_socket(&ns, "eth0");
+            Pod {
+                v4: first_v4(&rec.ips),
+                v6: first_v6(&rec.ips),
+                ns,
+                rec,
+                sock,
+            }
+        };
+        let a = add("a", 1500);
+        let b = add("b", 1400);
+        let c = add("c", 1500);
+        Self { pins, net, a, b, c }
+    }
+
+    fn pods(&self) -> [&Pod; 3] {
+        [&self.a, &self.b, &self.c]
+    }
+
+    /// Every pod in `mode` with `redirect`, as the agent would make it.
+    fn set_mode(&self, mode: XdpMode, redirect: RedirectPolicy) {
+        let recs: Vec<Record> = self.pods().iter().map(|p| p.rec.clone()).collect();
+        let pins = self.pins.path().to_path_buf();
+        in_netns(&self.net.node, move || {
+            let mut dp = Datapath::open_existing(&pins)?;
+            let cpus = pod::online_cpus();
+            pod::enable_cpus(&mut dp, redirect, cpus)?;
+            for r in &recs {
+                let info = pod::endpoint_info(
+                    r.host_ifindex,
+                    r.pod_mac,
+                    r.host_mac,
+                    redirect,
+                    r.mtu,
+                    cpus,
+                );
+                let at = pod::Attachment {
+                    netns: Path::new(&r.netns),
+                    ifname: &r.ifname,
+                    host_ifindex: r.host_ifindex,
+                    ips: &r.ips,
+                    info,
+                };
+                let done = pod::converge(&mut dp, &at, mode)?;
+                anyhow::ensure!(done.mode == mode, "{} refused: {:?}", mode, done.refused);
+            }
+            Ok(())
+        })
+        .unwrap();
+        // Warm the node's neighbour entries both ways, as traffic would.
+        for (from, to) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            ping(&from.ns, IpAddr::V4(to.v4), 1).unwrap_or_default();
+            ping(&from.ns, IpAddr::V6(to.v6), 1).unwrap_or_default();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        self.a.drain();
+        self.b.drain();
+    }
+}
+
+/// Who sends a step of a probe.
+#[derive(Clone, Copy, Debug)]
+enum From {
+    A,
+    B,
+}
+
+/// A named frame sequence, and what the node must hold while it runs.
+struct Probe {
+    name: String,
+    steps: Vec<(From, Vec<u8>)>,
+    /// Node commands run before (and undone after) the probe.
+    node_setup: Vec<Vec<String>>,
+    node_teardown: Vec<Vec<String>>,
+}
+
+impl Probe {
+    fn new(name: &str, steps: Vec<(From, Vec<u8>)>) -> Self {
+        Self {
+            name: name.into(),
+            steps,
+            node_setup: Vec::new(),
+            node_teardown: Vec::new(),
+        }
+    }
+}
+
+/// What arrived at a's and b's eth0, noise removed, sorted (frames of
+/// different flows may interleave differently on the two paths).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Seen {
+    at_a: Vec<Vec<u8>>,
+    at_b: Vec<Vec<u8>>,
+}
+
+/// Frames the node sends to resolve a pod's address: only the kernel path
+/// resolves neighbours.
+fn is_node_resolution(frame: &[u8], node_mac: [u8; 6]) -> bool {
+    if frame.len() < 14 || frame[6..12] != node_mac {
+        return false;
+    }
+    let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+    if ethertype == ETH_P_ARP {
+        return true;
+    }
+    // ICMPv6 router and neighbour discovery (133-137), no extension headers.
+    ethertype == ETH_P_IPV6 && frame.len() > 54 && frame[20] == 58 && (133..=137).contains(&frame[54])
+}
+
+/// The node's own IPv4 address (on its loopback), the source of the ICMP
+/// errors it sends.
+const NODE4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+
+/// The one normalisation: an IPv4 packet the node itself originates (an
+/// ICMP error) carries an IP ID from the kernel's per-destination counter,
+/// which moves between runs whatever the path. Its ID is zeroed and its
+/// header checksum recomputed; everything else is compared as captured.
+fn normalise(frame: &mut [u8]) {
+    if frame.len() < 34 || u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_IP {
+        return;
+    }
+    if frame[26..30] != NODE4.octets() {
+        return;
+    }
+    let hlen = usize::from(frame[14] & 0x0f) * 4;
+    if frame.len() < 14 + hlen {
+        return;
+    }
+    frame[18..20].copy_from_slice(&[0, 0]);
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let c = checksum(&frame[14..14 + hlen]);
+    frame[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+fn run_probe(lab: &Lab, probe: &Probe) -> Seen {
+    for cmd in &probe.node_setup {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        lab.net.node.exec(&args).unwrap();
+    }
+    lab.a.drain();
+    lab.b.drain();
+    for (from, frame) in &probe.steps {
+        match from {
+            From::A => lab.a.send(frame),
+            From::B => lab.b.send(frame),
+        }
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let (mut at_a, mut at_b) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    let mut last = Instant::now();
+    while last.elapsed() < Duration::from_millis(60) && start.elapsed() < Duration::from_secs(2) {
+        let (x, y) = (lab.a.drain(), lab.b.drain());
+        if !x.is_empty() || !y.is_empty() {
+            last = Instant::now();
+        }
+        at_a.extend(x);
+        at_b.extend(y);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for cmd in &probe.node_teardown {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        lab.net.node.exec(&args).unwrap();
+    }
+    at_a.retain(|f| !is_node_resolution(f, lab.a.host_mac()));
+    at_b.retain(|f| !is_node_resolution(f, lab.b.host_mac()));
+    at_a.iter_mut().chain(at_b.iter_mut()).for_each(|f| normalise(f));
+    at_a.sort();
+    at_b.sort();
+    Seen { at_a, at_b }
+}
+
+fn hex(frames: &[Vec<u8>]) -> String {
+    frames
+        .iter()
+        .map(|f| {
+            f.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join("")
+        })
+        .collect::<Vec<_>>()
+        .join("\n      ")
+}
+
+// ---- frame builders ----------------------------------------------------
+
+fn tcp_syn(sport: u16, dport: u16) -> Vec<u8> {
+    let mut t = packet::tcp(sport, dport);
+    t[13] = 0x02;
+    t
+}
+
+fn udp(sport: u16, dport: u16, len: usize) -> Vec<u8> {
+    packet::udp(sport, dport, &vec![0x5a; len])
+}
+
+/// IPv4 with `opts` (a multiple of 4 bytes), `flags_frag` and DF as given.
+fn ipv4_full(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ttl: u8,
+    proto: u8,
+    flags_frag: u16,
+    opts: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
+    let hlen = 20 + opts.len();
+    let total = u16::try_from(hlen + payload.len()).unwrap();
+    let mut h = vec![0x40 | u8::try_from(hlen / 4).unwrap(), 0];
+    h.extend_from_slice(&total.to_be_bytes());
+    h.extend_from_slice(&[0x12, 0x34]);
+    h.extend_from_slice(&flags_frag.to_be_bytes());
+    h.extend_from_slice(&[ttl, proto, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    h.extend_from_slice(opts);
+    let c = checksum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h.extend_from_slice(payload);
+    h
+}
+
+fn v4(from: &Pod, src: Ipv4Addr, dst: Ipv4Addr, ttl: u8, proto: u8, l4: &[u8]) -> Vec<u8> {
+    eth(
+        from.host_mac(),
+        from.pod_mac(),
+        ETH_P_IP,
+        &ipv4_full(src, dst, ttl, proto, 0x4000, &[], l4),
+    )
+}
+
+fn v6(from: &Pod, src: Ipv6Addr, dst: Ipv6Addr, hop: u8, nh: u8, l4: &[u8]) -> Vec<u8> {
+    eth(
+        from.host_mac(),
+        from.pod_mac(),
+        ETH_P_IPV6,
+        &packet::ipv6(src, dst, hop, nh, l4),
+    )
+}
+
+/// Fixes the UDP/TCP/ICMPv6 checksum of an IPv6 frame built by `v6` (the
+/// kernel forwards bad L4 checksums as they are, but a realistic probe has
+/// good ones).
+fn fix_l4_v6(frame: &mut [u8]) {
+    let nh = frame[20];
+    let l4 = 54;
+    let len = frame.len() - l4;
+    let off = match nh {
+        6 => 16,
+        17 => 6,
+        58 => 2,
+        _ => return,
+    };
+    if frame.len() < l4 + off + 2 {
+        return;
+    }
+    frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&frame[22..54]);
+    pseudo.extend_from_slice(&u32::try_from(len).unwrap().to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, nh]);
+    pseudo.extend_from_slice(&frame[l4..]);
+    let c = checksum(&pseudo);
+    frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+fn probes(lab: &Lab) -> Vec<Probe> {
+    let (a, b, c) = (&lab.a, &lab.b, &lab.c);
+    let node4 = NODE4;
+    let node6: Ipv6Addr = "fd99::1".parse().unwrap();
+    let nothing4 = Ipv4Addr::new(10, 78, 0, 250);
+    let nothing6: Ipv6Addr = "fd78::fa".parse().unwrap();
+    let mut p = Vec::new();
+    let one = |name: &str, f: Vec<u8>| Probe::new(name, vec![(From::A, f)]);
+
+    // IPv4: the common protocols, TTLs.
+    p.push(one(
+        "v4 udp",
+        v4(a, a.v4, b.v4, 64, 17, &udp(4000, 5000, 32)),
+    ));
+    p.push(one(
+        "v4 tcp syn",
+        v4(a, a.v4, b.v4, 64, 6, &tcp_syn(4001, 80)),
+    ));
+    p.push(one(
+        "v4 icmp echo",
+        v4(a, a.v4, b.v4, 64, 1, &packet::icmp(8, 7, 1)),
+    ));
+    for ttl in [1u8, 2, 255] {
+        p.push(one(
+            &format!("v4 ttl {ttl}"),
+            v4(a, a.v4, b.v4, ttl, 17, &udp(4002, 5000, 16)),
+        ));
+    }
+    // Options: record route (type 7, length 7, pointer 4, one slot) + EOL.
+    let rr = [7u8, 7, 4, 0, 0, 0, 0, 0];
+    p.push(one(
+        "v4 record route option",
+        eth(
+            a.host_mac(),
+            a.pod_mac(),
+            ETH_P_IP,
+            &ipv4_full(a.v4, b.v4, 64, 17, 0x4000, &rr, &udp(4003, 5000, 16)),
+        ),
+    ));
+    let mut bad = v4(a, a.v4, b.v4, 64, 17, &udp(4004, 5000, 16));
+    bad[24] ^= 0x5a;
+    p.push(one("v4 bad header checksum", bad));
+    let good = v4(a, a.v4, b.v4, 64, 17, &udp(4005, 5000, 40));
+    let mut long = good.clone();
+    let tot = u16::from_be_bytes([long[16], long[17]]) + 8;
+    long[16..18].copy_from_slice(&tot.to_be_bytes());
+    long[24..26].copy_from_slice(&[0, 0]);
+    let c4 = checksum(&long[14..34]);
+    long[24..26].copy_from_slice(&c4.to_be_bytes());
+    p.push(one("v4 tot_len larger than the frame", long));
+    let mut padded = good.clone();
+    padded.extend_from_slice(&[0xee; 8]);
+    p.push(one("v4 trailing padding", padded));
+    // Fragments of one datagram: first, middle, last.
+    let frag = |off8: u16, mf: bool, len: usize| {
+        eth(
+            a.host_mac(),
+            a.pod_mac(),
+            ETH_P_IP,
+            &ipv4_full(
+                a.v4,
+                b.v4,
+                64,
+                17,
+                off8 | if mf { 0x2000 } else { 0 },
+                &[],
+                &vec![0x33; len],
+            ),
+        )
+    };
+    p.push(Probe::new(
+        "v4 fragments first middle last",
+        vec![
+            (From::A, frag(0, true, 64)),
+            (From::A, frag(8, true, 64)),
+            (From::A, frag(16, false, 24)),
+        ],
+    ));
+    p.push(one("v4 first fragment alone", frag(0, true, 64)));
+    p.push(one("v4 middle fragment alone", frag(40, true, 64)));
+    // Larger than b's MTU (1400): DF -> fragmentation needed; no DF ->
+    // fragmented by the kernel.
+    p.push(one(
+        "v4 DF larger than the destination MTU",
+        v4(a, a.v4, b.v4, 64, 17, &udp(4006, 5000, 1420)),
+    ));
+    p.push(one(
+        "v4 no DF larger than the destination MTU",
+        eth(
+            a.host_mac(),
+            a.pod_mac(),
+            ETH_P_IP,
+            &ipv4_full(a.v4, b.v4, 64, 17, 0, &[], &udp(4007, 5000, 1420)),
+        ),
+    ));
+    // An ICMP error quoting a flow b -> a (port unreachable).
+    let quoted = ipv4_full(b.v4, a.v4, 64, 17, 0x4000, &[], &udp(5000, 4000, 8));
+    let mut err = vec![3u8, 3, 0, 0, 0, 0, 0, 0];
+    err.extend_from_slice(&quoted[..28]);
+    let ce = checksum(&err);
+    err[2..4].copy_from_slice(&ce.to_be_bytes());
+    p.push(one(
+        "v4 icmp error quoting a flow",
+        v4(a, a.v4, b.v4, 64, 1, &err),
+    ));
+    // L2: other unicast MACs, broadcast, multicast, VLAN, ARP.
+    for (what, mac) in [
+        ("all-zero", [0u8; 6]),
+        ("another pod's", b.pod_mac()),
+        ("unknown", [0x02, 0x11, 0x22, 0x33, 0x44, 0x55]),
+    ] {
+        let mut f = v4(a, a.v4, b.v4, 64, 17, &udp(4008, 5000, 16));
+        f[..6].copy_from_slice(&mac);
+        p.push(one(&format!("v4 destination MAC {what}"), f.clone()));
+        let mut f6 = v6(a, a.v6, b.v6, 64, 17, &udp(4008, 5000, 16));
+        fix_l4_v6(&mut f6);
+        f6[..6].copy_from_slice(&mac);
+        p.push(one(&format!("v6 destination MAC {what}"), f6));
+    }
+    let mut bcast = v4(a, a.v4, b.v4, 64, 17, &udp(4009, 5000, 16));
+    bcast[..6].copy_from_slice(&[0xff; 6]);
+    p.push(one("v4 broadcast MAC, unicast IP", bcast));
+    p.push(one(
+        "v4 multicast 224.0.0.1",
+        eth(
+            [0x01, 0, 0x5e, 0, 0, 1],
+            a.pod_mac(),
+            ETH_P_IP,
+            &ipv4_full(
+                a.v4,
+                Ipv4Addr::new(224, 0, 0, 1),
+                1,
+                17,
+                0,
+                &[],
+                &udp(4010, 5000, 8),
+            ),
+        ),
+    ));
+    let inner = ipv4_full(a.v4, b.v4, 64, 17, 0x4000, &[], &udp(4011, 5000, 16));
+    let mut tagged = vec![0, 5];
+    tagged.extend_from_slice(&ETH_P_IP.to_be_bytes());
+    tagged.extend_from_slice(&inner);
+    p.push(one(
+        "vlan-tagged frame",
+        eth(a.host_mac(), a.pod_mac(), ETH_P_8021Q, &tagged),
+    ));
+    let mut arp = vec![0, 1, 8, 0, 6, 4, 0, 1];
+    arp.extend_from_slice(&a.pod_mac());
+    arp.extend_from_slice(&a.v4.octets());
+    arp.extend_from_slice(&[0; 6]);
+    arp.extend_from_slice(&[169, 254, 1, 1]);
+    p.push(one(
+        "arp request for the gateway",
+        eth([0xff; 6], a.pod_mac(), ETH_P_ARP, &arp),
+    ));
+    // Sources that are not a's.
+    for (what, src) in [
+        ("another pod's", c.v4),
+        ("the node's", node4),
+        ("nobody's", nothing4),
+    ] {
+        p.push(one(
+            &format!("v4 source {what} address"),
+            v4(a, src, b.v4, 64, 17, &udp(4012, 5000, 16)),
+        ));
+    }
+    // A Service: the node DNATs 10.96.0.10:53 to b:5353; b's reply must be
+    // un-DNATed, so the datapath knows b:5353 as a NAT'd port (the agent
+    // does that from the Endpoints).
+    let vip_rule = |op: &str| {
+        vec![
+            "iptables",
+            "-t",
+            "nat",
+            op,
+            "PREROUTING",
+            "-d",
+            "10.96.0.10",
+            "-p",
+            "udp",
+            "--dport",
+            "53",
+            "-j",
+            "DNAT",
+            "--to-destination",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([format!("{}:5353", b.v4)])
+        .collect::<Vec<String>>()
+    };
+    let mut svc = Probe::new(
+        "v4 Service DNAT and the un-DNAT of its reply",
+        vec![
+            (From::A, v4(a, a.v4, VIP, 64, 17, &udp(40000, 53, 12))),
+            (
+                From::B,
+                eth(
+                    b.host_mac(),
+                    b.pod_mac(),
+                    ETH_P_IP,
+                    &ipv4_full(b.v4, a.v4, 64, 17, 0x4000, &[], &udp(5353, 40000, 20)),
+                ),
+            ),
+        ],
+    );
+    svc.node_setup.push(vip_rule("-A"));
+    svc.node_teardown.push(vip_rule("-D"));
+    p.push(svc);
+    // An administrator's FORWARD rule between the two pods.
+    let fwd_rule = |op: &str| {
+        ["iptables", op, "FORWARD", "-s"]
+            .into_iter()
+            .map(String::from)
+            .chain([a.v4.to_string(), "-d".into(), b.v4.to_string()])
+            .chain(["-j", "DROP"].into_iter().map(String::from))
+            .collect::<Vec<String>>()
+    };
+    let mut fwd = one(
+        "v4 FORWARD DROP rule between the pods",
+        v4(a, a.v4, b.v4, 64, 17, &udp(4013, 5000, 16)),
+    );
+    fwd.node_setup.push(fwd_rule("-I"));
+    fwd.node_teardown.push(fwd_rule("-D"));
+    p.push(fwd);
+
+    // IPv6.
+    let six = |name: &str, src: Ipv6Addr, dst: Ipv6Addr, hop: u8, nh: u8, l4: Vec<u8>| {
+        let mut f = v6(a, src, dst, hop, nh, &l4);
+        fix_l4_v6(&mut f);
+        Probe::new(name, vec![(From::A, f)])
+    };
+    p.push(six("v6 udp", a.v6, b.v6, 64, 17, udp(4100, 5000, 32)));
+    p.push(six("v6 tcp syn", a.v6, b.v6, 64, 6, tcp_syn(4101, 80)));
+    p.push(six(
+        "v6 icmp echo",
+        a.v6,
+        b.v6,
+        64,
+        58,
+        packet::icmp(128, 7, 1),
+    ));
+    for hop in [1u8, 2, 255] {
+        p.push(six(
+            &format!("v6 hop limit {hop}"),
+            a.v6,
+            b.v6,
+            hop,
+            17,
+            udp(4102, 5000, 16),
+        ));
+    }
+    // Extension headers: hop-by-hop (PadN), routing (type 4, segments left
+    // 0), fragment (first of two).
+    let ext = |nh: u8, hdr: Vec<u8>| {
+        let mut l4 = hdr;
+        l4.extend_from_slice(&udp(4103, 5000, 16));
+        let _ = nh;
+        l4
+    };
+    p.push(six(
+        "v6 hop-by-hop header",
+        a.v6,
+        b.v6,
+        64,
+        0,
+        ext(0, vec![17, 0, 1, 4, 0, 0, 0, 0]),
+    ));
+    let mut srh = vec![17, 2, 4, 0, 0, 0, 0, 0];
+    srh.extend_from_slice(&b.v6.octets());
+    p.push(six("v6 routing header", a.v6, b.v6, 64, 43, ext(43, srh)));
+    p.push(six(
+        "v6 fragment header",
+        a.v6,
+        b.v6,
+        64,
+        44,
+        ext(44, vec![17, 0, 0, 1, 0, 0, 0x12, 0x34]),
+    ));
+    let good6 = {
+        let mut f = v6(a, a.v6, b.v6, 64, 17, &udp(4104, 5000, 40));
+        fix_l4_v6(&mut f);
+        f
+    };
+    let mut long6 = good6.clone();
+    let pl = u16::from_be_bytes([long6[18], long6[19]]) + 8;
+    long6[18..20].copy_from_slice(&pl.to_be_bytes());
+    p.push(one("v6 payload length larger than the frame", long6));
+    let mut padded6 = good6;
+    padded6.extend_from_slice(&[0xee; 8]);
+    p.push(one("v6 trailing padding", padded6));
+    p.push(six(
+        "v6 larger than the destination MTU",
+        a.v6,
+        b.v6,
+        64,
+        17,
+        udp(4105, 5000, 1400),
+    ));
+    let mut err6 = vec![1u8, 4, 0, 0, 0, 0, 0, 0];
+    let q6 = packet::ipv6(b.v6, a.v6, 64, 17, &udp(5000, 4100, 8));
+    err6.extend_from_slice(&q6[..48]);
+    p.push(six(
+        "v6 icmp error quoting a flow",
+        a.v6,
+        b.v6,
+        64,
+        58,
+        err6,
+    ));
+    p.push(Probe::new("v6 multicast ff02::1", {
+        let mut f = eth(
+            [0x33, 0x33, 0, 0, 0, 1],
+            a.pod_mac(),
+            ETH_P_IPV6,
+            &packet::ipv6(a.v6, "ff02::1".parse().unwrap(), 1, 17, &udp(4106, 5000, 8)),
+        );
+        fix_l4_v6(&mut f);
+        vec![(From::A, f)]
+    }));
+    // A neighbour solicitation for the gateway fe80::1.
+    let ll: Ipv6Addr = "fe80::2".parse().unwrap();
+    let mut ns = vec![135u8, 0, 0, 0, 0, 0, 0, 0];
+    ns.extend_from_slice(&"fe80::1".parse::<Ipv6Addr>().unwrap().octets());
+    ns.extend_from_slice(&[1, 1]);
+    ns.extend_from_slice(&a.pod_mac());
+    let mut nsf = eth(
+        [0x33, 0x33, 0xff, 0, 0, 1],
+        a.pod_mac(),
+        ETH_P_IPV6,
+        &packet::ipv6(ll, "ff02::1:ff00:1".parse().unwrap(), 255, 58, &ns),
+    );
+    fix_l4_v6(&mut nsf);
+    p.push(one("v6 neighbour solicitation for the gateway", nsf));
+    for (what, src) in [
+        ("another pod's", c.v6),
+        ("the node's", node6),
+        ("nobody's", nothing6),
+    ] {
+        p.push(six(
+            &format!("v6 source {what} address"),
+            src,
+            b.v6,
+            64,
+            17,
+            udp(4107, 5000, 16),
+        ));
+    }
+    p
+}
+
+/// Runs every probe in `off`, then in each XDP mode, and compares.
+#[test]
+fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
+    let lab = Lab::new();
+    // What the agent does for a Service backend: b:5353/udp is NAT'd.
+    in_netns(&lab.net.node, || {
+        let mut maps = Maps::open_pinned(lab.pins.path())?;
+        maps.add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 5353)?;
+        Ok(())
+    })
+    .unwrap();
+    let probes = probes(&lab);
+    lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
+    let kernel: Vec<Seen> = probes.iter().map(|p| run_probe(&lab, p)).collect();
+    // The harness must see something: most probes reach b or come back.
+    let delivered = kernel.iter().filter(|s| !s.at_b.is_empty()).count();
+    assert!(
+        delivered >= probes.len() / 3,
+        "only {delivered} of {} probes reached b through the kernel",
+        probes.len()
+    );
+    let mut failures = Vec::new();
+    let mut intended_seen = BTreeMap::new();
+    for (mode_name, mode, redirect) in MODES {
+        lab.set_mode(XdpMode::Xdp(mode), redirect);
+        for (probe, want) in probes.iter().zip(&kernel) {
+            let got = run_probe(&lab, probe);
+            if &got == want {
+                continue;
+            }
+            if let Some((_, why)) = INTENDED.iter().find(|(n, _)| *n == probe.name) {
+                intended_seen.insert(probe.name.clone(), *why);
+                continue;
+            }
+            failures.push(format!(
+                "{mode_name}: {}\n  kernel: at a [{}] at b [{}]\n    {}\n    {}\n  xdp:    at a [{}] at b [{}]\n    {}\n    {}",
+                probe.name,
+                want.at_a.len(),
+                want.at_b.len(),
+                hex(&want.at_a),
+                hex(&want.at_b),
+                got.at_a.len(),
+                got.at_b.len(),
+                hex(&got.at_a),
+                hex(&got.at_b),
+            ));
+        }
+    }
+    lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
+    for (name, why) in &intended_seen {
+        eprintln!("intended difference: {name}: {why}");
+    }
+    eprintln!(
+        "{} probes x {} modes compared with kernel routing; {} reached b via the kernel",
+        probes.len(),
+        MODES.len(),
+        delivered
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    drop(lab);
+}
