@@ -201,6 +201,15 @@ impl Lab {
         let pins = PinDir::new("xq").unwrap();
         let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
         in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+        // The test node's ICMP rate limits (its own namespace's sysctls)
+        // would make the number of errors depend on timing, not on the path.
+        for (key, value) in [
+            ("net.ipv4.icmp_ratelimit", "0"),
+            ("net.ipv4.icmp_msgs_per_sec", "100000"),
+            ("net.ipv6.icmp.ratelimit", "0"),
+        ] {
+            net.node.sysctl(key, value).unwrap();
+        }
         let add = |id: &str, mtu: u32| {
             let ns = Netns::new("xe").unwrap();
             let out = net
@@ -350,7 +359,10 @@ fn is_node_resolution(frame: &[u8], node_mac: [u8; 6]) -> bool {
         return true;
     }
     // ICMPv6 router and neighbour discovery (133-137), no extension headers.
-    ethertype == ETH_P_IPV6 && frame.len() > 54 && frame[20] == 58 && (133..=137).contains(&frame[54])
+    ethertype == ETH_P_IPV6
+        && frame.len() > 54
+        && frame[20] == 58
+        && (133..=137).contains(&frame[54])
 }
 
 /// The node's own IPv4 address (on its loopback), the source of the ICMP
@@ -383,9 +395,20 @@ fn run_probe(lab: &Lab, probe: &Probe) -> Seen {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         lab.net.node.exec(&args).unwrap();
     }
+    let seen = send_and_capture(lab, &probe.steps);
+    for cmd in &probe.node_teardown {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        lab.net.node.exec(&args).unwrap();
+    }
+    seen
+}
+
+/// Sends `steps` 3 ms apart, then captures until both pods have been quiet
+/// for 60 ms.
+fn send_and_capture(lab: &Lab, steps: &[(From, Vec<u8>)]) -> Seen {
     lab.a.drain();
     lab.b.drain();
-    for (from, frame) in &probe.steps {
+    for (from, frame) in steps {
         match from {
             From::A => lab.a.send(frame),
             From::B => lab.b.send(frame),
@@ -404,13 +427,11 @@ fn run_probe(lab: &Lab, probe: &Probe) -> Seen {
         at_b.extend(y);
         std::thread::sleep(Duration::from_millis(5));
     }
-    for cmd in &probe.node_teardown {
-        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
-        lab.net.node.exec(&args).unwrap();
-    }
     at_a.retain(|f| !is_node_resolution(f, lab.a.host_mac()));
     at_b.retain(|f| !is_node_resolution(f, lab.b.host_mac()));
-    at_a.iter_mut().chain(at_b.iter_mut()).for_each(|f| normalise(f));
+    at_a.iter_mut()
+        .chain(at_b.iter_mut())
+        .for_each(|f| normalise(f));
     at_a.sort();
     at_b.sort();
     Seen { at_a, at_b }
@@ -923,4 +944,268 @@ fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     drop(lab);
+}
+
+// ---- seeded random frames ---------------------------------------------------
+
+fn pick<T: Copy>(rng: &mut fastrand::Rng, weighted: &[(u32, T)]) -> T {
+    let total: u32 = weighted.iter().map(|(w, _)| w).sum();
+    let mut x = rng.u32(..total);
+    for (w, v) in weighted {
+        if x < *w {
+            return *v;
+        }
+        x -= w;
+    }
+    weighted[0].1
+}
+
+fn random_bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.u8(..)).collect()
+}
+
+/// One frame from a: mostly well-formed traffic to b, with every field the
+/// datapath reads sometimes wrong, odd or hostile.
+fn random_frame(rng: &mut fastrand::Rng, lab: &Lab) -> Vec<u8> {
+    let (a, b, c) = (&lab.a, &lab.b, &lab.c);
+    let is_v6 = rng.u8(..10) < 3;
+    let len = if rng.u8(..20) == 0 {
+        rng.usize(1300..1480)
+    } else {
+        rng.usize(0..200)
+    };
+    let proto = pick(
+        rng,
+        &[
+            (40, 17u8),
+            (30, 6),
+            (20, if is_v6 { 58 } else { 1 }),
+            (5, 47),
+            (5, 0),
+        ],
+    );
+    let mut l4 = match proto {
+        17 => udp(rng.u16(1024..), rng.u16(1..), len),
+        6 => {
+            let mut t = packet::tcp(rng.u16(1024..), rng.u16(1..));
+            t[4..12].copy_from_slice(&random_bytes(rng, 8));
+            t[13] = rng.u8(..0x40);
+            t.extend_from_slice(&random_bytes(rng, len));
+            t
+        }
+        1 | 58 => {
+            // Not ICMP timestamp (13): the node's reply carries its clock.
+            let ty = if is_v6 {
+                pick(
+                    rng,
+                    &[
+                        (4, 128u8),
+                        (2, 129),
+                        (1, 1),
+                        (1, 2),
+                        (1, 3),
+                        (1, 4),
+                        (1, 135),
+                    ],
+                )
+            } else {
+                pick(rng, &[(4, 8u8), (2, 0), (1, 3), (1, 11), (1, 5), (1, 12)])
+            };
+            let mut m = vec![ty, rng.u8(..4), 0, 0];
+            m.extend_from_slice(&random_bytes(rng, 4 + len));
+            if !is_v6 {
+                let ck = checksum(&m);
+                m[2..4].copy_from_slice(&ck.to_be_bytes());
+            }
+            m
+        }
+        _ => random_bytes(rng, len),
+    };
+    let ttl = pick(rng, &[(1, 0u8), (3, 1), (3, 2), (1, 3), (10, 64), (2, 255)]);
+    let mut frame = if is_v6 {
+        let node6: Ipv6Addr = "fd99::1".parse().unwrap();
+        let src = pick(
+            rng,
+            &[
+                (90, a.v6),
+                (4, c.v6),
+                (3, node6),
+                (3, "fd78::99".parse().unwrap()),
+            ],
+        );
+        let dst = pick(
+            rng,
+            &[
+                (85, b.v6),
+                (5, c.v6),
+                (4, node6),
+                (3, "2001:db8::1".parse().unwrap()),
+                (3, "fd78::77".parse().unwrap()),
+            ],
+        );
+        let nh = if rng.u8(..20) == 0 {
+            // An extension header in front.
+            let ext = pick(rng, &[(1, 0u8), (1, 43), (1, 44), (1, 60)]);
+            let mut h = vec![proto, 0, 0, 0, 0, 0, 0, 0];
+            if ext == 44 {
+                h[2..4].copy_from_slice(&rng.u16(..).to_be_bytes());
+            }
+            h.extend_from_slice(&l4);
+            l4 = h;
+            ext
+        } else {
+            proto
+        };
+        let mut f = v6(a, src, dst, ttl, nh, &l4);
+        if nh == proto {
+            fix_l4_v6(&mut f);
+        }
+        if rng.u8(..20) == 0 {
+            let pl = u16::from_be_bytes([f[18], f[19]]).wrapping_add(rng.u16(1..64));
+            f[18..20].copy_from_slice(&pl.to_be_bytes());
+        }
+        f
+    } else {
+        let src = pick(
+            rng,
+            &[
+                (90, a.v4),
+                (4, c.v4),
+                (3, NODE4),
+                (3, Ipv4Addr::new(10, 78, 0, 199)),
+            ],
+        );
+        let dst = pick(
+            rng,
+            &[
+                (85, b.v4),
+                (5, c.v4),
+                (4, NODE4),
+                (3, Ipv4Addr::new(192, 0, 2, 1)),
+                (3, Ipv4Addr::new(10, 78, 0, 177)),
+            ],
+        );
+        let frag = pick(
+            rng,
+            &[
+                (60, 0x4000u16),
+                (25, 0),
+                (5, 0x2000),
+                (5, 0x0010),
+                (5, 0x2010),
+            ],
+        );
+        let opts: Vec<u8> = match rng.u8(..20) {
+            0 => vec![1, 1, 1, 1],
+            1 => vec![7, 7, 4, 0, 0, 0, 0, 0],
+            _ => vec![],
+        };
+        let mut ip = ipv4_full(src, dst, ttl, proto, frag, &opts, &l4);
+        if rng.u8(..20) == 0 {
+            ip[10] ^= rng.u8(1..);
+        }
+        if rng.u8(..20) == 0 {
+            let tot = u16::from_be_bytes([ip[2], ip[3]]);
+            let off = rng.u16(1..64);
+            let tot = if rng.bool() {
+                tot.wrapping_add(off)
+            } else {
+                tot.saturating_sub(off)
+            };
+            ip[2..4].copy_from_slice(&tot.to_be_bytes());
+            ip[10..12].copy_from_slice(&[0, 0]);
+            let hl = usize::from(ip[0] & 0x0f) * 4;
+            let ck = checksum(&ip[..hl]);
+            ip[10..12].copy_from_slice(&ck.to_be_bytes());
+        }
+        eth(a.host_mac(), a.pod_mac(), ETH_P_IP, &ip)
+    };
+    if rng.u8(..20) == 0 {
+        let extra = rng.usize(1..32);
+        frame.extend_from_slice(&random_bytes(rng, extra));
+    }
+    let l2 = pick(rng, &[(92, 0u8), (2, 1), (2, 2), (2, 3), (2, 4)]);
+    match l2 {
+        1 => frame[..6].copy_from_slice(&[0; 6]),
+        2 => frame[..6].copy_from_slice(&[0xff; 6]),
+        3 => frame[..6].copy_from_slice(&[0x01, 0, 0x5e, 0, 0, 9]),
+        4 => frame[12..14].copy_from_slice(
+            &pick(rng, &[(1, ETH_P_8021Q), (1, ETH_P_ARP), (1, 0x88b5)]).to_be_bytes(),
+        ),
+        _ => {}
+    }
+    frame.truncate(1514);
+    frame
+}
+
+fn seed_and_frames() -> (u64, usize) {
+    let seed = std::env::var("XDPCNI_EQ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x0dd_c0ffee);
+    let frames = std::env::var("XDPCNI_EQ_FRAMES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    (seed, frames)
+}
+
+/// A few thousand seeded random frames through kernel routing and each XDP
+/// mode, compared batch by batch (20 frames, sorted within the batch).
+#[test]
+fn seeded_random_frames_arrive_as_kernel_routing_delivers_them_in_every_xdp_mode() {
+    const BATCH: usize = 20;
+    let (seed, n) = seed_and_frames();
+    eprintln!("random equivalence: seed {seed} ({n} frames); replay with XDPCNI_EQ_SEED={seed} XDPCNI_EQ_FRAMES={n}");
+    let lab = Lab::new();
+    let frames: Vec<Vec<u8>> = {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        (0..n).map(|_| random_frame(&mut rng, &lab)).collect()
+    };
+    let batches: Vec<Vec<(From, Vec<u8>)>> = frames
+        .chunks(BATCH)
+        .map(|c| c.iter().map(|f| (From::A, f.clone())).collect())
+        .collect();
+    lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
+    let kernel: Vec<Seen> = batches.iter().map(|b| send_and_capture(&lab, b)).collect();
+    let reached: usize = kernel.iter().map(|s| s.at_b.len()).sum();
+    let back: usize = kernel.iter().map(|s| s.at_a.len()).sum();
+    assert!(
+        reached > n / 4,
+        "only {reached} of {n} frames reached b via the kernel"
+    );
+    let mut failures = Vec::new();
+    for (mode_name, mode, redirect) in MODES {
+        lab.set_mode(XdpMode::Xdp(mode), redirect);
+        for (i, (batch, want)) in batches.iter().zip(&kernel).enumerate() {
+            let got = send_and_capture(&lab, batch);
+            if &got != want {
+                failures.push(format!(
+                    "{mode_name}: batch {i} (frames {}..{})\n  sent:\n    {}\n  kernel: at a [{}] at b [{}]\n    {}\n    {}\n  xdp:    at a [{}] at b [{}]\n    {}\n    {}",
+                    i * BATCH,
+                    i * BATCH + batch.len(),
+                    hex(&batch.iter().map(|(_, f)| f.clone()).collect::<Vec<_>>()),
+                    want.at_a.len(),
+                    want.at_b.len(),
+                    hex(&want.at_a),
+                    hex(&want.at_b),
+                    got.at_a.len(),
+                    got.at_b.len(),
+                    hex(&got.at_a),
+                    hex(&got.at_b),
+                ));
+            }
+        }
+    }
+    lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
+    eprintln!(
+        "random equivalence: {n} frames x {} modes; via the kernel {reached} reached b, {back} came back to a",
+        MODES.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {} batches differ\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
