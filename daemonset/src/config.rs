@@ -14,6 +14,10 @@ fn default_interval() -> u64 {
     500
 }
 
+fn default_forward_scan() -> u64 {
+    10_000
+}
+
 /// The agent's configuration file (JSON).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -49,6 +53,10 @@ pub struct Config {
     /// milliseconds; pods are reconciled on their watch events.
     #[serde(default = "default_interval")]
     pub interval_ms: u64,
+    /// How often the node's FORWARD rules are read for DROP/REJECT rules
+    /// naming pods (which make them kernel-only); 0: never.
+    #[serde(default = "default_forward_scan")]
+    pub forward_scan_ms: u64,
 }
 
 impl Config {

@@ -5,7 +5,7 @@
 //! file); the core does the reconciling and reports it.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -33,8 +33,9 @@ use xdpcni_node::{
 use crate::{
     apply::ApplyError,
     config::Config,
+    forward,
     metrics::{Metrics, PodView, Stage, CONTENT_TYPE},
-    node::{is_live, pod_key, PodInput, PodOutcome, Reconciler},
+    node::{is_live, pod_key, PodInput, PodKey, PodOutcome, Reconciler},
 };
 
 /// Set once SIGTERM or SIGINT arrived.
@@ -77,6 +78,24 @@ pub struct Core {
     pub metrics: Metrics,
     converged: Mutex<HashMap<String, bool>>,
     ready: AtomicBool,
+    blocked: Mutex<Blocked>,
+}
+
+/// Pods named by FORWARD rules, and when the rules were last read.
+#[derive(Default)]
+struct Blocked {
+    pods: BTreeMap<PodKey, forward::Rule>,
+    scanned: Option<Instant>,
+    warned: bool,
+}
+
+/// What a FORWARD scan changed.
+#[derive(Debug, Default)]
+pub struct BlockedChange {
+    /// Pods now named by a rule, with the rule.
+    pub added: Vec<(PodKey, forward::Rule)>,
+    /// Pods no rule names any more.
+    pub removed: Vec<PodKey>,
 }
 
 /// A pod that could not be reconciled.
@@ -120,6 +139,7 @@ impl Core {
             metrics,
             converged: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
+            blocked: Mutex::new(Blocked::default()),
         }))
     }
 
@@ -270,6 +290,83 @@ impl Core {
             warn!(error = %e, "node work task failed");
             self.metrics.error(Stage::Gc);
         }
+    }
+
+    /// Whether a FORWARD rule names the pod (it is then kernel-only).
+    pub fn is_blocked(&self, key: &PodKey) -> bool {
+        self.blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .contains_key(key)
+    }
+
+    /// Reads the node's FORWARD rules when `forwardScanMs` has passed since
+    /// the last read, and returns which pods they newly name or no longer
+    /// name (the caller reconciles those).
+    pub async fn scan_forward(self: &Arc<Self>, records: &[Record]) -> BlockedChange {
+        let every = self.cfg.forward_scan_ms;
+        let due = every > 0
+            && self
+                .blocked
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .scanned
+                .is_none_or(|t| t.elapsed().as_millis() >= u128::from(every));
+        if !due {
+            return BlockedChange::default();
+        }
+        let pods: Vec<(PodKey, Vec<IpAddr>)> = records
+            .iter()
+            .filter(|r| is_live(r))
+            .map(|r| (pod_key(r), r.ips.clone()))
+            .collect();
+        let scanned = tokio::task::spawn_blocking(move || {
+            forward::scan().map(|save| {
+                forward::blocked(&save, pods.iter().map(|(k, ips)| (k, ips.as_slice())))
+            })
+        })
+        .await;
+        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        blocked.scanned = Some(Instant::now());
+        let now = match scanned {
+            Ok(Ok(now)) => now,
+            Ok(Err(e)) => {
+                if !blocked.warned {
+                    warn!(error = %e, "FORWARD rules not read");
+                    blocked.warned = true;
+                }
+                return BlockedChange::default();
+            }
+            Err(e) => {
+                warn!(error = %e, "FORWARD scan task failed");
+                return BlockedChange::default();
+            }
+        };
+        let change = BlockedChange {
+            added: now
+                .iter()
+                .filter(|(k, _)| !blocked.pods.contains_key(*k))
+                .map(|(k, r)| (k.clone(), r.clone()))
+                .collect(),
+            removed: blocked
+                .pods
+                .keys()
+                .filter(|k| !now.contains_key(*k))
+                .cloned()
+                .collect(),
+        };
+        for (key, rule) in &change.added {
+            info!(namespace = %key.0, pod = %key.1, %rule, "a FORWARD rule names the pod: kernel-only");
+        }
+        for key in &change.removed {
+            info!(namespace = %key.0, pod = %key.1, "no FORWARD rule names the pod any more");
+        }
+        self.metrics
+            .forward_rule_pods
+            .set(i64::try_from(now.len()).unwrap_or(i64::MAX));
+        blocked.pods = now;
+        change
     }
 
     /// Whether every live record has been reconciled successfully.

@@ -198,7 +198,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
         }
         let input = PodInput {
             annotations: pod.annotations().clone(),
-            kernel_only: policy_selected(&pod, &ctx.policies.state()),
+            kernel_only: policy_selected(&pod, &ctx.policies.state()) || ctx.core.is_blocked(&key),
         };
         for rec in records {
             let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
@@ -282,6 +282,49 @@ impl NodeTask {
         let core = &self.ctx.core;
         let records = core.records();
         let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
+        // FORWARD rules naming pods: reconcile the pods whose state changed,
+        // and tell the newly named ones why.
+        let change = core.scan_forward(&records).await;
+        let pod_list = self.pods.state();
+        for (key, rule) in &change.added {
+            if let Some(pod) = pod_list
+                .iter()
+                .find(|p| p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1)
+            {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: "XdpcniKernelOnly".into(),
+                    note: Some(
+                        format!(
+                            "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
+                             would bypass it, so the pod takes kernel routing while it is there"
+                        )
+                        .chars()
+                        .take(1000)
+                        .collect(),
+                    ),
+                    action: "ApplyXdpPolicy".into(),
+                    secondary: None,
+                };
+                if let Err(e) = self
+                    .ctx
+                    .recorder
+                    .publish(&event, &pod.object_ref(&()))
+                    .await
+                {
+                    warn!(error = %e, "could not publish the Event");
+                    core.metrics.error(Stage::Event);
+                }
+            }
+        }
+        for key in change.added.iter().map(|(k, _)| k).chain(&change.removed) {
+            if !key.0.is_empty() {
+                let _ = self
+                    .trigger
+                    .send(ObjectRef::new(&key.1).within(&key.0))
+                    .await;
+            }
+        }
         for rec in &live {
             if seen.insert(rec.container_id.clone()) && !rec.pod_name.is_empty() {
                 let pod = ObjectRef::new(&rec.pod_name).within(&rec.pod_namespace);
@@ -291,7 +334,6 @@ impl NodeTask {
             }
         }
         seen.retain(|id| live.iter().any(|r| &r.container_id == id));
-        let pod_list = self.pods.state();
         let listed: HashSet<PodKey> = pod_list
             .iter()
             .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
@@ -301,8 +343,12 @@ impl NodeTask {
             let span =
                 tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
             // Errors are counted and logged by the core; the next pass retries.
+            let input = PodInput {
+                kernel_only: core.is_blocked(&(ns.clone(), name.clone())),
+                ..PodInput::default()
+            };
             let _ = core
-                .reconcile_pod(rec.clone(), PodInput::default())
+                .reconcile_pod(rec.clone(), input)
                 .instrument(span)
                 .await;
         }

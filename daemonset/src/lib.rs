@@ -14,6 +14,7 @@
 pub mod apply;
 pub mod config;
 pub mod core;
+pub mod forward;
 pub mod install;
 pub mod kube;
 pub mod metrics;

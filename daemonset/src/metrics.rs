@@ -215,6 +215,8 @@ pub struct Metrics {
     pub policy_problems: Counter,
     /// `xdpcni_ready`.
     pub ready: Gauge,
+    /// `xdpcni_forward_rule_pods`.
+    pub forward_rule_pods: Gauge,
 }
 
 fn duration_histogram() -> Histogram {
@@ -254,6 +256,12 @@ impl Metrics {
             "Whether the agent has reconciled the node",
             ready.clone(),
         );
+        let forward_rule_pods = Gauge::default();
+        registry.register(
+            "xdpcni_forward_rule_pods",
+            "Pods made kernel-only because a DROP/REJECT rule reachable from the node's FORWARD chain names them",
+            forward_rule_pods.clone(),
+        );
         let pods = std::sync::Arc::new(PodsCollector {
             source,
             pods: Mutex::new(BTreeMap::new()),
@@ -266,6 +274,7 @@ impl Metrics {
             duration,
             policy_problems,
             ready,
+            forward_rule_pods,
         }
     }
 

@@ -31,6 +31,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
         }
         let records = core.records();
+        core.scan_forward(&records).await;
         let mut failed = false;
         for rec in records.iter().filter(|r| is_live(r)) {
             let (ns, name) = pod_key(rec);
@@ -41,7 +42,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             };
             let input = PodInput {
                 annotations: pods.get(&key).cloned().unwrap_or_default(),
-                kernel_only: false,
+                kernel_only: core.is_blocked(&(ns.clone(), name.clone())),
             };
             // Standalone has no Events: the log and the counter carry problems.
             let span = tracing::info_span!("reconcile", namespace = %ns, pod = %name);

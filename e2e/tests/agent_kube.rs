@@ -93,6 +93,7 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         // The node-wide resync is slow on purpose: pods must be reconciled
         // on their watch events, not by a periodic pass.
         "xdpMode": "native", "redirect": "devmap", "intervalMs": 3000,
+        "forwardScanMs": 300,
     });
     let cfg = net.dir.path().join("agent.json");
     std::fs::write(&cfg, agent_cfg.to_string()).unwrap();
@@ -338,6 +339,72 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     let note = event().unwrap().note.unwrap_or_default();
     assert!(note.contains("turbo") && note.contains("native"), "{note}");
     ping(&pods[0].0, b_ip, 2).unwrap();
+
+    // An administrator's FORWARD rule naming a (what XDP would bypass): a
+    // becomes kernel-only with an Event saying why, and comes back when the
+    // rule goes.
+    let a_ip = ipv4(&pods[0].1);
+    let rule = |op: &str| {
+        net.node
+            .exec(&[
+                "iptables",
+                op,
+                "FORWARD",
+                "-d",
+                &a_ip.to_string(),
+                "-p",
+                "tcp",
+                "--dport",
+                "7",
+                "-j",
+                "DROP",
+            ])
+            .unwrap();
+    };
+    let a_kernel_only = || {
+        maps.endpoint(a_ip)
+            .unwrap()
+            .is_some_and(|e| e.flags & EP_KERNEL_ONLY != 0)
+    };
+    rule("-I");
+    let took = wait_for(
+        "a kernel-only by a FORWARD rule",
+        Duration::from_secs(5),
+        || a_kernel_only() && mode(&ha) == "none",
+    );
+    eprintln!("FORWARD rule -> a kernel-only in {took:?}");
+    let events_of = |reason: &'static str| {
+        api.with_client(&net.node, move |c| async move {
+            let events: Api<Event> = Api::namespaced(c, "default");
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("a")
+                        && e.reason.as_deref() == Some(reason)
+                })
+                .filter_map(|e| e.note)
+                .collect::<Vec<_>>())
+        })
+        .unwrap()
+    };
+    wait_for(
+        "an XdpcniKernelOnly Event on a",
+        Duration::from_secs(5),
+        || !events_of("XdpcniKernelOnly").is_empty(),
+    );
+    let note = events_of("XdpcniKernelOnly").join(" ");
+    assert!(
+        note.contains(&a_ip.to_string()) && note.contains("FORWARD"),
+        "{note}"
+    );
+    ping(&pods[0].0, b_ip, 2).unwrap();
+    rule("-D");
+    wait_for("a back on XDP", Duration::from_secs(5), || {
+        !a_kernel_only() && mode(&ha) == "xdp"
+    });
 
     // A NetworkPolicy selecting b: b's traffic goes through the kernel.
     api.with_client(&net.node, |c| async move {
