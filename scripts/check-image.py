@@ -11,6 +11,8 @@ runs, and that Containerfile lays out the same files.
   portmap, loopback) sit next to the agent, where install-cni looks;
 - /var/run leads to /run (pod netns paths the runtime records under
   /var/run/netns resolve to the chart's /run/netns mount);
+- iptables-save and ip6tables-save (the agent's FORWARD rule check) with the
+  xtables extensions, and Containerfile installs iptables;
 - Containerfile puts the same files in the same directory.
 Prints what it checked; exits 1 naming the first difference.
 """
@@ -59,6 +61,18 @@ def main() -> None:
         m = files.get(path.lstrip("/"))
         if m is None or not m.isreg() or not m.mode & 0o111:
             fail(f"{path} is not an executable file in the image")
+    # The agent's FORWARD rule check runs iptables-save and ip6tables-save.
+    for tool in ["iptables-save", "ip6tables-save"]:
+        m = files.get(f"usr/sbin/{tool}")
+        if m is None or not m.issym():
+            fail(f"/usr/sbin/{tool} is not in the image")
+        target = files.get("usr/sbin/" + m.linkname)
+        if target is None or not target.isreg() or not target.mode & 0o111:
+            fail(f"/usr/sbin/{tool} -> {m.linkname} is not an executable file")
+    if not any(n.endswith("xtables/libxt_comment.so") for n in files):
+        fail("the xtables extensions are not in the image")
+    if not re.search(r"apt-get install[^\n]*\biptables\b", containerfile := open(sys.argv[3]).read()):
+        fail("Containerfile does not install iptables")
     run = files.get("var/run")
     if run is None or not run.issym() or run.linkname.rstrip("/") not in ("../run", "/run"):
         fail("/var/run is not a link to /run")

@@ -45,6 +45,16 @@ skeleton "$r"
 put target/release/xdpcni-agent /usr/local/bin/xdpcni-agent "$r"
 put target/release/xdpcni /usr/local/bin/xdpcni "$r"
 for p in host-local portmap loopback; do put "/usr/lib/cni/$p" "/usr/local/bin/$p" "$r"; done
+# iptables-save and ip6tables-save (nft backend), with the xtables extensions
+# they print matches with: the agent reads the node's FORWARD rules.
+xt="/usr/lib/$(gcc -print-multiarch)/xtables"
+if [ ! -x /usr/sbin/xtables-nft-multi ] || [ ! -d "$xt" ]; then
+	echo "image.sh: iptables (nft backend) is not installed: scripts/setup.sh installs it" >&2
+	exit 1
+fi
+put /usr/sbin/xtables-nft-multi /usr/sbin/xtables-nft-multi "$r"
+for l in iptables-save ip6tables-save; do ln -s xtables-nft-multi "$r/usr/sbin/$l"; done
+for so in "$xt"/*.so; do put "$so" "$so" "$r"; done
 python3 scripts/oci-image.py "$r" "localhost/xdpcni:$TAG" "$OUT/xdpcni.tar" \
 	--entrypoint /usr/local/bin/xdpcni-agent >/dev/null
 
