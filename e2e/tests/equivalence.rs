@@ -70,9 +70,10 @@ const MODES: [(&str, AttachMode, RedirectPolicy); 4] = [
 /// path that bypasses netfilter; the README's "what the fast path does not
 /// see" says what a user should do about it.
 const INTENDED: &[(&str, &str)] = &[(
-    "v4 FORWARD DROP rule between the pods",
-    "XDP runs before netfilter: an administrator's FORWARD rule is not seen \
-     by the fast path (README: what the fast path does not see)",
+    "v4 FORWARD DROP rule by port only",
+    "XDP runs before netfilter, and the agent detects only FORWARD rules that \
+     name a pod address (-s/-d); a rule matching ports alone is not seen \
+     (README: what the fast path does not see)",
 )];
 
 struct Pod {
@@ -82,6 +83,8 @@ struct Pod {
     v6: Ipv6Addr,
     /// AF_PACKET socket on eth0: sends, and captures what arrives.
     sock: OwnedFd,
+    /// The CNI ADD result (the prevResult of a chained plugin).
+    result: serde_json::Value,
 }
 
 impl Pod {
@@ -207,6 +210,10 @@ impl Lab {
             ("net.ipv4.icmp_ratelimit", "0"),
             ("net.ipv4.icmp_msgs_per_sec", "100000"),
             ("net.ipv6.icmp.ratelimit", "0"),
+            // Incomplete fragment queues a probe leaves must not join the
+            // same probe's fragments in the next mode's run.
+            ("net.ipv4.ipfrag_time", "1"),
+            ("net.ipv6.ip6frag_time", "1"),
         ] {
             net.node.sysctl(key, value).unwrap();
         }
@@ -260,11 +267,33 @@ impl Lab {
                 ns,
                 rec,
                 sock,
+                result: out.json,
             }
         };
         let a = add("a", 1500);
         let b = add("b", 1400);
         let c = add("c", 1500);
+        // b publishes udp/80 as hostPort 8000 through Debian's portmap,
+        // chained after xdpcni as a runtime would (it speaks up to 1.0.0).
+        let portmap = json!({
+            "cniVersion": "1.0.0", "name": "xdpcni-test", "type": "portmap",
+            "capabilities": { "portMappings": true },
+            "runtimeConfig": { "portMappings": [
+                { "hostPort": 8000, "containerPort": 80, "protocol": "udp" },
+            ] },
+            "prevResult": b.result,
+        });
+        let mut portmap = portmap;
+        portmap["prevResult"]["cniVersion"] = json!("1.0.0");
+        let out = xdpcni_e2e::cni::exec(
+            &Path::new(xdpcni_e2e::cni::REFERENCE_PLUGINS).join("portmap"),
+            &net.cni_path,
+            &net.node,
+            &portmap,
+            &Call::new("ADD", "b", Some(&b.ns.path())),
+        )
+        .unwrap();
+        assert_eq!(out.status, 0, "portmap ADD: {:?} {}", out.json, out.stderr);
         Self { pins, net, a, b, c }
     }
 
@@ -274,7 +303,25 @@ impl Lab {
 
     /// Every pod in `mode` with `redirect`, as the agent would make it.
     fn set_mode(&self, mode: XdpMode, redirect: RedirectPolicy) {
-        let recs: Vec<Record> = self.pods().iter().map(|p| p.rec.clone()).collect();
+        self.set_mode_of(&["a", "b", "c"], mode, redirect);
+        // Warm the node's neighbour entries both ways, as traffic would.
+        for (from, to) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            ping(&from.ns, IpAddr::V4(to.v4), 1).unwrap_or_default();
+            ping(&from.ns, IpAddr::V6(to.v6), 1).unwrap_or_default();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        self.a.drain();
+        self.b.drain();
+    }
+
+    /// The pods with these container IDs in `mode` with `redirect`.
+    fn set_mode_of(&self, ids: &[&str], mode: XdpMode, redirect: RedirectPolicy) {
+        let recs: Vec<Record> = self
+            .pods()
+            .iter()
+            .filter(|p| ids.contains(&p.rec.container_id.as_str()))
+            .map(|p| p.rec.clone())
+            .collect();
         let pins = self.pins.path().to_path_buf();
         in_netns(&self.net.node, move || {
             let mut dp = Datapath::open_existing(&pins)?;
@@ -302,14 +349,30 @@ impl Lab {
             Ok(())
         })
         .unwrap();
-        // Warm the node's neighbour entries both ways, as traffic would.
-        for (from, to) in [(&self.a, &self.b), (&self.b, &self.a)] {
-            ping(&from.ns, IpAddr::V4(to.v4), 1).unwrap_or_default();
-            ping(&from.ns, IpAddr::V6(to.v6), 1).unwrap_or_default();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-        self.a.drain();
-        self.b.drain();
+    }
+
+    /// What the agent does about the node's FORWARD rules (the same
+    /// functions): the pods a DROP/REJECT rule names become kernel-only.
+    fn apply_forward_rules(&self) -> Vec<String> {
+        let save = in_netns(&self.net.node, || Ok(xdpcni_agent::forward::scan()?)).unwrap();
+        let pods: Vec<((String, String), Vec<IpAddr>)> = self
+            .pods()
+            .iter()
+            .map(|p| {
+                (
+                    (String::new(), p.rec.container_id.clone()),
+                    p.rec.ips.clone(),
+                )
+            })
+            .collect();
+        let named: Vec<String> =
+            xdpcni_agent::forward::blocked(&save, pods.iter().map(|(k, v)| (k, v.as_slice())))
+                .into_keys()
+                .map(|k| k.1)
+                .collect();
+        let ids: Vec<&str> = named.iter().map(String::as_str).collect();
+        self.set_mode_of(&ids, XdpMode::Off, RedirectPolicy::Devmap);
+        named
     }
 }
 
@@ -327,6 +390,8 @@ struct Probe {
     /// Node commands run before (and undone after) the probe.
     node_setup: Vec<Vec<String>>,
     node_teardown: Vec<Vec<String>>,
+    /// The node's FORWARD rules change: apply the agent's reaction.
+    forward_rules: bool,
 }
 
 impl Probe {
@@ -336,6 +401,7 @@ impl Probe {
             steps,
             node_setup: Vec::new(),
             node_teardown: Vec::new(),
+            forward_rules: false,
         }
     }
 }
@@ -390,15 +456,25 @@ fn normalise(frame: &mut [u8]) {
     frame[24..26].copy_from_slice(&c.to_be_bytes());
 }
 
-fn run_probe(lab: &Lab, probe: &Probe) -> Seen {
+/// Runs a probe with the pods in `mode` (restored after a probe whose
+/// FORWARD rules made some of them kernel-only).
+fn run_probe(lab: &Lab, probe: &Probe, mode: XdpMode, redirect: RedirectPolicy) -> Seen {
     for cmd in &probe.node_setup {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         lab.net.node.exec(&args).unwrap();
     }
+    let named = if probe.forward_rules {
+        lab.apply_forward_rules()
+    } else {
+        Vec::new()
+    };
     let seen = send_and_capture(lab, &probe.steps);
     for cmd in &probe.node_teardown {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         lab.net.node.exec(&args).unwrap();
+    }
+    if !named.is_empty() {
+        lab.set_mode(mode, redirect);
     }
     seen
 }
@@ -585,33 +661,34 @@ fn probes(lab: &Lab) -> Vec<Probe> {
     let mut padded = good.clone();
     padded.extend_from_slice(&[0xee; 8]);
     p.push(one("v4 trailing padding", padded));
-    // Fragments of one datagram: first, middle, last.
-    let frag = |off8: u16, mf: bool, len: usize| {
-        eth(
-            a.host_mac(),
-            a.pod_mac(),
-            ETH_P_IP,
-            &ipv4_full(
-                a.v4,
-                b.v4,
-                64,
-                17,
-                off8 | if mf { 0x2000 } else { 0 },
-                &[],
-                &vec![0x33; len],
-            ),
-        )
+    // Fragments of one datagram: first, middle, last; each probe its own IP
+    // ID, so the kernel's reassembly never mixes two probes.
+    let frag = |id: u16, off8: u16, mf: bool, len: usize| {
+        let mut ip = ipv4_full(
+            a.v4,
+            b.v4,
+            64,
+            17,
+            off8 | if mf { 0x2000 } else { 0 },
+            &[],
+            &vec![0x33; len],
+        );
+        ip[4..6].copy_from_slice(&id.to_be_bytes());
+        ip[10..12].copy_from_slice(&[0, 0]);
+        let c = checksum(&ip[..20]);
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        eth(a.host_mac(), a.pod_mac(), ETH_P_IP, &ip)
     };
     p.push(Probe::new(
         "v4 fragments first middle last",
         vec![
-            (From::A, frag(0, true, 64)),
-            (From::A, frag(8, true, 64)),
-            (From::A, frag(16, false, 24)),
+            (From::A, frag(0x4001, 0, true, 64)),
+            (From::A, frag(0x4001, 8, true, 64)),
+            (From::A, frag(0x4001, 16, false, 24)),
         ],
     ));
-    p.push(one("v4 first fragment alone", frag(0, true, 64)));
-    p.push(one("v4 middle fragment alone", frag(40, true, 64)));
+    p.push(one("v4 first fragment alone", frag(0x4002, 0, true, 64)));
+    p.push(one("v4 middle fragment alone", frag(0x4003, 40, true, 64)));
     // Larger than b's MTU (1400): DF -> fragmentation needed; no DF ->
     // fragmented by the kernel.
     p.push(one(
@@ -742,6 +819,23 @@ fn probes(lab: &Lab) -> Vec<Probe> {
     svc.node_setup.push(vip_rule("-A"));
     svc.node_teardown.push(vip_rule("-D"));
     p.push(svc);
+    // A hostPort: portmap DNATs the node's 8000/udp to b:80; b's reply must
+    // be un-DNATed (the agent registers hostPort targets as NAT'd ports).
+    p.push(Probe::new(
+        "v4 hostPort through portmap and the un-DNAT of its reply",
+        vec![
+            (From::A, v4(a, a.v4, NODE4, 64, 17, &udp(41000, 8000, 12))),
+            (
+                From::B,
+                eth(
+                    b.host_mac(),
+                    b.pod_mac(),
+                    ETH_P_IP,
+                    &ipv4_full(b.v4, a.v4, 64, 17, 0x4000, &[], &udp(80, 41000, 20)),
+                ),
+            ),
+        ],
+    ));
     // An administrator's FORWARD rule between the two pods.
     let fwd_rule = |op: &str| {
         ["iptables", op, "FORWARD", "-s"]
@@ -757,7 +851,25 @@ fn probes(lab: &Lab) -> Vec<Probe> {
     );
     fwd.node_setup.push(fwd_rule("-I"));
     fwd.node_teardown.push(fwd_rule("-D"));
+    fwd.forward_rules = true;
     p.push(fwd);
+    // One the agent cannot attribute to pods: ports only.
+    let port_rule = |op: &str| {
+        [
+            "iptables", op, "FORWARD", "-p", "udp", "--dport", "5001", "-j", "DROP",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<String>>()
+    };
+    let mut by_port = one(
+        "v4 FORWARD DROP rule by port only",
+        v4(a, a.v4, b.v4, 64, 17, &udp(4014, 5001, 16)),
+    );
+    by_port.node_setup.push(port_rule("-I"));
+    by_port.node_teardown.push(port_rule("-D"));
+    by_port.forward_rules = true;
+    p.push(by_port);
 
     // IPv6.
     let six = |name: &str, src: Ipv6Addr, dst: Ipv6Addr, hop: u8, nh: u8, l4: Vec<u8>| {
@@ -892,12 +1004,16 @@ fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
     in_netns(&lab.net.node, || {
         let mut maps = Maps::open_pinned(lab.pins.path())?;
         maps.add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 5353)?;
+        maps.add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 80)?;
         Ok(())
     })
     .unwrap();
     let probes = probes(&lab);
     lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
-    let kernel: Vec<Seen> = probes.iter().map(|p| run_probe(&lab, p)).collect();
+    let kernel: Vec<Seen> = probes
+        .iter()
+        .map(|p| run_probe(&lab, p, XdpMode::Off, RedirectPolicy::Devmap))
+        .collect();
     // The harness must see something: most probes reach b or come back.
     let delivered = kernel.iter().filter(|s| !s.at_b.is_empty()).count();
     assert!(
@@ -910,7 +1026,7 @@ fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
     for (mode_name, mode, redirect) in MODES {
         lab.set_mode(XdpMode::Xdp(mode), redirect);
         for (probe, want) in probes.iter().zip(&kernel) {
-            let got = run_probe(&lab, probe);
+            let got = run_probe(&lab, probe, XdpMode::Xdp(mode), redirect);
             if &got == want {
                 continue;
             }
@@ -1101,6 +1217,12 @@ fn random_frame(rng: &mut fastrand::Rng, lab: &Lab) -> Vec<u8> {
             _ => vec![],
         };
         let mut ip = ipv4_full(src, dst, ttl, proto, frag, &opts, &l4);
+        // Its own IP ID: fragments of two frames never meet in reassembly.
+        ip[4..6].copy_from_slice(&rng.u16(..).to_be_bytes());
+        ip[10..12].copy_from_slice(&[0, 0]);
+        let hl = usize::from(ip[0] & 0x0f) * 4;
+        let ck = checksum(&ip[..hl]);
+        ip[10..12].copy_from_slice(&ck.to_be_bytes());
         if rng.u8(..20) == 0 {
             ip[10] ^= rng.u8(1..);
         }
