@@ -12,6 +12,13 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "up.sh: run as root" >&2
 	exit 1
 fi
+# The kubelet evicts pods when its disk has less than 1% free (evictionHard
+# below), which shows up later as pods that never turn Ready: say it now.
+free_kib=$(df -Pk "$(dirname "$W")" | awk 'NR == 2 { print $4 }')
+if [ "$free_kib" -lt $((4 * 1024 * 1024)) ]; then
+	echo "up.sh: only $((free_kib / 1024)) MiB free under $(dirname "$W"); the node needs 4 GiB (images, containers, logs) and the kubelet evicts pods below 1% free" >&2
+	exit 1
+fi
 if [ -f "$W/env" ]; then
 	echo "up.sh: a node is already up ($W/env); run e2e/k8s/down.sh first" >&2
 	exit 1
