@@ -246,6 +246,33 @@ c_netpol() {
 	wait_mode "$b" "$DEFAULT_MODE" || return 1
 	echo "$b kernel-only ${ms} ms after the policy; $a pass_kernel_only +$((after - before)); back to $DEFAULT_MODE when the policy goes"
 }
+c_forward_rule() {
+	local a b ip i t0 ms rule
+	read -r a b <<<"$(pods_of web)"
+	ip=$(pod_ip "$b")
+	rule=(FORWARD -d "$ip" -p tcp --dport 7 -j DROP)
+	t0=$(date +%s%N)
+	in_node iptables -I "${rule[@]}" || return 1
+	for i in $(seq 1 150); do
+		if [ "$(mode_of "$b")" = off ] &&
+			kc get events -n "$NS" --field-selector "involvedObject.name=$b" -o jsonpath='{range .items[*]}{.reason}{"\n"}{end}' 2>/dev/null |
+			grep -q XdpcniKernelOnly; then
+			ms=$((($(date +%s%N) - t0) / 1000000))
+			in_node iptables -D "${rule[@]}"
+			for i in $(seq 1 150); do
+				if [ "$(mode_of "$b")" = "$DEFAULT_MODE" ]; then
+					echo "$b kernel-only with an XdpcniKernelOnly Event ${ms} ms after a FORWARD rule naming $ip (rules read every 10 s); back to $DEFAULT_MODE when it goes"
+					return 0
+				fi
+				sleep 0.2
+			done
+			fail "$b not back to $DEFAULT_MODE 30 s after the FORWARD rule went"
+		fi
+		sleep 0.2
+	done
+	in_node iptables -D "${rule[@]}"
+	fail "$b: mode $(mode_of "$b"), no XdpcniKernelOnly Event 30 s after a FORWARD rule naming $ip"
+}
 c_delete() {
 	local rec ip veth ifindex i
 	kc apply -f "$M/victim.yaml" >/dev/null || return 1
@@ -357,6 +384,7 @@ check "an invalid annotation value becomes an Event, the pod keeps its network" 
 check "a ClusterIP Service (kube-proxy DNAT) 100 times in a row on the fast path" c_service
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy makes its pod kernel-only" c_netpol
+check "a FORWARD rule naming a pod makes it kernel-only, with an Event" c_forward_rule
 check "deleting a pod removes its veth, IP, record, pin and metrics" c_delete
 check "helm upgrade rolls the agent with no lost 10 ms ping" c_rollout
 check "a killed agent: traffic flows, the kubelet restarts it, nothing changes" c_kill_agent
