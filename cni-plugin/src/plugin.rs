@@ -21,7 +21,7 @@ use crate::{
     config::{CniEnv, NetConf, XdpMode},
     error::{Error, Result},
     ethtool::{self, Offload},
-    ipam,
+    hook, ipam,
     log::Log,
     netlink::Netlink,
     netns::in_netns,
@@ -56,7 +56,9 @@ fn fmt_mac(m: &[u8; 6]) -> String {
 
 /// Fails with an injected error when `XDPCNI_TEST_FAIL_AFTER` names `step`:
 /// lets the tests prove that ADD undoes every earlier step.
+/// Each step is also a crash point (`add:<step>`, see [`hook`]).
 fn fail_point(step: &str) -> Result<()> {
+    hook::stop_point(&format!("add:{step}"));
     match std::env::var("XDPCNI_TEST_FAIL_AFTER") {
         Ok(s) if s == step => Err(Error::Injected(step.into())),
         _ => Ok(()),
@@ -155,6 +157,7 @@ impl Add<'_> {
         let mode = self.datapath(&ips, &host.link, pod_mac)?;
         fail_point("datapath")?;
         self.record(&ips, &host, pod_mac, mode)?;
+        hook::stop_point("add:record");
         Ok(self.result(&ips, &host.link, pod_mac, ipam.dns))
     }
 
@@ -481,8 +484,19 @@ fn forget_endpoint(
 ) -> Result<()> {
     if owns_ifindex {
         dp.detach(ifindex)?;
+        hook::stop_point("del:detached");
     }
-    for ip in ips {
+    let mut addrs = ips.to_vec();
+    if owns_ifindex {
+        // Also records no list names: an ADD killed after writing them and
+        // before its record and result leaves addresses nobody passes back.
+        for (ip, e) in dp.maps().endpoints()? {
+            if e.ifindex == ifindex && !addrs.contains(&ip) {
+                addrs.push(ip);
+            }
+        }
+    }
+    for ip in &addrs {
         if dp
             .maps()
             .endpoint(*ip)?
@@ -491,6 +505,7 @@ fn forget_endpoint(
             dp.maps_mut().remove_endpoint(*ip)?;
         }
     }
+    hook::stop_point("del:endpoints");
     if owns_ifindex {
         dp.maps_mut().remove_tx_port(ifindex)?;
         dp.maps_mut().remove_counters(ifindex)?;
@@ -564,17 +579,20 @@ fn cleanup(
             }
         }
     }
+    hook::stop_point("del:datapath");
     if let Some(l) = link {
         match nl.del_link(l.index) {
             Ok(_) => log.info(&format!("deleted {host_name}")),
             Err(e) => errors.push(e.into()),
         }
     }
+    hook::stop_point("del:veth");
     if !conf.ipam_type.is_empty() {
         if let Err(e) = ipam::exec(conf, env, "DEL", container_id, ifname) {
             errors.push(e);
         }
     }
+    hook::stop_point("del:ipam");
     if let Err(e) = state::remove(&conf.state_dir, container_id, ifname) {
         errors.push(e.into());
     }

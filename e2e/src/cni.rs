@@ -9,7 +9,7 @@ use std::{
     net::IpAddr,
     os::{fd::AsRawFd, unix::process::CommandExt},
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
 };
 
 use anyhow::{bail, Context, Result};
@@ -129,6 +129,29 @@ pub fn exec_raw(
     stdin: &[u8],
     call: &Call<'_>,
 ) -> Result<CniOutput> {
+    let child = spawn(plugin, cni_path, node, stdin, call)?;
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("stdout is not JSON: {text}"))?
+    };
+    Ok(CniOutput {
+        status: out.status.code().unwrap_or(-1),
+        json,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+/// Starts `plugin` inside `node` with `stdin` written and closed.
+fn spawn(
+    plugin: &Path,
+    cni_path: &str,
+    node: &Netns,
+    stdin: &[u8],
+    call: &Call<'_>,
+) -> Result<Child> {
     let ns = std::fs::File::open(node.path())?;
     let mut cmd = Command::new(plugin);
     cmd.env_clear()
@@ -165,18 +188,44 @@ pub fn exec_raw(
         .spawn()
         .with_context(|| format!("spawning {}", plugin.display()))?;
     child.stdin.take().context("stdin")?.write_all(stdin)?;
-    let out = child.wait_with_output()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json = if text.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).with_context(|| format!("stdout is not JSON: {text}"))?
-    };
-    Ok(CniOutput {
-        status: out.status.code().unwrap_or(-1),
-        json,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    })
+    Ok(child)
+}
+
+/// Runs `plugin` until it reaches the crash point `step` (it stops itself
+/// there: `XDPCNI_TEST_STOP_AT`), then SIGKILLs it, as an OOM kill or a node
+/// power cut would. Fails if the plugin ends without reaching `step`.
+pub fn exec_killed_at(
+    plugin: &Path,
+    cni_path: &str,
+    node: &Netns,
+    conf: &Value,
+    call: &Call<'_>,
+    step: &str,
+) -> Result<()> {
+    let mut call = call.clone();
+    call.env.push((xdpcni_node::hook::STOP_AT, Some(step)));
+    let mut child = spawn(plugin, cni_path, node, conf.to_string().as_bytes(), &call)?;
+    let pid = libc::pid_t::try_from(child.id())?;
+    let mut status = 0;
+    // SAFETY: waits for our own child; WUNTRACED also returns when it stops.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+    if r != pid {
+        bail!("waitpid: {}", std::io::Error::last_os_error());
+    }
+    if !libc::WIFSTOPPED(status) {
+        // It ended (and is reaped): read what it said.
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        bail!(
+            "{} ended (wait status {status:#x}) without reaching {step}: {err}",
+            call.command
+        );
+    }
+    child.kill()?;
+    child.wait()?;
+    Ok(())
 }
 
 /// A test network: a node namespace, xdpcni + reference plugins in CNI_PATH,
@@ -247,6 +296,18 @@ impl Network {
             }
         }
         exec(&self.plugin, &self.cni_path, &self.node, &conf, call)
+    }
+
+    /// [`exec_killed_at`] with this network's config.
+    pub fn call_killed_at(&self, call: &Call<'_>, step: &str) -> Result<()> {
+        exec_killed_at(
+            &self.plugin,
+            &self.cni_path,
+            &self.node,
+            &self.conf,
+            call,
+            step,
+        )
     }
 
     /// The IPs host-local has allocated (files named by address).
@@ -351,6 +412,30 @@ impl NodeProcess {
     /// Its PID.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
+    /// Waits until the process has stopped itself (SIGSTOP at a crash point,
+    /// `XDPCNI_TEST_STOP_AT`): its state in /proc is `T`.
+    pub fn wait_stopped(&self, within: std::time::Duration) -> Result<()> {
+        let start = std::time::Instant::now();
+        let stat = format!("/proc/{}/stat", self.pid());
+        loop {
+            let text = std::fs::read_to_string(&stat)?;
+            // pid (comm) state ...: the state follows the last ')'.
+            let state = text
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            if state == Some("T") {
+                return Ok(());
+            }
+            if start.elapsed() > within {
+                bail!(
+                    "pid {} not stopped after {within:?} (state {state:?})",
+                    self.pid()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 
     /// Waits for the process to exit by itself; its exit code.

@@ -15,6 +15,7 @@ use std::{
 use serde_json::{json, Value};
 use xdpcni_e2e::{
     cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    in_netns,
     netns::Netns,
     traffic::{ping, tcp_transfer, BackgroundPing},
     PinDir,
@@ -67,10 +68,15 @@ impl Node {
     }
 
     fn start_agent(&self, log: &str) -> NodeProcess {
-        let agent = NodeProcess::spawn(
+        self.start_agent_env(log, &[])
+    }
+
+    fn start_agent_env(&self, log: &str, env: &[(&str, &str)]) -> NodeProcess {
+        let agent = NodeProcess::spawn_env(
             &self.net.node,
             &agent_binary().unwrap(),
             &["standalone", "--config", self.config.to_str().unwrap()],
+            env,
             &self.net.dir.path().join(log),
         )
         .unwrap();
@@ -375,4 +381,79 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
     for (n, p) in [("a", &pa), ("b", &pb), ("c", &pc)] {
         node.del_pod(n, p);
     }
+}
+
+/// The offloads of `pod`'s eth0 that the mode `mode` needs (pod::offloads).
+fn assert_offloads_of(pod: &Netns, mode: &str) {
+    let mode = xdpcni_node::pod::XdpMode::parse(mode).unwrap();
+    for (offload, on) in xdpcni_node::pod::offloads(mode) {
+        let have = in_netns(pod, || Ok(xdpcni_node::ethtool::get("eth0", offload)?)).unwrap();
+        assert_eq!(have, on, "{mode}: {offload:?} of eth0");
+    }
+}
+
+#[test]
+fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
+    let node = Node::new();
+    // The first agent loads the datapath; the pods come up native.
+    let first = node.start_agent("agent0.log");
+    let (pa, ra) = node.add_pod("a");
+    let (pb, rb) = node.add_pod("b");
+    let (ha, b_ip) = (host(&ra), ipv4_of(&rb));
+    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    assert_eq!(first.stop(libc::SIGTERM).unwrap(), Some(0));
+    // 25 s of pings at 10 ms: longer than the five rounds take.
+    let pinger = BackgroundPing::start(&pa, b_ip, 2500).unwrap();
+    // Each switch is killed at one of the crash points of the shared attach
+    // logic (pod::converge), then a fresh agent takes over.
+    let rounds = [
+        ("converge:offloads", "generic", "xdpgeneric"),
+        ("converge:records", "native", "xdp"),
+        ("converge:attached", "generic", "xdpgeneric"),
+        ("converge:detached", "off", "none"),
+        ("converge:attached", "native", "xdp"),
+    ];
+    for (i, (step, mode, want)) in rounds.into_iter().enumerate() {
+        let what = format!("switch to {mode} killed at {step}");
+        let agent = node.start_agent_env(
+            &format!("crash{i}.log"),
+            &[(xdpcni_node::hook::STOP_AT, step)],
+        );
+        node.set_pods(json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }));
+        agent
+            .wait_stopped(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{what}: {e:#}: {}", node.log(&format!("crash{i}.log"))));
+        assert_eq!(agent.stop(libc::SIGKILL).unwrap(), None, "{what}");
+        // Killed mid-switch: still forwarding, on whichever side it was.
+        std::thread::sleep(Duration::from_millis(300));
+        let _agent = node.start_agent(&format!("after{i}.log"));
+        let took = node.wait_mode(&ha, want, Duration::from_secs(3));
+        eprintln!("{what}: converged {took:?} after the restart");
+        // The restart also finishes what the killed switch left undone.
+        let start = Instant::now();
+        loop {
+            let ok = std::panic::catch_unwind(|| assert_offloads_of(&pa, mode));
+            if ok.is_ok() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "{what}: offloads not converged: {}",
+                node.log(&format!("after{i}.log"))
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let maps = Maps::open_pinned(node.pins.path()).unwrap();
+        let ep = maps.endpoint(ipv4_of(&ra)).unwrap().unwrap();
+        assert_eq!(
+            ep.flags & EP_KERNEL_ONLY != 0,
+            mode == "off",
+            "{what}: the endpoint's kernel-only flag"
+        );
+        tcp_transfer(&pa, &pb, b_ip, 1 << 20).unwrap();
+    }
+    let lost = pinger.lost().unwrap();
+    assert_eq!(lost, 0, "pings lost across five killed switches");
+    node.del_pod("a", &pa);
+    node.del_pod("b", &pb);
 }

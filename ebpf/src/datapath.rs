@@ -467,6 +467,22 @@ impl Maps {
         Ok(out)
     }
 
+    /// Every redirect target (devmap entry), by ifindex.
+    pub fn tx_port_list(&self) -> Result<Vec<u32>> {
+        self.tx_ports
+            .keys()
+            .map(|k| k.map_err(|e| Error::map("listing tx ports", e)))
+            .collect()
+    }
+
+    /// Every claimed counter slot: (slot, the ifindex that owns it).
+    pub fn slot_owner_list(&self) -> Result<Vec<(u32, u32)>> {
+        self.slot_owners
+            .iter()
+            .map(|kv| kv.map_err(|e| Error::map("listing counter slots", e)))
+            .collect()
+    }
+
     /// Makes host veth `ifindex` a redirect target (devmap entry).
     pub fn add_tx_port(&mut self, ifindex: u32) -> Result<()> {
         self.tx_ports

@@ -176,10 +176,14 @@ pub fn set(ifname: &str, offload: Offload, on: bool) -> io::Result<()> {
     }
 }
 
-/// Sets an offload and checks that the device took it, accepting a refusal
-/// when the device already is in the wanted state (veth refuses to toggle
-/// TSO while native XDP on its peer has forced it off, for instance).
+/// Sets an offload unless it already is `on`, and checks that the device
+/// took it, accepting a refusal when the device already is in the wanted
+/// state (veth refuses to toggle TSO while native XDP on its peer has forced
+/// it off, for instance).
 pub fn ensure(ifname: &str, offload: Offload, on: bool) -> io::Result<()> {
+    if get(ifname, offload).is_ok_and(|now| now == on) {
+        return Ok(());
+    }
     let set_result = set(ifname, offload, on);
     match get(ifname, offload) {
         Ok(now) if now == on => Ok(()),

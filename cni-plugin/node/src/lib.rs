@@ -10,8 +10,10 @@
 //! - [`source_check`]: the kernel path's check that pods send from their own
 //!   addresses (what the datapath's `drop_spoofed` is on the fast path).
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
+//! - [`hook`]: the named crash points the tests stop a process at.
 
 pub mod ethtool;
+pub mod hook;
 pub mod install;
 pub mod netns;
 pub mod pod;

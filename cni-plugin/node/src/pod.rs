@@ -10,6 +10,7 @@ use xdpcni_ebpf::{
 
 use crate::{
     ethtool::{self, Offload},
+    hook,
     netns::in_netns,
 };
 
@@ -211,7 +212,7 @@ pub fn converge(
     a: &Attachment<'_>,
     want: XdpMode,
 ) -> Result<Converged, ConvergeError> {
-    let offloads = |settings: &[(Offload, bool)]| {
+    let apply = |settings: &[(Offload, bool)]| {
         set_offloads(a.netns, a.ifname, settings).map_err(|source| ConvergeError::Offloads {
             netns: a.netns.display().to_string(),
             ifname: a.ifname.to_string(),
@@ -233,8 +234,12 @@ pub fn converge(
             out.changed |= upsert(dp, a.ips, &info)?;
             if current != XdpMode::Off || !out.refused.is_empty() {
                 dp.detach(a.host_ifindex)?;
-                offloads(&after(XdpMode::Off))?;
+                hook::stop_point("converge:detached");
+                apply(&after(XdpMode::Off))?;
                 out.changed = true;
+            } else {
+                // Already off: the offloads may still be a killed switch's.
+                apply(&offloads(XdpMode::Off))?;
             }
             break;
         }
@@ -244,14 +249,20 @@ pub fn converge(
         info.flags = 0;
         if current == target {
             out.changed |= upsert(dp, a.ips, &info)?;
+            // The link is right; the offloads may still be those of a switch
+            // killed between its attach and its relaxations.
+            apply(&offloads(target))?;
             break;
         }
-        offloads(&before(target))?;
+        apply(&before(target))?;
+        hook::stop_point("converge:offloads");
         // Records first: the new link drops sources it has no record of.
         upsert(dp, a.ips, &info)?;
+        hook::stop_point("converge:records");
         match dp.attach(a.host_ifindex, mode) {
             Ok(_) => {
-                offloads(&after(target))?;
+                hook::stop_point("converge:attached");
+                apply(&after(target))?;
                 out.changed = true;
                 break;
             }

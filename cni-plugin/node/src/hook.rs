@@ -1,0 +1,24 @@
+//! Crash points for the tests: with `XDPCNI_TEST_STOP_AT=<step>` in its
+//! environment, a process stops itself (SIGSTOP) when it reaches `<step>`, so
+//! a test can SIGKILL it exactly there and prove that what comes next (DEL,
+//! GC, an agent restart) leaves nothing behind. Without the variable a stop
+//! point is one environment lookup.
+//!
+//! The steps are named where they are: `add:<step>` and `del:<step>` in the
+//! plugin, `converge:<step>` in [`crate::pod::converge`] (the plugin's ADD
+//! and the agent's mode switches both run it).
+
+/// The environment variable naming the step to stop at.
+pub const STOP_AT: &str = "XDPCNI_TEST_STOP_AT";
+
+/// Stops this process with SIGSTOP if [`STOP_AT`] names `step`. It goes on
+/// if it is continued (SIGCONT) instead of killed.
+pub fn stop_point(step: &str) {
+    if std::env::var_os(STOP_AT).is_some_and(|s| s == step) {
+        eprintln!("xdpcni: stopping at {step} ({STOP_AT})");
+        // SAFETY: raise has no memory-safety preconditions.
+        unsafe {
+            libc::raise(libc::SIGSTOP);
+        }
+    }
+}

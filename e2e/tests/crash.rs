@@ -1,0 +1,168 @@
+//! The plugin SIGKILLed at every step of ADD and of DEL (it stops itself at a
+//! named crash point, `XDPCNI_TEST_STOP_AT`, and the test kills it there, as
+//! an OOM kill or a node power cut would), followed by what a runtime does
+//! next: DEL (twice: runtimes retry), then GC. Nothing may be left (veth, IP
+//! allocation, record, endpoint, devmap entry, counter slot, link pin), and
+//! the next ADD of the same container must succeed.
+//! Needs root, bpffs at /sys/fs/bpf and containernetworking-plugins.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use serde_json::json;
+use xdpcni_e2e::{
+    cni::{result_ips, Call, Network},
+    in_netns,
+    netns::Netns,
+    traffic::ping,
+    PinDir,
+};
+use xdpcni_ebpf::{Datapath, Maps};
+
+/// Every crash point an ADD passes, in order (the `converge:` ones are in
+/// the shared attach logic, which the agent's mode switches also run).
+const ADD_STEPS: &[&str] = &[
+    "add:ipam",
+    "add:veth",
+    "add:pod",
+    "add:routes",
+    "converge:offloads",
+    "converge:records",
+    "converge:attached",
+    "add:datapath",
+    "add:record",
+];
+
+/// Every crash point a DEL passes, in order.
+const DEL_STEPS: &[&str] = &[
+    "del:detached",
+    "del:endpoints",
+    "del:datapath",
+    "del:veth",
+    "del:ipam",
+];
+
+fn setup() -> (PinDir, Network, Netns) {
+    let pins = PinDir::new("xk").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+    (pins, net, Netns::new("xp").unwrap())
+}
+
+/// Nothing of any attachment is left on the node or in the datapath.
+fn assert_nothing_left(net: &Network, pins: &PinDir, pod: &Netns, what: &str) {
+    assert_eq!(
+        net.host_veths().unwrap(),
+        Vec::<String>::new(),
+        "{what}: host veths left"
+    );
+    assert!(
+        pod.link_json("eth0").is_err(),
+        "{what}: eth0 left in the pod"
+    );
+    assert_eq!(
+        net.allocated_ips(),
+        Vec::<std::net::IpAddr>::new(),
+        "{what}: IPs left allocated"
+    );
+    assert_eq!(net.records(), 0, "{what}: records left");
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    assert_eq!(
+        maps.endpoints().unwrap().len(),
+        0,
+        "{what}: endpoint records left"
+    );
+    assert_eq!(
+        maps.tx_port_list().unwrap(),
+        Vec::<u32>::new(),
+        "{what}: devmap entries left"
+    );
+    assert_eq!(
+        maps.slot_owner_list().unwrap(),
+        Vec::<(u32, u32)>::new(),
+        "{what}: counter slots left"
+    );
+    let links = std::fs::read_dir(pins.path().join("links"))
+        .unwrap()
+        .count();
+    assert_eq!(links, 0, "{what}: link pins left");
+}
+
+/// What a runtime does after a failed or lost call: DEL until it succeeds
+/// (twice here, the second finding nothing), then GC with no valid
+/// attachment.
+fn runtime_cleans_up(net: &Network, id: &str, pod: &Netns, what: &str) {
+    let path = pod.path();
+    for round in 1..=2 {
+        let d = net
+            .call(&Call::new("DEL", id, Some(&path)), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0, "{what}: DEL #{round}: {:?}", d.json);
+    }
+    let gc = net
+        .call(
+            &Call::new("GC", "", None),
+            &json!({ "cni.dev/valid-attachments": [] }),
+        )
+        .unwrap();
+    assert_eq!(gc.status, 0, "{what}: GC: {:?}", gc.json);
+}
+
+/// A whole ADD of `id` that must succeed, with the pod reaching the node.
+fn add_ok(net: &Network, id: &str, pod: &Netns, what: &str) -> serde_json::Value {
+    let path = pod.path();
+    let out = net
+        .call(&Call::new("ADD", id, Some(&path)), &json!({}))
+        .unwrap();
+    assert_eq!(out.status, 0, "{what}: ADD: {:?}\n{}", out.json, net.log());
+    assert_eq!(result_ips(&out.json).len(), 2, "{what}: {:?}", out.json);
+    ping(pod, "10.99.0.1".parse().unwrap(), 1).unwrap();
+    out.json
+}
+
+#[test]
+fn crash_at_every_add_step_then_del_and_gc_leave_nothing() {
+    let (pins, net, pod) = setup();
+    let path = pod.path();
+    for step in ADD_STEPS {
+        let what = format!("ADD killed at {step}");
+        net.call_killed_at(&Call::new("ADD", "crash-add", Some(&path)), step)
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        runtime_cleans_up(&net, "crash-add", &pod, &what);
+        assert_nothing_left(&net, &pins, &pod, &what);
+        // The same container comes up fine after it.
+        add_ok(&net, "crash-add", &pod, &what);
+        let d = net
+            .call(&Call::new("DEL", "crash-add", Some(&path)), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0, "{what}: {:?}", d.json);
+        assert_nothing_left(&net, &pins, &pod, &what);
+    }
+}
+
+#[test]
+fn crash_at_every_del_step_then_del_and_gc_leave_nothing() {
+    let (pins, net, pod) = setup();
+    let path = pod.path();
+    for step in DEL_STEPS {
+        let what = format!("DEL killed at {step}");
+        let prev = add_ok(&net, "crash-del", &pod, &what);
+        // The runtime's DEL carries the ADD's result as prevResult.
+        let mut conf = net.conf.clone();
+        conf["prevResult"] = prev;
+        xdpcni_e2e::cni::exec_killed_at(
+            &net.plugin,
+            &net.cni_path,
+            &net.node,
+            &conf,
+            &Call::new("DEL", "crash-del", Some(&path)),
+            step,
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        runtime_cleans_up(&net, "crash-del", &pod, &what);
+        assert_nothing_left(&net, &pins, &pod, &what);
+    }
+    // And the container comes back after all of them.
+    add_ok(&net, "crash-del", &pod, "ADD after the DEL crashes");
+    runtime_cleans_up(&net, "crash-del", &pod, "final DEL");
+    assert_nothing_left(&net, &pins, &pod, "final DEL");
+}
