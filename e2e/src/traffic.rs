@@ -208,7 +208,12 @@ impl BackgroundPing {
     }
 
     /// Waits for the end; how many replies were lost.
-    pub fn lost(mut self) -> Result<u32> {
+    pub fn lost(self) -> Result<u32> {
+        Ok(self.stats()?.lost)
+    }
+
+    /// Waits for the end; losses and round-trip times.
+    pub fn stats(mut self) -> Result<PingStats> {
         let out = self
             .child
             .take()
@@ -220,8 +225,39 @@ impl BackgroundPing {
             .find_map(|part| part.trim().strip_suffix(" received"))
             .and_then(|n| n.trim().parse().ok())
             .with_context(|| format!("no ping summary in {text}"))?;
-        Ok(self.count.saturating_sub(received))
+        // "rtt min/avg/max/mdev = 0.041/0.062/0.311/0.030 ms" (absent when
+        // nothing came back).
+        let rtt: Vec<f64> = text
+            .split_once("rtt min/avg/max/mdev = ")
+            .map(|(_, r)| {
+                r.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .split('/')
+                    .filter_map(|v| v.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(PingStats {
+            sent: self.count,
+            lost: self.count.saturating_sub(received),
+            avg_ms: rtt.get(1).copied(),
+            max_ms: rtt.get(2).copied(),
+        })
     }
+}
+
+/// What a [`BackgroundPing`] saw.
+#[derive(Clone, Copy, Debug)]
+pub struct PingStats {
+    /// Echo requests sent.
+    pub sent: u32,
+    /// Requests without a reply.
+    pub lost: u32,
+    /// Mean round trip (None when no reply came).
+    pub avg_ms: Option<f64>,
+    /// Longest round trip.
+    pub max_ms: Option<f64>,
 }
 
 impl Drop for BackgroundPing {

@@ -1340,3 +1340,198 @@ fn seeded_random_frames_arrive_as_kernel_routing_delivers_them_in_every_xdp_mode
         failures.join("\n")
     );
 }
+
+// ---- hostile pods ------------------------------------------------------
+
+/// Every path a pod can be on: kernel routing, then each XDP mode.
+fn every_path() -> Vec<(String, XdpMode, RedirectPolicy)> {
+    let mut v = vec![("off".to_string(), XdpMode::Off, RedirectPolicy::Devmap)];
+    v.extend(
+        MODES
+            .iter()
+            .map(|(n, m, r)| (n.to_string(), XdpMode::Xdp(*m), *r)),
+    );
+    v
+}
+
+/// Whether `frame` carries `marker` (the payload byte of a hostile probe).
+fn carries(frame: &[u8], marker: &[u8]) -> bool {
+    frame.windows(marker.len()).any(|w| w == marker)
+}
+
+#[test]
+fn hostile_pods_get_nothing_delivered_in_another_identity_on_any_path() {
+    let lab = Lab::new();
+    let (a, b, c) = (&lab.a, &lab.b, &lab.c);
+    let udp_m = |marker: &[u8]| packet::udp(4000, 9, marker);
+    // Each hostile frame carries its own marker in its UDP payload.
+    let mut hostile: Vec<(&str, Vec<u8>)> = Vec::new();
+    let v4_from = |name: &'static str, src: Ipv4Addr| {
+        let marker = format!("HOSTILE:{name}");
+        (name, v4(a, src, b.v4, 64, 17, &udp_m(marker.as_bytes())))
+    };
+    hostile.push(v4_from("another pod's IPv4", c.v4));
+    hostile.push(v4_from("the node's IPv4", NODE4));
+    hostile.push(v4_from(
+        "the link-local gateway",
+        Ipv4Addr::new(169, 254, 1, 1),
+    ));
+    hostile.push(v4_from(
+        "an unassigned pod IPv4",
+        Ipv4Addr::new(10, 78, 0, 250),
+    ));
+    let mut full = v4_from("another pod's MAC and IPv4", c.v4).1;
+    full[6..12].copy_from_slice(&c.pod_mac());
+    hostile.push(("another pod's MAC and IPv4", full));
+    let v6_from = |name: &'static str, src: Ipv6Addr| {
+        let marker = format!("HOSTILE:{name}");
+        let mut f = v6(a, src, b.v6, 64, 17, &udp_m(marker.as_bytes()));
+        fix_l4_v6(&mut f);
+        (name, f)
+    };
+    hostile.push(v6_from("another pod's IPv6", c.v6));
+    hostile.push(v6_from("the node's IPv6", "fd99::1".parse().unwrap()));
+    hostile.push(v6_from(
+        "the link-local gateway v6",
+        "fe80::1".parse().unwrap(),
+    ));
+    // Controls: a's own addresses arrive (so an empty capture proves
+    // something); with c's MAC but a's address the frame arrives as a's,
+    // from the node's MAC: c's identity does not survive the hop.
+    let control4 = v4(a, a.v4, b.v4, 64, 17, &udp_m(b"CONTROL:v4"));
+    let mut control6 = v6(a, a.v6, b.v6, 64, 17, &udp_m(b"CONTROL:v6"));
+    fix_l4_v6(&mut control6);
+    let mut cmac = v4(a, a.v4, b.v4, 64, 17, &udp_m(b"CONTROL:c-mac"));
+    cmac[6..12].copy_from_slice(&c.pod_mac());
+
+    for (path, mode, redirect) in every_path() {
+        lab.set_mode(mode, redirect);
+        for (name, frame) in &hostile {
+            let seen = send_and_capture(&lab, &[(From::A, frame.clone())]);
+            let marker = format!("HOSTILE:{name}");
+            let delivered: Vec<_> = seen
+                .at_b
+                .iter()
+                .filter(|f| carries(f, marker.as_bytes()))
+                .cloned()
+                .collect();
+            assert!(
+                delivered.is_empty(),
+                "{path}: a frame from a with {name} as its source reached b:\n      {}",
+                hex(&delivered)
+            );
+        }
+        let seen = send_and_capture(
+            &lab,
+            &[
+                (From::A, control4.clone()),
+                (From::A, control6.clone()),
+                (From::A, cmac.clone()),
+            ],
+        );
+        for marker in [&b"CONTROL:v4"[..], b"CONTROL:v6", b"CONTROL:c-mac"] {
+            let got: Vec<_> = seen.at_b.iter().filter(|f| carries(f, marker)).collect();
+            assert_eq!(
+                got.len(),
+                1,
+                "{path}: control {} must arrive once",
+                String::from_utf8_lossy(marker)
+            );
+            assert_eq!(
+                got[0][6..12],
+                b.host_mac(),
+                "{path}: frames reach b from the node's MAC"
+            );
+        }
+        let cmac_at_b = seen
+            .at_b
+            .iter()
+            .find(|f| carries(f, b"CONTROL:c-mac"))
+            .unwrap();
+        assert_eq!(cmac_at_b[26..30], a.v4.octets(), "{path}: a's address");
+    }
+}
+
+#[test]
+fn hostile_pod_cannot_reach_a_kernel_only_pod_through_the_fast_path() {
+    let lab = Lab::new();
+    let (a, b) = (&lab.a, &lab.b);
+    // b is selected by a policy (the agent makes it kernel-only); the
+    // policy's kernel rule: nothing is forwarded to b.
+    let rules = [
+        vec!["iptables", "-I", "FORWARD", "-d"],
+        vec!["ip6tables", "-I", "FORWARD", "-d"],
+    ];
+    let targets = [b.v4.to_string(), b.v6.to_string()];
+    for (rule, addr) in rules.iter().zip(&targets) {
+        let mut r = rule.clone();
+        r.extend([addr.as_str(), "-j", "DROP"]);
+        lab.net.node.exec(&r).unwrap();
+    }
+    let mut f6 = v6(a, a.v6, b.v6, 64, 17, &packet::udp(4000, 9, b"KONLY:v6"));
+    fix_l4_v6(&mut f6);
+    let frames = [
+        v4(a, a.v4, b.v4, 64, 17, &packet::udp(4000, 9, b"KONLY:v4")),
+        f6,
+        v4(a, a.v4, b.v4, 64, 6, &tcp_syn(4000, 80)),
+    ];
+    for (path, mode, redirect) in every_path().into_iter().skip(1) {
+        // a (the sender) on the fast path, b kernel-only.
+        lab.set_mode_of(&["a", "c"], mode, redirect);
+        lab.set_mode_of(&["b"], XdpMode::Off, redirect);
+        let before = counters_of(&lab, a);
+        let steps: Vec<_> = frames.iter().map(|f| (From::A, f.clone())).collect();
+        let seen = send_and_capture(&lab, &steps);
+        let ours: Vec<_> = seen
+            .at_b
+            .iter()
+            .filter(|f| is_v4_from(f, a.v4) || carries(f, b"KONLY"))
+            .cloned()
+            .collect();
+        assert!(
+            ours.is_empty(),
+            "{path}: a reached kernel-only b past its FORWARD rule:\n      {}",
+            hex(&ours)
+        );
+        let after = counters_of(&lab, a);
+        let fwd = |c: &xdpcni_ebpf::Counters| {
+            c.iter()
+                .filter(|(v, _)| v.kind() == xdpcni_ebpf::abi::VerdictKind::Forward)
+                .map(|(_, s)| s.packets)
+                .sum::<u64>()
+        };
+        assert_eq!(
+            fwd(&after),
+            fwd(&before),
+            "{path}: a redirected a frame to b"
+        );
+        assert!(
+            after.passed() >= before.passed() + 3,
+            "{path}: a's frames to b go to the kernel"
+        );
+    }
+    // Without the rule, b answers to kernel routing again (control).
+    for (rule, addr) in rules.iter().zip(&targets) {
+        let mut r = rule.clone();
+        r[1] = "-D";
+        r.extend([addr.as_str(), "-j", "DROP"]);
+        lab.net.node.exec(&r).unwrap();
+    }
+    let seen = send_and_capture(&lab, &[(From::A, frames[0].clone())]);
+    assert_eq!(
+        seen.at_b.iter().filter(|f| carries(f, b"KONLY:v4")).count(),
+        1,
+        "control: the frame reaches b once the rule is gone"
+    );
+}
+
+/// Whether `frame` is IPv4 from `src`.
+fn is_v4_from(frame: &[u8], src: Ipv4Addr) -> bool {
+    frame.len() >= 34 && frame[12..14] == ETH_P_IP.to_be_bytes() && frame[26..30] == src.octets()
+}
+
+/// The datapath counters of pod `p`'s host veth.
+fn counters_of(lab: &Lab, p: &Pod) -> xdpcni_ebpf::Counters {
+    let maps = Maps::open_pinned(lab.pins.path()).unwrap();
+    maps.counters(p.rec.host_ifindex).unwrap()
+}

@@ -18,6 +18,7 @@
 use std::{
     fmt, fs,
     net::IpAddr,
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     str::FromStr,
 };
@@ -664,6 +665,11 @@ impl Datapath {
             pin_dir.join("links"),
         ] {
             fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+            // Root's alone, whatever the umask: whoever can add a pin here
+            // or open a map can steer every pod's traffic. (The kernel makes
+            // the pins themselves 0600.)
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io("restricting", &dir, e))?;
         }
         ensure_bpffs(pin_dir)?;
         let mut ebpf = EbpfLoader::new()
