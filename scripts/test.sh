@@ -28,6 +28,9 @@ python3 - <<'PY'
 import json, re
 text = open("target/chart.yaml").read()
 body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", text).group(1))
+# By default /metrics and the probes stay on the node's loopback, unannounced.
+assert body["listen"] == "127.0.0.1:9965", body["listen"]
+assert "prometheus.io/scrape" not in text
 # The chart's config as the agent reads it, with the node paths moved into target/.
 body["stateDir"] = "target/chart-cni/state"
 body["pinDir"] = "target/chart-cni/pins"
@@ -58,6 +61,7 @@ datapath.mtu=notanumber /datapath/mtu
 datapath.pinDir=/tmp/pins /datapath/pinDir
 agent.metricsPort=notaport /agent/metricsPort
 agent.logLevel=loud /agent/logLevel
+agent.listenAddress=10.0.0.1 /agent/listenAddress
 cni.binDir=relative/bin /cni/binDir
 cni.netnsDir=/var/run/netns /cni/netnsDir
 image.pullPolicy=Sometimes /image/pullPolicy
@@ -72,6 +76,12 @@ done
 HOME=$helm_home "$helm" template x charts/xdpcni --set datapath.xdpMode=generic \
 	--set-string 'datapath.cpus=0-1\,3' --set datapath.mtu=9000 >/dev/null
 schema_pass=$((schema_pass + 1))
+# Opened to scrapers: every address, announced; an IPv6 wildcard in brackets.
+HOME=$helm_home "$helm" template x charts/xdpcni --set-string 'agent.listenAddress=::' |
+	grep -q '"listen": "\[::\]:9965"'
+HOME=$helm_home "$helm" template x charts/xdpcni --set agent.listenAddress=0.0.0.0 |
+	grep -q 'prometheus.io/scrape: "true"'
+schema_pass=$((schema_pass + 2))
 rm -rf "$helm_home"
 echo "chart schema: $schema_pass passed, 0 failed" | tee -a "$log"
 

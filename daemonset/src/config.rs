@@ -18,6 +18,17 @@ fn default_forward_scan() -> u64 {
     10_000
 }
 
+/// Where /metrics, /healthz and /readyz are served unless `listen` says
+/// otherwise: the node's loopback. The agent runs in the node's network
+/// namespace, so any other address would be reachable from every pod;
+/// scraping from elsewhere is an explicit choice (the chart's
+/// `agent.listenAddress`).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9965";
+
+fn default_listen() -> String {
+    DEFAULT_LISTEN.into()
+}
+
 /// The agent's configuration file (JSON).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -28,7 +39,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Created once the node is reconciled (the CNI's `agentReadyFile`).
     pub ready_file: Option<PathBuf>,
-    /// Address of /metrics, /healthz, /readyz.
+    /// Address of /metrics, /healthz, /readyz ([`DEFAULT_LISTEN`] if absent).
+    #[serde(default = "default_listen")]
     pub listen: String,
     /// Node defaults: `native`, `generic` or `off`.
     pub xdp_mode: String,

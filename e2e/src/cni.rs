@@ -466,19 +466,27 @@ impl Drop for NodeProcess {
 
 /// `GET path` on `addr` from inside `node`: (status code, body).
 pub fn http_get(node: &Netns, addr: &str, path: &str) -> Result<(u16, String)> {
+    http_raw(
+        node,
+        addr,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").into_bytes(),
+    )
+}
+
+/// Sends `request` (raw bytes, in one write) to `addr` from inside `node`;
+/// the status code and body of the answer.
+pub fn http_raw(node: &Netns, addr: &str, request: Vec<u8>) -> Result<(u16, String)> {
     use std::io::Read;
     let addr = addr.to_string();
-    let path = path.to_string();
     crate::in_netns(node, move || {
         let mut s = std::net::TcpStream::connect(&addr)?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
         // One write: a request split over several segments could be read
         // in part by a server that answers on the first read.
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )?;
-        let mut out = String::new();
-        s.read_to_string(&mut out)?;
+        s.write_all(&request)?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        let out = String::from_utf8_lossy(&out);
         let code = out
             .split_whitespace()
             .nth(1)

@@ -14,7 +14,7 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, http_raw, result_ips, Call, Network, NodeProcess},
     in_netns,
     netns::Netns,
     traffic::{ping, tcp_transfer, BackgroundPing},
@@ -22,7 +22,8 @@ use xdpcni_e2e::{
 };
 use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Maps};
 
-const LISTEN: &str = "127.0.0.1:9965";
+/// The agent's default address (its config here names none).
+const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
 
 struct Node {
     net: Network,
@@ -49,7 +50,6 @@ impl Node {
                 "pinDir": pins.path(),
                 "stateDir": net.dir.path().join("state"),
                 "readyFile": ready,
-                "listen": LISTEN,
                 "xdpMode": "native",
                 "redirect": "devmap",
                 "podsFile": pods_file,
@@ -454,6 +454,102 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
     }
     let lost = pinger.lost().unwrap();
     assert_eq!(lost, 0, "pings lost across five killed switches");
+    node.del_pod("a", &pa);
+    node.del_pod("b", &pb);
+}
+
+/// What the agent's requests could change: the datapath's maps and links,
+/// the XDP attached to each host veth, the CNI's records.
+fn node_state(node: &Node, hosts: &[&str]) -> String {
+    let maps = Maps::open_pinned(node.pins.path()).unwrap();
+    let mut links: Vec<_> = std::fs::read_dir(node.pins.path().join("links"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    links.sort();
+    let xdp: Vec<_> = hosts
+        .iter()
+        .map(|h| node.net.node.xdp_attached(h).unwrap())
+        .collect();
+    let mut records: Vec<_> = std::fs::read_dir(node.net.dir.path().join("state"))
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    records.sort();
+    format!(
+        "{:?}\n{:?}\n{:?}\n{:?}\n{links:?}\n{xdp:?}\n{records:?}",
+        maps.endpoints().unwrap(),
+        maps.tx_port_list().unwrap(),
+        maps.slot_owner_list().unwrap(),
+        maps.nat_ports().unwrap(),
+    )
+}
+
+#[test]
+fn hostile_http_requests_change_nothing_and_the_agent_listens_on_loopback() {
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    let (pa, ra) = node.add_pod("a");
+    let (pb, rb) = node.add_pod("b");
+    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4_of(&rb));
+    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    // No `listen` in the config: the node's loopback alone.
+    let listening = node.net.node.exec(&["ss", "-Hltn"]).unwrap();
+    let addrs: Vec<&str> = listening
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(addrs, vec![LISTEN], "listening sockets: {listening}");
+
+    let before = node_state(&node, &[&ha, &hb]);
+    let mut asked = 0;
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let req = format!(
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\nmode"
+            );
+            let (code, _) = http_raw(&node.net.node, LISTEN, req.into_bytes()).unwrap();
+            assert_eq!(code, 405, "{method} {path}");
+            asked += 1;
+        }
+        assert_eq!(
+            http_get(&node.net.node, LISTEN, path).unwrap().0,
+            200,
+            "GET {path}"
+        );
+    }
+    for path in [
+        "/",
+        "/metrics/../debug",
+        "/pods/a?xdp-mode=off",
+        "/admin",
+        "/%00",
+    ] {
+        let (code, _) = http_get(&node.net.node, LISTEN, path).unwrap();
+        assert!(code == 404 || code == 400, "GET {path}: {code}");
+        asked += 1;
+    }
+    // Garbage and an oversized header: refused or dropped, never served.
+    let _ = http_raw(&node.net.node, LISTEN, vec![0xff; 4096]);
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let _ = http_raw(&node.net.node, LISTEN, big.into_bytes());
+    // Many scrapes in a row.
+    for _ in 0..50 {
+        assert_eq!(http_get(&node.net.node, LISTEN, "/metrics").unwrap().0, 200);
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        node_state(&node, &[&ha, &hb]),
+        before,
+        "{asked} hostile requests changed the node"
+    );
+    assert_eq!(http_get(&node.net.node, LISTEN, "/readyz").unwrap().0, 200);
+    ping(&pa, b_ip, 2).unwrap();
     node.del_pod("a", &pa);
     node.del_pod("b", &pb);
 }
