@@ -733,3 +733,146 @@ fn counters_account_every_verdict_per_ifindex() {
         Ok(())
     });
 }
+
+/// `XDPCNI_FUZZ_SEED` / `XDPCNI_FUZZ_FRAMES`, or the fixed CI defaults.
+fn fuzz_seed_and_frames() -> (u64, usize) {
+    let seed = std::env::var("XDPCNI_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_f00d);
+    let frames = std::env::var("XDPCNI_FUZZ_FRAMES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    (seed, frames)
+}
+
+/// A frame from `a` that the parser has to take seriously: a plausible
+/// Ethernet/IP/L4 header stack (random family, protocol, addresses of a, b
+/// and strangers, options, extension headers), then random corruption:
+/// bytes flipped, the frame cut short, or bytes appended.
+fn fuzz_frame(rng: &mut fastrand::Rng, a: &Pod, b: &Pod) -> Vec<u8> {
+    let random =
+        |rng: &mut fastrand::Rng, n: usize| -> Vec<u8> { (0..n).map(|_| rng.u8(..)).collect() };
+    let upto = |rng: &mut fastrand::Rng, max: usize| -> Vec<u8> {
+        let n = rng.usize(..max);
+        random(rng, n)
+    };
+    match rng.u8(..10) {
+        // Noise after a plausible Ethernet header (or none at all).
+        0 => {
+            let len = rng.usize(14..1600);
+            let mut f = random(rng, len);
+            if rng.bool() {
+                f[12..14].copy_from_slice(
+                    &[ETH_P_IP, ETH_P_IPV6, 0x8100, 0x0806][rng.usize(..4)].to_be_bytes(),
+                );
+            }
+            f
+        }
+        _ => {
+            let l4 = match rng.u8(..5) {
+                0 => (IPPROTO_TCP, tcp(rng.u16(..), rng.u16(..))),
+                1 => (IPPROTO_UDP, udp(rng.u16(..), rng.u16(..), &upto(rng, 64))),
+                2 => (IPPROTO_ICMP, icmp(rng.u8(..), rng.u16(..), rng.u16(..))),
+                3 => (58, icmp(rng.u8(..), rng.u16(..), rng.u16(..))),
+                _ => (rng.u8(..), upto(rng, 64)),
+            };
+            let mut f = if rng.bool() {
+                let src = [a.ipv4, b.ipv4, Ipv4Addr::new(10, 1, 2, 3)][rng.usize(..3)];
+                let dst = [b.ipv4, a.ipv4, Ipv4Addr::new(192, 0, 2, 1)][rng.usize(..3)];
+                v4_frame(a, src, dst, rng.u8(..), l4)
+            } else {
+                let src = [a.ipv6, b.ipv6, "2001:db8::1".parse().unwrap()][rng.usize(..3)];
+                let dst = [b.ipv6, a.ipv6, "2001:db8::2".parse().unwrap()][rng.usize(..3)];
+                let mut f = v6_frame(a, src, dst, rng.u8(..), l4);
+                if rng.u8(..4) == 0 {
+                    // A random next header (extension headers and worse).
+                    f[20] = [0, 43, 44, 60, 51, 50, 135, rng.u8(..)][rng.usize(..8)];
+                }
+                f
+            };
+            for _ in 0..rng.usize(..4) {
+                let i = rng.usize(..f.len());
+                f[i] = rng.u8(..);
+            }
+            match rng.u8(..4) {
+                0 => f.truncate(rng.usize(14..=f.len())),
+                1 => f.extend(upto(rng, 100)),
+                _ => {}
+            }
+            f
+        }
+    }
+}
+
+#[test]
+fn fuzz_seeded_random_and_truncated_frames_get_a_verdict_in_range() {
+    let (seed, n) = fuzz_seed_and_frames();
+    eprintln!("fuzz seed {seed}, {n} random frames (XDPCNI_FUZZ_SEED / XDPCNI_FUZZ_FRAMES)");
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut frames: Vec<Vec<u8>> = (0..n).map(|_| fuzz_frame(&mut rng, a, b)).collect();
+        // And every truncation of well-formed frames of each kind.
+        for (proto, l4) in [
+            (IPPROTO_TCP, tcp(1, 2)),
+            (IPPROTO_UDP, udp(1, 2, b"payload")),
+            (IPPROTO_ICMP, icmp(8, 1, 1)),
+        ] {
+            let whole = v4_frame(a, a.ipv4, b.ipv4, 64, (proto, l4.clone()));
+            let whole6 = v6_frame(a, a.ipv6, b.ipv6, 64, (proto, l4));
+            for f in [whole, whole6] {
+                frames.extend((14..=f.len()).map(|len| f[..len].to_vec()));
+            }
+        }
+        // The verdicts of frames a sends (rx_fastpath counts frames a
+        // receives, here from itself).
+        let sent_by_a = |dp: &Datapath| -> Result<u64> {
+            Ok(dp
+                .maps()
+                .counters(a.host_ifindex)?
+                .iter()
+                .filter(|(v, _)| *v != Verdict::RxFastpath)
+                .map(|(_, s)| s.packets)
+                .sum())
+        };
+        let before = sent_by_a(dp)?;
+        let mut actions = [0u64; 5];
+        for f in &frames {
+            let r = run(dp, a, f);
+            assert!(
+                matches!(r.action, XDP_DROP | XDP_PASS | XDP_REDIRECT),
+                "action {} for {f:02x?}",
+                r.action
+            );
+            if r.action == XDP_PASS {
+                assert_eq!(&r.frame, f, "a passed frame reaches the kernel untouched");
+            }
+            actions[r.action as usize] += 1;
+        }
+        // Every run counted exactly once, in a row of a known verdict.
+        let after = sent_by_a(dp)?;
+        assert_eq!(
+            after - before,
+            frames.len() as u64,
+            "one known verdict per frame"
+        );
+        let shared: u64 = dp
+            .maps()
+            .shared_counters()?
+            .iter()
+            .map(|(_, s)| s.packets)
+            .sum();
+        assert_eq!(shared, 0, "nothing counted outside the pods' slots");
+        eprintln!(
+            "{} frames: {} pass, {} drop, {} redirect",
+            frames.len(),
+            actions[XDP_PASS as usize],
+            actions[XDP_DROP as usize],
+            actions[XDP_REDIRECT as usize]
+        );
+        assert!(actions[XDP_REDIRECT as usize] > 0 && actions[XDP_PASS as usize] > 0);
+        Ok(())
+    })
+}

@@ -1,4 +1,4 @@
-//! Crash points for the tests: with `XDPCNI_TEST_STOP_AT=<step>` in its
+//! Test knobs. Crash points: with `XDPCNI_TEST_STOP_AT=<step>` in its
 //! environment, a process stops itself (SIGSTOP) when it reaches `<step>`, so
 //! a test can SIGKILL it exactly there and prove that what comes next (DEL,
 //! GC, an agent restart) leaves nothing behind. Without the variable a stop
@@ -21,4 +21,13 @@ pub fn stop_point(step: &str) {
             libc::raise(libc::SIGSTOP);
         }
     }
+}
+
+/// How many generated inputs each property test (`fuzz_*`) tries:
+/// `XDPCNI_FUZZ_CASES`, or 2000 (a bounded run, seconds in CI).
+pub fn fuzz_cases() -> u32 {
+    std::env::var("XDPCNI_FUZZ_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000)
 }

@@ -115,11 +115,18 @@ pub fn save(dir: &Path, rec: &Record) -> Result<()> {
         .map_err(|e| Error::io(format!("renaming {}", tmp.display()), e))
 }
 
+impl Record {
+    /// A record from the bytes of its file.
+    pub fn parse(bytes: &[u8]) -> std::result::Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
 /// Loads the record of an attachment, if there is one.
 pub fn load(dir: &Path, container_id: &str, ifname: &str) -> Result<Option<Record>> {
     let p = path(dir, container_id, ifname);
     match std::fs::read(&p) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
+        Ok(bytes) => Record::parse(&bytes)
             .map(Some)
             .map_err(|e| Error::Decode(format!("{}: {e}", p.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -149,7 +156,7 @@ pub fn list(dir: &Path) -> Result<Vec<Record>> {
         let p = entry.path();
         if p.extension().is_some_and(|e| e == "json") {
             if let Ok(bytes) = std::fs::read(&p) {
-                if let Ok(rec) = serde_json::from_slice(&bytes) {
+                if let Ok(rec) = Record::parse(&bytes) {
                     out.push(rec);
                 }
             }
