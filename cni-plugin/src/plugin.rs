@@ -315,6 +315,12 @@ impl Add<'_> {
             }
         })?;
         self.progress.attached = done.mode != XdpMode::Off;
+        if let Some(full) = &done.map_full {
+            log.warn(&format!(
+                "{}: kernel routing only, the datapath has no room: {full}",
+                host.name
+            ));
+        }
         for r in &done.refused {
             log.warn(&format!(
                 "{} XDP refused on {}: {}",

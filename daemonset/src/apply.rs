@@ -37,6 +37,8 @@ pub struct Applied {
     pub changed: bool,
     /// Kernel refusals and the fallback taken.
     pub problems: Vec<Problem>,
+    /// On kernel routing because a datapath map is full.
+    pub map_full: bool,
 }
 
 /// Applies `want` to the pod of `rec`; `kernel_only` forces kernel routing
@@ -71,7 +73,7 @@ pub fn apply(
     };
     let target = if kernel_only { XdpMode::Off } else { want.mode };
     let done = pod::converge(dp, &attachment, target)?;
-    let problems = done
+    let mut problems: Vec<Problem> = done
         .refused
         .iter()
         .map(|r| Problem {
@@ -81,9 +83,18 @@ pub fn apply(
             fallback: fallback(XdpMode::Xdp(r.mode)).as_str().into(),
         })
         .collect();
+    if let Some(full) = &done.map_full {
+        problems.push(Problem {
+            key: "datapath".into(),
+            value: target.as_str().into(),
+            why: full.clone(),
+            fallback: "kernel routing (off) until the map has room".into(),
+        });
+    }
     Ok(Applied {
         mode: done.mode,
         changed: changed || done.changed,
         problems,
+        map_full: done.map_full.is_some(),
     })
 }

@@ -228,6 +228,7 @@ impl Core {
                         interface: rec.host_veth.clone(),
                         ifindex: rec.host_ifindex,
                         mode: outcome.mode,
+                        map_full: outcome.map_full,
                     },
                 );
                 self.metrics

@@ -105,6 +105,8 @@ pub struct PodView {
     pub ifindex: u32,
     /// The mode in force.
     pub mode: XdpMode,
+    /// On kernel routing because a datapath map is full.
+    pub map_full: bool,
 }
 
 /// Reads a host veth's datapath counters (the pinned maps, in the agent).
@@ -199,6 +201,14 @@ impl Collector for PodsCollector {
                     .encode(family.encode_family(&labels)?)?;
             }
         }
+        let full = views.iter().filter(|v| v.map_full).count();
+        let family = encoder.encode_descriptor(
+            "xdpcni_map_full_pods",
+            "Pods on kernel routing because a datapath map had no room for their records",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(full).unwrap_or(i64::MAX)).encode(family)?;
         Ok(())
     }
 }
@@ -338,6 +348,7 @@ mod tests {
                 interface: "xdp0".into(),
                 ifindex: 7,
                 mode: XdpMode::Xdp(AttachMode::Generic),
+                map_full: false,
             },
         );
         m.error(Stage::Routes);
@@ -359,6 +370,7 @@ mod tests {
             text.contains(r#"xdpcni_attach_mode{namespace="ns",pod="we\"ird",mode="generic"} 1"#)
         );
         assert!(text.contains(r#"mode="off"} 0"#));
+        assert!(text.contains("\nxdpcni_map_full_pods 0\n"), "{text}");
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="routes"} 1"#));
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="apply"} 0"#));
         assert!(text.contains(r#"xdpcni_reconcile_duration_seconds_count{scope="pod"} 1"#));

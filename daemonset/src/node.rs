@@ -77,6 +77,8 @@ pub struct PodOutcome {
     pub mode: XdpMode,
     /// Whether anything changed.
     pub changed: bool,
+    /// On kernel routing because a datapath map is full.
+    pub map_full: bool,
     /// The problems, when they differ from the last ones reported for this
     /// pod (to report once per change); empty otherwise.
     pub new_problems: Vec<Problem>,
@@ -131,6 +133,7 @@ impl Reconciler {
         Ok(PodOutcome {
             mode: applied.mode,
             changed: applied.changed,
+            map_full: applied.map_full,
             new_problems,
         })
     }

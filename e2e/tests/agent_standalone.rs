@@ -553,3 +553,222 @@ fn hostile_http_requests_change_nothing_and_the_agent_listens_on_loopback() {
     node.del_pod("a", &pa);
     node.del_pod("b", &pb);
 }
+
+/// (VmRSS in kB, open fds) of process `pid`.
+fn rss_and_fds(pid: u32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    (rss, fds)
+}
+
+/// The p-th percentile (0..=100) of `v` (sorted here), in ms.
+fn percentile(v: &mut [Duration], p: usize) -> f64 {
+    v.sort();
+    let i = (v.len() * p / 100).min(v.len() - 1);
+    v[i].as_secs_f64() * 1e3
+}
+
+#[test]
+fn churn_1000_add_del_cycles_8_parallel_leak_nothing_and_do_not_drift() {
+    let cycles: usize = std::env::var("XDPCNI_CHURN_CYCLES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1000);
+    const WORKERS: usize = 8;
+    let node = Node::new();
+    let agent = node.start_agent("agent.log");
+    let pods: Vec<Netns> = (0..WORKERS).map(|_| Netns::new("xc").unwrap()).collect();
+    // One cycle: ADD (timed, as the runtime waits for it), a ping to the
+    // node through the new veth, DEL.
+    let cycle = |worker: usize, i: usize| -> Duration {
+        let pod = &pods[worker];
+        let path = pod.path();
+        let id = format!("churn-{worker}-{i}");
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=churn;K8S_POD_NAME={id}");
+        let mut add = Call::new("ADD", &id, Some(&path));
+        add.args = &args;
+        let start = Instant::now();
+        let out = node.net.call(&add, &json!({})).unwrap();
+        let took = start.elapsed();
+        assert_eq!(out.status, 0, "ADD {id}: {:?}", out.json);
+        ping(pod, "10.99.0.1".parse().unwrap(), 1).unwrap();
+        let d = node
+            .net
+            .call(&Call::new("DEL", &id, Some(&path)), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0, "DEL {id}: {:?}", d.json);
+        took
+    };
+    // Runs cycles [from, to) on WORKERS threads; the ADD latencies.
+    let run = |from: usize, to: usize| -> Vec<Duration> {
+        let next = std::sync::atomic::AtomicUsize::new(from);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..WORKERS)
+                .map(|w| {
+                    let (next, cycle) = (&next, &cycle);
+                    s.spawn(move || {
+                        let mut lat = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if i >= to {
+                                return lat;
+                            }
+                            lat.push(cycle(w, i));
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        })
+    };
+    let window = (cycles / 10).max(WORKERS);
+    // Warm-up: the first window of cycles, then the agent's baseline.
+    let mut first = run(0, window);
+    std::thread::sleep(Duration::from_millis(600));
+    let warm = rss_and_fds(agent.pid());
+    let started = Instant::now();
+    let _middle = run(window, cycles - window);
+    let mut last = run(cycles - window, cycles);
+    let total = started.elapsed();
+    std::thread::sleep(Duration::from_millis(600));
+    let end = rss_and_fds(agent.pid());
+    let (p50a, p99a) = (percentile(&mut first, 50), percentile(&mut first, 99));
+    let (p50b, p99b) = (percentile(&mut last, 50), percentile(&mut last, 99));
+    eprintln!(
+        "churn: {cycles} ADD/DEL cycles, {WORKERS} in parallel, {:.1} s after warm-up; \
+         ADD p50/p99 first {window}: {p50a:.1}/{p99a:.1} ms, last {window}: {p50b:.1}/{p99b:.1} ms; \
+         agent RSS {} -> {} kB, fds {} -> {}",
+        total.as_secs_f64(),
+        warm.0,
+        end.0,
+        warm.1,
+        end.1
+    );
+    // Nothing leaked.
+    assert_eq!(
+        node.net.host_veths().unwrap(),
+        Vec::<String>::new(),
+        "veths"
+    );
+    assert_eq!(node.net.allocated_ips(), Vec::<IpAddr>::new(), "IPs");
+    assert_eq!(node.net.records(), 0, "records");
+    let maps = Maps::open_pinned(node.pins.path()).unwrap();
+    assert_eq!(maps.endpoints().unwrap().len(), 0, "endpoints");
+    assert_eq!(maps.tx_port_list().unwrap(), Vec::<u32>::new(), "devmap");
+    assert_eq!(
+        maps.slot_owner_list().unwrap(),
+        Vec::<(u32, u32)>::new(),
+        "slots"
+    );
+    let links = std::fs::read_dir(node.pins.path().join("links"))
+        .unwrap()
+        .count();
+    assert_eq!(links, 0, "link pins");
+    for p in &pods {
+        assert!(p.link_json("eth0").is_err(), "eth0 left in a pod");
+    }
+    // The agent did not grow.
+    assert!(
+        end.0 * 10 <= warm.0 * 11,
+        "agent RSS grew more than 10%: {} -> {} kB",
+        warm.0,
+        end.0
+    );
+    assert!(
+        end.1 <= warm.1 + warm.1 / 10,
+        "agent fds grew: {warm:?} -> {end:?}"
+    );
+    // No drift: the last ADDs are not much slower than the first.
+    assert!(
+        p50b <= p50a * 1.5 + 5.0,
+        "ADD p50 drifted: {p50a:.1} -> {p50b:.1} ms"
+    );
+    let log = node.log("agent.log");
+    assert!(!log.contains("ERROR"), "agent errors: {log}");
+}
+
+#[test]
+fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    let (pa, ra) = node.add_pod("a");
+    let (hb_ns, rb) = node.add_pod("b");
+    let (a_ip, b_ip) = (ipv4_of(&ra), ipv4_of(&rb));
+    node.wait_mode(&host(&rb), "xdp", Duration::from_secs(2));
+    // Fill the IPv4 endpoint map to its capacity with records on a's veth
+    // (addresses no pod has: 100.64.0.0/10).
+    let mut maps = Maps::open_pinned(node.pins.path()).unwrap();
+    let info = maps.endpoint(a_ip).unwrap().unwrap();
+    let mut filler = Vec::new();
+    let capacity = xdpcni_ebpf::abi::c_layout::XDPCNI_MAX_ENDPOINTS as usize;
+    let have = maps
+        .endpoints()
+        .unwrap()
+        .iter()
+        .filter(|(ip, _)| ip.is_ipv4())
+        .count();
+    for i in 0..(capacity - have) as u32 {
+        let ip = IpAddr::V4(std::net::Ipv4Addr::from(0x6440_0000 + i));
+        maps.upsert_endpoint(ip, &info).unwrap();
+        filler.push(ip);
+    }
+    // A new pod: ADD succeeds on kernel routing and says why.
+    let (pc, rc) = node.add_pod("c");
+    let (hc, c_ip) = (host(&rc), ipv4_of(&rc));
+    assert!(node.net.log().contains("no room"), "{}", node.net.log());
+    assert_eq!(
+        node.net.node.xdp_attached(&hc).unwrap(),
+        None,
+        "no XDP on c"
+    );
+    assert!(maps.endpoint(c_ip).unwrap().is_none());
+    ping(&pc, b_ip, 2).unwrap();
+    ping(&hb_ns, c_ip, 2).unwrap();
+    tcp_transfer(&pa, &pc, c_ip, 1 << 20).unwrap();
+    // The agent says so too: log and metric.
+    let start = Instant::now();
+    loop {
+        let full = sample(&metrics(&node), "xdpcni_map_full_pods", &[]);
+        if full == Some(1.0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "xdpcni_map_full_pods {full:?}; {}",
+            node.log("agent.log")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        node.log("agent.log").contains("is full"),
+        "{}",
+        node.log("agent.log")
+    );
+    // Room again: c gets its XDP mode and its records without a new ADD.
+    for ip in &filler {
+        maps.remove_endpoint(*ip).unwrap();
+    }
+    let took = node.wait_mode(&hc, "xdp", Duration::from_secs(3));
+    eprintln!("c back on XDP {took:?} after the map had room");
+    assert!(maps.endpoint(c_ip).unwrap().is_some());
+    ping(&pc, b_ip, 2).unwrap();
+    let start = Instant::now();
+    while sample(&metrics(&node), "xdpcni_map_full_pods", &[]) != Some(0.0) {
+        assert!(start.elapsed() < Duration::from_secs(3), "gauge stays up");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    node.del_pod("a", &pa);
+    node.del_pod("b", &hb_ns);
+    node.del_pod("c", &pc);
+}

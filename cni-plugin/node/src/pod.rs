@@ -166,6 +166,9 @@ pub struct Converged {
     pub changed: bool,
     /// The modes the kernel refused on the way, in order.
     pub refused: Vec<Refusal>,
+    /// A datapath map was full (the error): the pod is on kernel routing
+    /// without an endpoint record until there is room again.
+    pub map_full: Option<String>,
 }
 
 /// Failures of [`converge`].
@@ -206,8 +209,54 @@ pub struct Attachment<'a> {
 /// mode, the attach (between the old link and the new one packets take
 /// kernel routing), then its relaxations; endpoint records are re-flagged
 /// only where they differ. An `Off` pod is flagged kernel-only first, so no
-/// program redirects to it while its own link goes.
+/// program redirects to it while its own link goes. A full datapath map
+/// leaves the pod on kernel routing without records (`map_full`).
 pub fn converge(
+    dp: &mut Datapath,
+    a: &Attachment<'_>,
+    want: XdpMode,
+) -> Result<Converged, ConvergeError> {
+    match converge_in_place(dp, a, want) {
+        Err(ConvergeError::Datapath(e @ xdpcni_ebpf::Error::MapFull { .. })) => {
+            // No room for the pod's records: kernel routing, where a pod
+            // needs none (frames to it miss the endpoint maps and go to the
+            // kernel too). The next converge tries again.
+            dp.detach(a.host_ifindex)?;
+            for ip in a.ips {
+                if dp
+                    .maps()
+                    .endpoint(*ip)?
+                    .is_some_and(|e| e.ifindex == a.host_ifindex)
+                {
+                    dp.maps_mut().remove_endpoint(*ip)?;
+                }
+            }
+            set_offloads(a.netns, a.ifname, &offloads(XdpMode::Off)).map_err(|source| {
+                ConvergeError::Offloads {
+                    netns: a.netns.display().to_string(),
+                    ifname: a.ifname.to_string(),
+                    source,
+                }
+            })?;
+            Ok(Converged {
+                mode: XdpMode::Off,
+                changed: true,
+                refused: Vec::new(),
+                map_full: Some(e.to_string()),
+            })
+        }
+        other => other,
+    }
+}
+
+/// Brings the pod of `a` to `want` (`Off` when it must be kernel-only),
+/// falling back native -> generic -> off when the kernel refuses, in an
+/// order that never breaks traffic in flight: the restrictions of the target
+/// mode, the attach (between the old link and the new one packets take
+/// kernel routing), then its relaxations; endpoint records are re-flagged
+/// only where they differ. An `Off` pod is flagged kernel-only first, so no
+/// [`converge`] until a map refuses.
+fn converge_in_place(
     dp: &mut Datapath,
     a: &Attachment<'_>,
     want: XdpMode,
@@ -224,6 +273,7 @@ pub fn converge(
         mode: want,
         changed: false,
         refused: Vec::new(),
+        map_full: None,
     };
     let mut target = want;
     loop {
