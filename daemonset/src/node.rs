@@ -63,6 +63,16 @@ pub fn is_live(rec: &Record) -> bool {
     std::path::Path::new(&rec.netns).exists()
 }
 
+/// Whether the record's host veth is still there (its ifindex still names it).
+fn veth_present(rec: &Record) -> bool {
+    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
+    let found = unsafe { libc::if_indextoname(rec.host_ifindex, name.as_mut_ptr()) };
+    // SAFETY: if_indextoname NUL-terminates what it writes into `name`.
+    !found.is_null()
+        && unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_bytes() == rec.host_veth.as_bytes()
+}
+
 /// Whether a device with `ifindex` exists in this network namespace.
 fn link_exists(ifindex: u32) -> bool {
     let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
@@ -109,6 +119,18 @@ impl Reconciler {
     pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {
         let key = pod_key(rec);
         let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
+        if !veth_present(rec) {
+            // Deleted outside the CNI: nothing to attach to. Its leftovers
+            // in the datapath go at its DEL (or collection once it has no
+            // record); reported once, not retried as a failure.
+            let problem = Problem {
+                key: "veth".into(),
+                value: rec.host_veth.clone(),
+                why: "the pod's host veth was deleted outside the CNI".into(),
+                fallback: "no network until the pod is deleted and re-created".into(),
+            };
+            return Ok(self.outcome(key, XdpMode::Off, false, false, vec![problem]));
+        }
         let applied = apply(&mut self.dp, rec, &policy, pod.kernel_only)?;
         if applied.changed {
             info!(
@@ -118,6 +140,25 @@ impl Reconciler {
             );
         }
         problems.extend(applied.problems);
+        Ok(self.outcome(
+            key,
+            applied.mode,
+            applied.changed,
+            applied.map_full,
+            problems,
+        ))
+    }
+
+    /// The outcome of a reconcile, with `problems` reported (logged and
+    /// returned) only when they differ from the pod's last ones.
+    fn outcome(
+        &mut self,
+        key: PodKey,
+        mode: XdpMode,
+        changed: bool,
+        map_full: bool,
+        problems: Vec<Problem>,
+    ) -> PodOutcome {
         let text = problems
             .iter()
             .map(ToString::to_string)
@@ -130,12 +171,12 @@ impl Reconciler {
             Vec::new()
         };
         self.reported.insert(key, text);
-        Ok(PodOutcome {
-            mode: applied.mode,
-            changed: applied.changed,
-            map_full: applied.map_full,
+        PodOutcome {
+            mode,
+            changed,
+            map_full,
             new_problems,
-        })
+        }
     }
 
     /// Node-wide collection: link pins of deleted veths, endpoint records

@@ -772,3 +772,98 @@ fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
     node.del_pod("b", &hb_ns);
     node.del_pod("c", &pc);
 }
+
+/// Nothing of pod `res`'s attachment is left in the datapath.
+fn assert_datapath_forgot(node: &Node, res: &Value, what: &str) {
+    let maps = Maps::open_pinned(node.pins.path()).unwrap();
+    for ip in result_ips(res) {
+        assert!(
+            maps.endpoint(ip).unwrap().is_none(),
+            "{what}: endpoint {ip}"
+        );
+    }
+}
+
+#[test]
+fn vanish_host_veth_or_pod_netns_deleted_before_del() {
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    let (pa, ra) = node.add_pod("a");
+    let (pb, rb) = node.add_pod("b");
+    let (pc, rc) = node.add_pod("c");
+    let (ha, hb) = (host(&ra), host(&rb));
+    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let a_index = node.net.node.ifindex(&ha).unwrap();
+    let b_index = node.net.node.ifindex(&hb).unwrap();
+    let links = || -> Vec<String> {
+        std::fs::read_dir(node.pins.path().join("links"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+
+    // a's host veth deleted behind everyone's back (the pod loses eth0).
+    node.net.node.ip(&["link", "del", &ha]).unwrap();
+    // b's netns deleted before its DEL (the runtime lost it).
+    let b_path = pb.path();
+    drop(pb);
+    assert!(!b_path.exists());
+    // The agent collects their link pins; the datapath keeps working for c.
+    let start = Instant::now();
+    while links()
+        .iter()
+        .any(|l| l.starts_with(&format!("{a_index}_")) || l.starts_with(&format!("{b_index}_")))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "link pins of deleted veths kept: {:?}",
+            links()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ping(&pc, "10.99.0.1".parse().unwrap(), 2).unwrap();
+    // CHECK says what is wrong; DEL then cleans up and succeeds, twice.
+    let a_path = pa.path();
+    let check = Call::new("CHECK", "a", Some(&a_path));
+    let out = node.net.call(&check, &json!({ "prevResult": ra })).unwrap();
+    assert_ne!(out.status, 0, "CHECK of a pod without its veth");
+    assert!(
+        out.json["msg"].as_str().unwrap().contains("eth0"),
+        "{:?}",
+        out.json
+    );
+    for _ in 0..2 {
+        node.del_pod("a", &pa);
+        let d = node
+            .net
+            .call(&Call::new("DEL", "b", Some(&b_path)), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0, "DEL with the netns gone: {:?}", d.json);
+    }
+    assert_datapath_forgot(&node, &ra, "a");
+    assert_datapath_forgot(&node, &rb, "b");
+    let left: Vec<IpAddr> = node.net.allocated_ips();
+    assert_eq!(left.len(), 2, "only c's addresses stay allocated: {left:?}");
+    assert_eq!(node.net.records(), 1, "only c's record");
+    // And a comes back in the same netns.
+    let (_, ra2) = {
+        let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=a";
+        let path = pa.path();
+        let mut call = Call::new("ADD", "a", Some(&path));
+        call.args = args;
+        let out = node.net.call(&call, &json!({})).unwrap();
+        assert_eq!(out.status, 0, "{:?}", out.json);
+        ((), out.json)
+    };
+    node.wait_mode(&host(&ra2), "xdp", Duration::from_secs(2));
+    ping(&pa, ipv4_of(&rc), 2).unwrap();
+    let log = node.log("agent.log");
+    assert!(log.contains("deleted outside the CNI"), "said once: {log}");
+    assert!(
+        !log.contains("ERROR") && !log.contains("apply failed"),
+        "a vanished veth is not retried as a failure: {log}"
+    );
+    node.del_pod("a", &pa);
+    node.del_pod("c", &pc);
+}
