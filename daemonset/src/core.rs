@@ -244,6 +244,42 @@ impl Core {
         }
     }
 
+    /// Re-creates the datapath if its pins were removed; whether it did
+    /// (every pod must then be reconciled). A failure is counted and
+    /// retried at the next pass.
+    pub async fn ensure_pinned(self: &Arc<Self>) -> bool {
+        let core = Arc::clone(self);
+        let done = tokio::task::spawn_blocking(move || {
+            core.reconciler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ensure_pinned()
+        })
+        .await;
+        match done {
+            Ok(Ok(reloaded)) => {
+                if reloaded {
+                    self.metrics.reloads.inc();
+                    self.converged
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
+                }
+                reloaded
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "re-creating the datapath");
+                self.metrics.error(Stage::Pins);
+                false
+            }
+            Err(e) => {
+                warn!(error = %e, "re-creating the datapath: task failed");
+                self.metrics.error(Stage::Pins);
+                false
+            }
+        }
+    }
+
     /// The node-wide work over `records`: collection, and the NAT'd ports
     /// when `nat` is given. Forgets pods without a live record.
     pub async fn node_work(

@@ -280,6 +280,10 @@ impl NodeTask {
 
     async fn pass(&self, netlink: &rtnetlink::Handle, seen: &mut HashSet<String>) -> Result<()> {
         let core = &self.ctx.core;
+        if core.ensure_pinned().await {
+            // A fresh datapath: every pod is attached again.
+            seen.clear();
+        }
         let records = core.records();
         let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
         // FORWARD rules naming pods: reconcile the pods whose state changed,

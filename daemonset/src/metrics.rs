@@ -66,17 +66,20 @@ pub enum Stage {
     Event,
     /// Collecting what deleted pods left.
     Gc,
+    /// Re-creating a datapath whose pins were removed.
+    Pins,
 }
 
 impl Stage {
     /// Every stage (all are exported from the start, at 0).
-    pub const ALL: [Stage; 6] = [
+    pub const ALL: [Stage; 7] = [
         Self::Apply,
         Self::Records,
         Self::NatPorts,
         Self::Routes,
         Self::Event,
         Self::Gc,
+        Self::Pins,
     ];
 
     /// The label value.
@@ -88,6 +91,7 @@ impl Stage {
             Self::Routes => "routes",
             Self::Event => "event",
             Self::Gc => "gc",
+            Self::Pins => "pins",
         }
     }
 }
@@ -227,6 +231,8 @@ pub struct Metrics {
     pub ready: Gauge,
     /// `xdpcni_forward_rule_pods`.
     pub forward_rule_pods: Gauge,
+    /// `xdpcni_datapath_reloads_total`.
+    pub reloads: Counter,
 }
 
 fn duration_histogram() -> Histogram {
@@ -244,7 +250,7 @@ impl Metrics {
         }
         registry.register(
             "xdpcni_reconcile_errors",
-            "Reconcile failures, by stage (apply, records, nat_ports, routes, event, gc)",
+            "Reconcile failures, by stage (apply, records, nat_ports, routes, event, gc, pins)",
             errors.clone(),
         );
         let duration: Family<OneLabel, Histogram, fn() -> Histogram> =
@@ -272,6 +278,12 @@ impl Metrics {
             "Pods made kernel-only because a DROP/REJECT rule reachable from the node's FORWARD chain names them",
             forward_rule_pods.clone(),
         );
+        let reloads = Counter::default();
+        registry.register(
+            "xdpcni_datapath_reloads",
+            "Times the agent re-created and re-pinned a datapath whose pins were removed",
+            reloads.clone(),
+        );
         let pods = std::sync::Arc::new(PodsCollector {
             source,
             pods: Mutex::new(BTreeMap::new()),
@@ -285,6 +297,7 @@ impl Metrics {
             policy_problems,
             ready,
             forward_rule_pods,
+            reloads,
         }
     }
 

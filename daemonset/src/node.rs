@@ -179,6 +179,28 @@ impl Reconciler {
         }
     }
 
+    /// Re-creates the datapath when its pins were removed from under it
+    /// (by hand, or a bpffs remount): what is left is uninstalled and a
+    /// fresh datapath pinned; every pod must then be reconciled again (its
+    /// records and links are gone; counters restart). `Ok(false)` when all
+    /// pins are there.
+    pub fn ensure_pinned(&mut self) -> Result<bool, xdpcni_ebpf::Error> {
+        let dir = self.dp.pin_dir().to_path_buf();
+        let missing = Datapath::missing_pins(&dir);
+        if missing.is_empty() {
+            return Ok(false);
+        }
+        warn!(
+            pin_dir = %dir.display(),
+            missing = ?missing,
+            "datapath pins removed: reloading and re-pinning; every pod is re-attached"
+        );
+        Datapath::uninstall(&dir)?;
+        self.dp = Datapath::open(&dir)?;
+        self.reported.clear();
+        Ok(true)
+    }
+
     /// Node-wide collection: link pins of deleted veths, endpoint records
     /// (with their devmap entries and counters) whose veth is gone and that
     /// no record claims (pods whose DEL never came), and what was remembered

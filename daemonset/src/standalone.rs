@@ -30,6 +30,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             Ok(p) => pods = p,
             Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
         }
+        core.ensure_pinned().await;
         let records = core.records();
         core.scan_forward(&records).await;
         let mut failed = false;

@@ -20,7 +20,7 @@ use xdpcni_e2e::{
     traffic::{ping, tcp_transfer, BackgroundPing},
     PinDir,
 };
-use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Maps};
+use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Datapath, Maps};
 
 /// The agent's default address (its config here names none).
 const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
@@ -866,4 +866,142 @@ fn vanish_host_veth_or_pod_netns_deleted_before_del() {
     );
     node.del_pod("a", &pa);
     node.del_pod("c", &pc);
+}
+
+#[test]
+fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    let (pa, ra) = node.add_pod("a");
+    let (pb, rb) = node.add_pod("b");
+    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4_of(&rb));
+    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let pinger = BackgroundPing::start(&pa, b_ip, 300).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Someone cleans up /sys/fs/bpf.
+    std::fs::remove_dir_all(node.pins.path()).unwrap();
+    let start = Instant::now();
+    while !Datapath::missing_pins(node.pins.path()).is_empty()
+        || std::fs::read_dir(node.pins.path().join("links"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+            < 2
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "not re-created: missing {:?}; {}",
+            Datapath::missing_pins(node.pins.path()),
+            node.log("agent.log")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "pins re-created and both pods re-attached {:?} after the removal",
+        start.elapsed()
+    );
+    let stats = pinger.stats().unwrap();
+    eprintln!("a -> b ping every 10 ms across the removal: {stats:?}");
+    assert!(stats.lost <= 3, "traffic stopped: {stats:?}");
+    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    node.wait_mode(&hb, "xdp", Duration::from_secs(2));
+    // The fast path is back: a's pings to b are redirected again.
+    let maps = Maps::open_pinned(node.pins.path()).unwrap();
+    assert!(maps.endpoint(b_ip).unwrap().is_some(), "b's record is back");
+    ping(&pa, b_ip, 3).unwrap();
+    let a_index = node.net.node.ifindex(&ha).unwrap();
+    let redirected = maps
+        .counters(a_index)
+        .unwrap()
+        .packets(xdpcni_ebpf::abi::Verdict::RedirectDevmap);
+    assert!(redirected >= 3, "redirected {redirected}");
+    assert_eq!(
+        sample(&metrics(&node), "xdpcni_datapath_reloads_total", &[]),
+        Some(1.0)
+    );
+    node.del_pod("a", &pa);
+    node.del_pod("b", &pb);
+}
+
+#[test]
+fn vanish_pin_dir_not_on_bpffs_is_refused_clearly_then_works_on_bpffs() {
+    let node = Node::new();
+    // The pin directory on an ordinary file system (the test's /tmp).
+    let not_bpffs = node.net.dir.path().join("pins");
+    let mut cfg: Value =
+        serde_json::from_str(&std::fs::read_to_string(&node.config).unwrap()).unwrap();
+    let good_pins = cfg["pinDir"].clone();
+    cfg["pinDir"] = json!(not_bpffs);
+    std::fs::write(&node.config, cfg.to_string()).unwrap();
+    let agent = NodeProcess::spawn(
+        &node.net.node,
+        &agent_binary().unwrap(),
+        &["standalone", "--config", node.config.to_str().unwrap()],
+        &node.net.dir.path().join("bad.log"),
+    )
+    .unwrap();
+    let start = Instant::now();
+    let code = agent.wait().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(5), "it fails fast");
+    let log = node.log("bad.log");
+    assert_ne!(code, Some(0), "{log}");
+    assert!(
+        log.contains("bpffs") && log.contains(&not_bpffs.display().to_string()),
+        "the error names the path and the problem: {log}"
+    );
+    assert!(!node.ready.exists(), "not ready: STATUS stays unavailable");
+    // A pod meanwhile: kernel routing.
+    let (pa, ra) = node.add_pod("a");
+    assert_eq!(node.net.node.xdp_attached(&host(&ra)).unwrap(), None);
+    ping(&pa, "10.99.0.1".parse().unwrap(), 1).unwrap();
+    // The cause gone (the pin directory on bpffs): the agent starts and
+    // brings the pod to the node default.
+    cfg["pinDir"] = good_pins;
+    std::fs::write(&node.config, cfg.to_string()).unwrap();
+    let _agent = node.start_agent("agent.log");
+    node.wait_mode(&host(&ra), "xdp", Duration::from_secs(3));
+    node.del_pod("a", &pa);
+}
+
+#[test]
+fn vanish_state_dir_unwritable_fails_add_cleanly_then_recovers() {
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    // The state directory's path taken by a file: no record can be written.
+    let state = node.net.dir.path().join("state");
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::write(&state, b"not a directory").unwrap();
+    let pod = Netns::new("xp").unwrap();
+    let path = pod.path();
+    let out = node
+        .net
+        .call(&Call::new("ADD", "s1", Some(&path)), &json!({}))
+        .unwrap();
+    assert_ne!(out.status, 0, "{:?}", out.json);
+    let msg = out.json["msg"].as_str().unwrap();
+    assert!(
+        msg.contains(&state.display().to_string()),
+        "names the path: {msg}"
+    );
+    assert_eq!(out.json["code"], 5, "an I/O error: {:?}", out.json);
+    // Nothing half-made: no veth, no address, no endpoint.
+    assert_eq!(node.net.host_veths().unwrap(), Vec::<String>::new());
+    assert_eq!(node.net.allocated_ips(), Vec::<IpAddr>::new());
+    assert!(pod.link_json("eth0").is_err());
+    let maps = Maps::open_pinned(node.pins.path()).unwrap();
+    assert_eq!(maps.endpoints().unwrap().len(), 0);
+    // DEL still succeeds (the runtime retries it).
+    let d = node
+        .net
+        .call(&Call::new("DEL", "s1", Some(&path)), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0, "{:?}", d.json);
+    // The cause gone: the same container comes up.
+    std::fs::remove_file(&state).unwrap();
+    let out = node
+        .net
+        .call(&Call::new("ADD", "s1", Some(&path)), &json!({}))
+        .unwrap();
+    assert_eq!(out.status, 0, "{:?}", out.json);
+    node.wait_mode(&host(&out.json), "xdp", Duration::from_secs(2));
+    node.del_pod("s1", &pod);
 }

@@ -999,6 +999,31 @@ impl Datapath {
             })
     }
 
+    /// The pins of a complete datapath missing under `pin_dir` (maps,
+    /// programs, the links directory): empty when nothing is.
+    pub fn missing_pins(pin_dir: &Path) -> Vec<PathBuf> {
+        [
+            MAP_ENDPOINTS4,
+            MAP_ENDPOINTS6,
+            MAP_TX_PORTS,
+            MAP_CPU_MAP,
+            MAP_NAT_PORTS,
+            MAP_COUNTERS,
+            MAP_PORT_SLOTS,
+            MAP_SLOT_OWNERS,
+        ]
+        .iter()
+        .map(|m| pin_dir.join(m))
+        .chain(
+            [FROM_POD_PROGRAM, CPUMAP_PROGRAM]
+                .iter()
+                .map(|p| pin_dir.join("progs").join(p)),
+        )
+        .chain([pin_dir.join("links")])
+        .filter(|p| !p.exists())
+        .collect()
+    }
+
     /// Removes every pin under `pin_dir`, detaching the datapath from every
     /// veth and freeing its maps once no process holds them.
     pub fn uninstall(pin_dir: &Path) -> Result<()> {

@@ -122,6 +122,15 @@ impl Record {
     }
 }
 
+/// Whether `e` says there is no such record: no file, or no directory
+/// where the records should be (its path taken by a file).
+fn absent(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+    )
+}
+
 /// Loads the record of an attachment, if there is one.
 pub fn load(dir: &Path, container_id: &str, ifname: &str) -> Result<Option<Record>> {
     let p = path(dir, container_id, ifname);
@@ -129,7 +138,7 @@ pub fn load(dir: &Path, container_id: &str, ifname: &str) -> Result<Option<Recor
         Ok(bytes) => Record::parse(&bytes)
             .map(Some)
             .map_err(|e| Error::Decode(format!("{}: {e}", p.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if absent(&e) => Ok(None),
         Err(e) => Err(Error::io(format!("reading {}", p.display()), e)),
     }
 }
@@ -139,7 +148,7 @@ pub fn remove(dir: &Path, container_id: &str, ifname: &str) -> Result<()> {
     let p = path(dir, container_id, ifname);
     match std::fs::remove_file(&p) {
         Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if absent(&e) => Ok(()),
         Err(e) => Err(Error::io(format!("removing {}", p.display()), e)),
     }
 }
