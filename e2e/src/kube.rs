@@ -49,6 +49,12 @@ const TOKEN: &str = "xdpcni-test-token";
 impl ApiServer {
     /// Starts both in `node` and waits until the `default` namespace exists.
     pub fn start(node: &Netns) -> Result<Self> {
+        Self::start_on(node, "127.0.0.1")
+    }
+
+    /// [`ApiServer::start`] with the API server bound to `bind` (`0.0.0.0`
+    /// to serve other namespaces over a link too; see [`Self::kubeconfig_via`]).
+    pub fn start_on(node: &Netns, bind: &str) -> Result<Self> {
         let bin = apiserver_binary()?;
         let dir = TempDir::new("xdpcni-k8s-")?;
         let d = dir.path();
@@ -95,7 +101,7 @@ impl ApiServer {
             &bin,
             &[
                 "--etcd-servers=http://127.0.0.1:2379",
-                "--bind-address=127.0.0.1",
+                &format!("--bind-address={bind}"),
                 "--secure-port=6443",
                 &format!("--cert-dir={}", d.join("certs").display()),
                 &format!("--token-auth-file={}", d.join("tokens.csv").display()),
@@ -110,16 +116,13 @@ impl ApiServer {
                 // As kubeadm and every CNI-carrying cluster: DaemonSets like
                 // ours run privileged.
                 "--allow-privileged=true",
+                // 1.20 keeps only the first of a Node's podCIDRs without it.
+                "--feature-gates=IPv6DualStack=true",
             ],
             &d.join("apiserver.log"),
         )?;
         let kubeconfig = d.join("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://127.0.0.1:6443\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {TOKEN}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: admin\n    namespace: default\ncurrent-context: t\n"
-            ),
-        )?;
+        std::fs::write(&kubeconfig, kubeconfig_text("127.0.0.1"))?;
         let s = Self {
             apiserver: Some(apiserver),
             etcd: Some(etcd),
@@ -169,10 +172,25 @@ impl ApiServer {
         })
     }
 
+    /// A kubeconfig reaching the API server at `address` (from another
+    /// namespace linked to this one, when it was started on `0.0.0.0`).
+    pub fn kubeconfig_via(&self, address: &str) -> Result<PathBuf> {
+        let p = self.dir.path().join(format!("kubeconfig-{address}"));
+        std::fs::write(&p, kubeconfig_text(address))?;
+        Ok(p)
+    }
+
     /// The API server's log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
     }
+}
+
+/// A token kubeconfig for the API server at `address`:6443.
+fn kubeconfig_text(address: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://{address}:6443\n    insecure-skip-tls-verify: true\nusers:\n- name: admin\n  user:\n    token: {TOKEN}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    user: admin\n    namespace: default\ncurrent-context: t\n"
+    )
 }
 
 impl Drop for ApiServer {
