@@ -50,10 +50,6 @@ fn host_prefix(ip: IpAddr) -> u8 {
     }
 }
 
-fn fmt_mac(m: &[u8; 6]) -> String {
-    pod::Mac(*m).to_string()
-}
-
 /// Fails with an injected error when `XDPCNI_TEST_FAIL_AFTER` names `step`:
 /// lets the tests prove that ADD undoes every earlier step.
 /// Each step is also a crash point (`add:<step>`, see [`hook`]).
@@ -385,13 +381,13 @@ impl Add<'_> {
             interfaces: vec![
                 Interface {
                     name: self.host_name.to_string(),
-                    mac: fmt_mac(&host.mac),
+                    mac: pod::Mac(host.mac).to_string(),
                     mtu: Some(conf.mtu),
                     sandbox: String::new(),
                 },
                 Interface {
                     name: env.ifname.clone(),
-                    mac: fmt_mac(&pod_mac),
+                    mac: pod::Mac(pod_mac).to_string(),
                     mtu: Some(conf.mtu),
                     sandbox: self.netns.display().to_string(),
                 },

@@ -14,12 +14,12 @@
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::IpAddr,
-    path::PathBuf,
     process::Command,
     str::FromStr,
 };
 
 use ipnet::IpNet;
+use xdpcni_node::source_check::find_tool;
 
 use crate::node::PodKey;
 
@@ -107,17 +107,6 @@ fn addresses(rule: &str) -> Vec<IpNet> {
     out
 }
 
-const SEARCH: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
-
-fn find(name: &str) -> Option<PathBuf> {
-    let path = std::env::var("PATH").unwrap_or_default();
-    path.split(':')
-        .filter(|d| !d.is_empty())
-        .chain(SEARCH.iter().copied())
-        .map(|d| PathBuf::from(d).join(name))
-        .find(|p| p.is_file())
-}
-
 /// Failures reading the node's rules.
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
@@ -134,7 +123,7 @@ pub fn scan() -> Result<String, ScanError> {
     let mut out = String::new();
     let mut found = false;
     for tool in ["iptables-save", "ip6tables-save"] {
-        let Some(bin) = find(tool) else { continue };
+        let Some(bin) = find_tool(tool) else { continue };
         found = true;
         let res = Command::new(&bin)
             .args(["-t", "filter"])

@@ -223,9 +223,15 @@ async fn publish_problems(ctx: &Ctx, pod: &Pod, problems: &[crate::policy::Probl
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ");
+    publish(ctx, pod, "XdpcniFallback", &note).await;
+}
+
+/// Publishes a Warning Event about `pod` (notes cut to the API's 1000
+/// characters); a failure is logged and counted, never fatal.
+async fn publish(ctx: &Ctx, pod: &Pod, reason: &str, note: &str) {
     let event = Event {
         type_: EventType::Warning,
-        reason: "XdpcniFallback".into(),
+        reason: reason.into(),
         note: Some(note.chars().take(1000).collect()),
         action: "ApplyXdpPolicy".into(),
         secondary: None,
@@ -295,30 +301,11 @@ impl NodeTask {
                 .iter()
                 .find(|p| p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1)
             {
-                let event = Event {
-                    type_: EventType::Warning,
-                    reason: "XdpcniKernelOnly".into(),
-                    note: Some(
-                        format!(
-                            "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
-                             would bypass it, so the pod takes kernel routing while it is there"
-                        )
-                        .chars()
-                        .take(1000)
-                        .collect(),
-                    ),
-                    action: "ApplyXdpPolicy".into(),
-                    secondary: None,
-                };
-                if let Err(e) = self
-                    .ctx
-                    .recorder
-                    .publish(&event, &pod.object_ref(&()))
-                    .await
-                {
-                    warn!(error = %e, "could not publish the Event");
-                    core.metrics.error(Stage::Event);
-                }
+                let note = format!(
+                    "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
+                     would bypass it, so the pod takes kernel routing while it is there"
+                );
+                publish(&self.ctx, pod, "XdpcniKernelOnly", &note).await;
             }
         }
         for key in change.added.iter().map(|(k, _)| k).chain(&change.removed) {
@@ -472,22 +459,8 @@ mod tests {
 
     #[test]
     fn nat_ports_from_endpoints_and_host_ports() {
-        let rec = |ns: &str, name: &str, ip: &str| xdpcni_node::state::Record {
-            container_id: name.into(),
-            ifname: "eth0".into(),
-            netns: String::new(),
-            host_veth: String::new(),
-            host_ifindex: 1,
-            host_mac: Default::default(),
-            pod_mac: Default::default(),
-            ips: vec![ip.parse().unwrap()],
-            mtu: 1500,
-            headroom_requested: 256,
-            headroom_effective: None,
-            xdp_mode: xdpcni_node::pod::XdpMode::Off,
-            redirect: xdpcni_ebpf::abi::RedirectPolicy::Devmap,
-            pod_namespace: ns.into(),
-            pod_name: name.into(),
+        let rec = |ns: &str, name: &str, ip: &str| {
+            crate::node::test_record(ns, name, name, vec![ip.parse().unwrap()])
         };
         let records = vec![
             rec("default", "a", "10.1.0.2"),

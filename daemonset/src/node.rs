@@ -254,28 +254,34 @@ impl Reconciler {
     }
 }
 
+/// A record of pod `ns/name` (container `id`) with `ips`, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_record(ns: &str, name: &str, id: &str, ips: Vec<IpAddr>) -> Record {
+    Record {
+        container_id: id.into(),
+        ifname: "eth0".into(),
+        netns: String::new(),
+        host_veth: String::new(),
+        host_ifindex: 1,
+        host_mac: Default::default(),
+        pod_mac: Default::default(),
+        ips,
+        mtu: 1500,
+        headroom_requested: 256,
+        headroom_effective: None,
+        xdp_mode: XdpMode::Off,
+        redirect: xdpcni_ebpf::abi::RedirectPolicy::Devmap,
+        pod_namespace: ns.into(),
+        pod_name: name.into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn rec(ns: &str, name: &str, id: &str) -> Record {
-        Record {
-            container_id: id.into(),
-            ifname: "eth0".into(),
-            netns: String::new(),
-            host_veth: String::new(),
-            host_ifindex: 1,
-            host_mac: Default::default(),
-            pod_mac: Default::default(),
-            ips: vec![],
-            mtu: 1500,
-            headroom_requested: 256,
-            headroom_effective: None,
-            xdp_mode: xdpcni_node::pod::XdpMode::Off,
-            redirect: xdpcni_ebpf::abi::RedirectPolicy::Devmap,
-            pod_namespace: ns.into(),
-            pod_name: name.into(),
-        }
+        test_record(ns, name, id, vec![])
     }
 
     #[test]

@@ -12,3 +12,12 @@ pub mod topo;
 pub mod traffic;
 
 pub use netns::{in_netns, run, run_out, unique_name, Netns, PinDir};
+
+/// The environment variable `name` parsed, or `default` when it is unset or
+/// does not parse (the knobs that lengthen or replay a test run).
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}

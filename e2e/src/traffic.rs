@@ -289,12 +289,36 @@ pub fn pin_to_cpu(cpu: usize) -> Result<()> {
     Ok(())
 }
 
-/// A packet socket on `ifname` of the calling thread's namespace, sending
-/// straight to the driver (`PACKET_QDISC_BYPASS`) and receiving nothing.
-fn packet_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
+/// What an AF_PACKET socket from [`packet_socket`] is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketUse {
+    /// Sending straight to the driver (`PACKET_QDISC_BYPASS`), receiving
+    /// nothing (protocol 0 binds no receive hook): floods.
+    Flood,
+    /// Sending, and capturing every frame that arrives (`ETH_P_ALL`) but
+    /// not its own (`PACKET_IGNORE_OUTGOING`): probes.
+    Capture,
+}
+
+/// An AF_PACKET socket bound to `ifname` of the calling thread's namespace.
+pub fn packet_socket(ifname: &str, usage: PacketUse) -> Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
-    // SAFETY: plain socket(2); protocol 0 binds no receive hook.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    let (proto, option, option_name) = match usage {
+        PacketUse::Flood => (0u16, PACKET_QDISC_BYPASS, "PACKET_QDISC_BYPASS"),
+        PacketUse::Capture => (
+            (libc::ETH_P_ALL as u16).to_be(),
+            libc::PACKET_IGNORE_OUTGOING,
+            "PACKET_IGNORE_OUTGOING",
+        ),
+    };
+    // SAFETY: plain socket(2).
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            i32::from(proto),
+        )
+    };
     ensure!(
         fd >= 0,
         "socket(AF_PACKET): {}",
@@ -308,14 +332,14 @@ fn packet_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
         libc::setsockopt(
             fd,
             libc::SOL_PACKET,
-            PACKET_QDISC_BYPASS,
+            option,
             (&one as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     ensure!(
         rc == 0,
-        "PACKET_QDISC_BYPASS: {}",
+        "{option_name}: {}",
         std::io::Error::last_os_error()
     );
     let name = std::ffi::CString::new(ifname)?;
@@ -325,6 +349,7 @@ fn packet_socket(ifname: &str) -> Result<std::os::fd::OwnedFd> {
     // SAFETY: a zeroed sockaddr_ll is valid; the fields set below are its own.
     let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
     sll.sll_ifindex = ifindex as i32;
     // SAFETY: `sll` is a sockaddr_ll of the size passed.
     let rc = unsafe {
@@ -417,7 +442,13 @@ pub fn raw_flood(
     cpus: &[Option<usize>],
     dur: Duration,
 ) -> Result<u64> {
-    flood(from, || packet_socket(ifname), frame, cpus, dur)
+    flood(
+        from,
+        || packet_socket(ifname, PacketUse::Flood),
+        frame,
+        cpus,
+        dur,
+    )
 }
 
 /// Sends UDP datagrams of `payload` bytes from `from` to `to` through

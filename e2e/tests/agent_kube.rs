@@ -318,25 +318,28 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     wait_for("fallback to native", Duration::from_secs(2), || {
         mode(&ha) == "xdp"
     });
-    let event = || {
-        api.with_client(&net.node, |c| async move {
+    // The notes of the Events about pod a with `reason`.
+    let events_of = |reason: &'static str| {
+        api.with_client(&net.node, move |c| async move {
             let events: Api<Event> = Api::namespaced(c, "default");
             Ok(events
                 .list(&Default::default())
                 .await?
                 .items
                 .into_iter()
-                .find(|e| {
+                .filter(|e| {
                     e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("a")
-                        && e.reason.as_deref() == Some("XdpcniFallback")
-                }))
+                        && e.reason.as_deref() == Some(reason)
+                })
+                .filter_map(|e| e.note)
+                .collect::<Vec<_>>())
         })
         .unwrap()
     };
     wait_for("an Event on pod a", Duration::from_secs(5), || {
-        event().is_some()
+        !events_of("XdpcniFallback").is_empty()
     });
-    let note = event().unwrap().note.unwrap_or_default();
+    let note = events_of("XdpcniFallback").join(" ");
     assert!(note.contains("turbo") && note.contains("native"), "{note}");
     ping(&pods[0].0, b_ip, 2).unwrap();
 
@@ -373,23 +376,6 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         || a_kernel_only() && mode(&ha) == "none",
     );
     eprintln!("FORWARD rule -> a kernel-only in {took:?}");
-    let events_of = |reason: &'static str| {
-        api.with_client(&net.node, move |c| async move {
-            let events: Api<Event> = Api::namespaced(c, "default");
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("a")
-                        && e.reason.as_deref() == Some(reason)
-                })
-                .filter_map(|e| e.note)
-                .collect::<Vec<_>>())
-        })
-        .unwrap()
-    };
     wait_for(
         "an XdpcniKernelOnly Event on a",
         Duration::from_secs(5),

@@ -22,6 +22,16 @@ use xdpcni_e2e::{
 };
 use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Datapath, Maps};
 
+/// The churn test measures latency drift: it runs alone (write), the other
+/// tests of this file share the machine among themselves (read).
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared_machine() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The agent's default address (its config here names none).
 const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
 
@@ -108,6 +118,23 @@ impl Node {
         (pod, out.json)
     }
 
+    /// Pods a and b through the CNI, a attached in the node default.
+    fn pair(&self) -> Pair {
+        let (pa, ra) = self.add_pod("a");
+        let (pb, rb) = self.add_pod("b");
+        let pair = Pair {
+            ha: host(&ra),
+            hb: host(&rb),
+            b_ip: ipv4_of(&rb),
+            pa,
+            ra,
+            pb,
+            rb,
+        };
+        self.wait_mode(&pair.ha, "xdp", Duration::from_secs(2));
+        pair
+    }
+
     fn del_pod(&self, name: &str, pod: &Netns) {
         let out = self
             .net
@@ -143,6 +170,17 @@ impl Node {
     }
 }
 
+/// Pods a and b: namespaces, ADD results, host veths, b's IPv4.
+struct Pair {
+    pa: Netns,
+    ra: Value,
+    pb: Netns,
+    rb: Value,
+    ha: String,
+    hb: String,
+    b_ip: IpAddr,
+}
+
 fn host(res: &Value) -> String {
     res["interfaces"][0]["name"].as_str().unwrap().to_string()
 }
@@ -173,6 +211,7 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]
 
 #[test]
 fn pods_file_policies_switch_modes_without_losing_packets() {
+    let _shared = shared_machine();
     let node = Node::new();
     let agent = node.start_agent("agent.log");
     assert!(node.ready.exists(), "the agent writes the CNI's ready file");
@@ -186,10 +225,15 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         status.json
     );
 
-    let (pa, ra) = node.add_pod("a");
-    let (pb, rb) = node.add_pod("b");
-    let (ha, b_ip) = (host(&ra), ipv4_of(&rb));
-    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let Pair {
+        pa,
+        ra,
+        pb,
+        rb,
+        ha,
+        b_ip,
+        ..
+    } = node.pair();
     ping(&pa, b_ip, 2).unwrap();
 
     // Switch a: generic, off, native, while a pings b every 10 ms.
@@ -342,12 +386,17 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
 
 #[test]
 fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
+    let _shared = shared_machine();
     let node = Node::new();
     let agent = node.start_agent("agent1.log");
-    let (pa, ra) = node.add_pod("a");
-    let (pb, rb) = node.add_pod("b");
-    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4_of(&rb));
-    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let Pair {
+        pa,
+        pb,
+        ha,
+        hb,
+        b_ip,
+        ..
+    } = node.pair();
     let ids = |h: &str| node.net.node.xdp_attached(h).unwrap().unwrap().1;
     let before = (ids(&ha), ids(&hb));
 
@@ -394,13 +443,18 @@ fn assert_offloads_of(pod: &Netns, mode: &str) {
 
 #[test]
 fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
+    let _shared = shared_machine();
     let node = Node::new();
     // The first agent loads the datapath; the pods come up native.
     let first = node.start_agent("agent0.log");
-    let (pa, ra) = node.add_pod("a");
-    let (pb, rb) = node.add_pod("b");
-    let (ha, b_ip) = (host(&ra), ipv4_of(&rb));
-    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let Pair {
+        pa,
+        ra,
+        pb,
+        ha,
+        b_ip,
+        ..
+    } = node.pair();
     assert_eq!(first.stop(libc::SIGTERM).unwrap(), Some(0));
     // 25 s of pings at 10 ms: longer than the five rounds take.
     let pinger = BackgroundPing::start(&pa, b_ip, 2500).unwrap();
@@ -489,12 +543,17 @@ fn node_state(node: &Node, hosts: &[&str]) -> String {
 
 #[test]
 fn hostile_http_requests_change_nothing_and_the_agent_listens_on_loopback() {
+    let _shared = shared_machine();
     let node = Node::new();
     let _agent = node.start_agent("agent.log");
-    let (pa, ra) = node.add_pod("a");
-    let (pb, rb) = node.add_pod("b");
-    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4_of(&rb));
-    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let Pair {
+        pa,
+        pb,
+        ha,
+        hb,
+        b_ip,
+        ..
+    } = node.pair();
     // No `listen` in the config: the node's loopback alone.
     let listening = node.net.node.exec(&["ss", "-Hltn"]).unwrap();
     let addrs: Vec<&str> = listening
@@ -578,10 +637,10 @@ fn percentile(v: &mut [Duration], p: usize) -> f64 {
 
 #[test]
 fn churn_1000_add_del_cycles_8_parallel_leak_nothing_and_do_not_drift() {
-    let cycles: usize = std::env::var("XDPCNI_CHURN_CYCLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
+    let _alone = MACHINE
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cycles: usize = xdpcni_e2e::env_or("XDPCNI_CHURN_CYCLES", 1000);
     const WORKERS: usize = 8;
     let node = Node::new();
     let agent = node.start_agent("agent.log");
@@ -700,6 +759,7 @@ fn churn_1000_add_del_cycles_8_parallel_leak_nothing_and_do_not_drift() {
 
 #[test]
 fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
+    let _shared = shared_machine();
     let node = Node::new();
     let _agent = node.start_agent("agent.log");
     let (pa, ra) = node.add_pod("a");
@@ -786,6 +846,7 @@ fn assert_datapath_forgot(node: &Node, res: &Value, what: &str) {
 
 #[test]
 fn vanish_host_veth_or_pod_netns_deleted_before_del() {
+    let _shared = shared_machine();
     let node = Node::new();
     let _agent = node.start_agent("agent.log");
     let (pa, ra) = node.add_pod("a");
@@ -870,12 +931,17 @@ fn vanish_host_veth_or_pod_netns_deleted_before_del() {
 
 #[test]
 fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
+    let _shared = shared_machine();
     let node = Node::new();
     let _agent = node.start_agent("agent.log");
-    let (pa, ra) = node.add_pod("a");
-    let (pb, rb) = node.add_pod("b");
-    let (ha, hb, b_ip) = (host(&ra), host(&rb), ipv4_of(&rb));
-    node.wait_mode(&ha, "xdp", Duration::from_secs(2));
+    let Pair {
+        pa,
+        pb,
+        ha,
+        hb,
+        b_ip,
+        ..
+    } = node.pair();
     let pinger = BackgroundPing::start(&pa, b_ip, 300).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     // Someone cleans up /sys/fs/bpf.
@@ -924,6 +990,7 @@ fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
 
 #[test]
 fn vanish_pin_dir_not_on_bpffs_is_refused_clearly_then_works_on_bpffs() {
+    let _shared = shared_machine();
     let node = Node::new();
     // The pin directory on an ordinary file system (the test's /tmp).
     let not_bpffs = node.net.dir.path().join("pins");
@@ -964,6 +1031,7 @@ fn vanish_pin_dir_not_on_bpffs_is_refused_clearly_then_works_on_bpffs() {
 
 #[test]
 fn vanish_state_dir_unwritable_fails_add_cleanly_then_recovers() {
+    let _shared = shared_machine();
     let node = Node::new();
     let _agent = node.start_agent("agent.log");
     // The state directory's path taken by a file: no record can be written.

@@ -736,15 +736,10 @@ fn counters_account_every_verdict_per_ifindex() {
 
 /// `XDPCNI_FUZZ_SEED` / `XDPCNI_FUZZ_FRAMES`, or the fixed CI defaults.
 fn fuzz_seed_and_frames() -> (u64, usize) {
-    let seed = std::env::var("XDPCNI_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_f00d);
-    let frames = std::env::var("XDPCNI_FUZZ_FRAMES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(20_000);
-    (seed, frames)
+    (
+        xdpcni_e2e::env_or("XDPCNI_FUZZ_SEED", 0x5eed_f00d),
+        xdpcni_e2e::env_or("XDPCNI_FUZZ_FRAMES", 20_000),
+    )
 }
 
 /// A frame from `a` that the parser has to take seriously: a plausible

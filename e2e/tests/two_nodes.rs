@@ -26,7 +26,7 @@ use xdpcni_e2e::{
     traffic::{ping, tcp_transfer, udp_echo},
     unique_name, PinDir,
 };
-use xdpcni_ebpf::{abi::VerdictKind, Maps};
+use xdpcni_ebpf::Maps;
 
 /// The agents' default listen address, in each node's namespace.
 const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
@@ -160,10 +160,7 @@ impl TestNode {
             .unwrap()
             .counters(ifindex)
             .unwrap()
-            .iter()
-            .filter(|(v, _)| v.kind() == VerdictKind::Forward)
-            .map(|(_, s)| s.packets)
-            .sum()
+            .forwarded()
     }
 }
 

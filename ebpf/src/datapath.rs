@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 use crate::{
     abi::{
         family_addr, ip_of, ipv4_key, ipv4_of_key, Endpoint6Key, EndpointInfo, NatPortKey,
-        StatsValue, Verdict, EP_NO_NAT_PORTS, MAX_CPUS, MAX_SLOTS,
+        StatsValue, Verdict, VerdictKind, EP_NO_NAT_PORTS, MAX_CPUS, MAX_SLOTS,
     },
     sys, Error, Result, DATAPATH_OBJECT,
 };
@@ -160,9 +160,20 @@ impl Counters {
 
     /// Packets passed to the kernel, for any reason.
     pub fn passed(&self) -> u64 {
+        self.of_kind(VerdictKind::Kernel)
+    }
+
+    /// Packets delivered by the fast path (redirected by this veth's
+    /// program, or received through it).
+    pub fn forwarded(&self) -> u64 {
+        self.of_kind(VerdictKind::Forward)
+    }
+
+    /// Packets counted with any verdict of `kind`.
+    pub fn of_kind(&self, kind: VerdictKind) -> u64 {
         self.rows
             .iter()
-            .filter(|(v, _)| v.label().starts_with("pass_"))
+            .filter(|(v, _)| v.kind() == kind)
             .map(|(_, s)| s.packets)
             .sum()
     }

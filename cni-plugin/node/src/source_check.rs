@@ -44,18 +44,25 @@ pub fn ipv4_strict(ifname: &str) -> std::io::Result<()> {
     std::fs::write(format!("/proc/sys/net/ipv4/conf/{ifname}/rp_filter"), "1")
 }
 
-const SEARCH: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
+/// Where node tools are looked for besides `$PATH` (the agent's image and
+/// a runtime's environment may have a short `$PATH`).
+pub const TOOL_DIRS: &[&str] = &["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
-fn ip6tables() -> Result<PathBuf, SourceCheckError> {
+/// The node tool `name` (iptables-save, ip6tables, ...): the first file in
+/// `$PATH`, then [`TOOL_DIRS`].
+pub fn find_tool(name: &str) -> Option<PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':')
         .filter(|d| !d.is_empty())
-        .chain(SEARCH.iter().copied())
-        .map(|d| PathBuf::from(d).join("ip6tables"))
+        .chain(TOOL_DIRS.iter().copied())
+        .map(|d| PathBuf::from(d).join(name))
         .find(|p| p.is_file())
-        .ok_or_else(|| SourceCheckError::NoIp6tables {
-            searched: format!("$PATH and {}", SEARCH.join(", ")),
-        })
+}
+
+fn ip6tables() -> Result<PathBuf, SourceCheckError> {
+    find_tool("ip6tables").ok_or_else(|| SourceCheckError::NoIp6tables {
+        searched: format!("$PATH and {}", TOOL_DIRS.join(", ")),
+    })
 }
 
 /// The rule's arguments after the operation (`-C`, `-A`, `-D`).
