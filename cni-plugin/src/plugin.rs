@@ -475,43 +475,34 @@ fn undo_add(
     Error::from_list(errors)
 }
 
-/// Removes what the datapath knows of an endpoint on `ifindex`: the addresses
-/// still pointing at `ifindex` (an address already handed to another pod is
-/// left alone) and, when `owns_ifindex`, its link, devmap entry and counters.
+/// Removes what the datapath knows of an endpoint on `ifindex`: when
+/// `owns_ifindex`, its link, every endpoint record pointing at it, its
+/// devmap entry and counters; otherwise (the ifindex is another pod's now)
+/// only the records of `ips` still pointing at it.
 fn forget_endpoint(
     dp: &mut Datapath,
     ifindex: u32,
     ips: &[IpAddr],
     owns_ifindex: bool,
 ) -> Result<()> {
-    if owns_ifindex {
-        dp.detach(ifindex)?;
-        hook::stop_point("del:detached");
-    }
-    let mut addrs = ips.to_vec();
-    if owns_ifindex {
-        // Also records no list names: an ADD killed after writing them and
-        // before its record and result leaves addresses nobody passes back.
-        for (ip, e) in dp.maps().endpoints()? {
-            if e.ifindex == ifindex && !addrs.contains(&ip) {
-                addrs.push(ip);
+    if !owns_ifindex {
+        for ip in ips {
+            if dp
+                .maps()
+                .endpoint(*ip)?
+                .is_some_and(|e| e.ifindex == ifindex)
+            {
+                dp.maps_mut().remove_endpoint(*ip)?;
             }
         }
+        return Ok(());
     }
-    for ip in &addrs {
-        if dp
-            .maps()
-            .endpoint(*ip)?
-            .is_some_and(|e| e.ifindex == ifindex)
-        {
-            dp.maps_mut().remove_endpoint(*ip)?;
-        }
-    }
+    dp.detach(ifindex)?;
+    hook::stop_point("del:detached");
+    dp.maps_mut().remove_endpoints_of(ifindex)?;
     hook::stop_point("del:endpoints");
-    if owns_ifindex {
-        dp.maps_mut().remove_tx_port(ifindex)?;
-        dp.maps_mut().remove_counters(ifindex)?;
-    }
+    dp.maps_mut().remove_tx_port(ifindex)?;
+    dp.maps_mut().remove_counters(ifindex)?;
     Ok(())
 }
 

@@ -63,21 +63,29 @@ pub fn is_live(rec: &Record) -> bool {
     std::path::Path::new(&rec.netns).exists()
 }
 
-/// Whether the record's host veth is still there (its ifindex still names it).
-fn veth_present(rec: &Record) -> bool {
+/// The name of the device with `ifindex` in this network namespace, if any.
+fn link_name(ifindex: u32) -> Option<Vec<u8>> {
     let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
-    let found = unsafe { libc::if_indextoname(rec.host_ifindex, name.as_mut_ptr()) };
-    // SAFETY: if_indextoname NUL-terminates what it writes into `name`.
-    !found.is_null()
-        && unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_bytes() == rec.host_veth.as_bytes()
+    if unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null() {
+        return None;
+    }
+    // SAFETY: if_indextoname NUL-terminated what it wrote into `name`.
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_bytes()
+            .to_vec(),
+    )
+}
+
+/// Whether the record's host veth is still there (its ifindex still names it).
+fn veth_present(rec: &Record) -> bool {
+    link_name(rec.host_ifindex).is_some_and(|n| n == rec.host_veth.as_bytes())
 }
 
 /// Whether a device with `ifindex` exists in this network namespace.
 fn link_exists(ifindex: u32) -> bool {
-    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
-    !unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null()
+    link_name(ifindex).is_some()
 }
 
 /// The outcome of reconciling one pod.

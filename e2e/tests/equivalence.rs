@@ -817,40 +817,33 @@ fn probes(lab: &Lab) -> Vec<Probe> {
             ),
         ],
     ));
-    // An administrator's FORWARD rule between the two pods.
-    let fwd_rule = |op: &str| {
-        ["iptables", op, "FORWARD", "-s"]
-            .into_iter()
-            .map(String::from)
-            .chain([a.v4.to_string(), "-d".into(), b.v4.to_string()])
-            .chain(["-j", "DROP"].into_iter().map(String::from))
-            .collect::<Vec<String>>()
+    // An administrator's FORWARD DROP rule, inserted for the probe (the
+    // agent's reaction applied) and deleted after it.
+    let forward_probe = |name: &str, matches: &[String], frame: Vec<u8>| {
+        let rule = |op: &str| {
+            let mut r: Vec<String> = vec!["iptables".into(), op.into(), "FORWARD".into()];
+            r.extend(matches.iter().cloned());
+            r.extend(["-j".into(), "DROP".into()]);
+            r
+        };
+        let mut probe = one(name, frame);
+        probe.node_setup.push(rule("-I"));
+        probe.node_teardown.push(rule("-D"));
+        probe.forward_rules = true;
+        probe
     };
-    let mut fwd = one(
+    // Between the two pods.
+    p.push(forward_probe(
         "v4 FORWARD DROP rule between the pods",
+        &["-s".into(), a.v4.to_string(), "-d".into(), b.v4.to_string()],
         v4(a, a.v4, b.v4, 64, 17, &udp(4013, 5000, 16)),
-    );
-    fwd.node_setup.push(fwd_rule("-I"));
-    fwd.node_teardown.push(fwd_rule("-D"));
-    fwd.forward_rules = true;
-    p.push(fwd);
+    ));
     // One the agent cannot attribute to pods: ports only.
-    let port_rule = |op: &str| {
-        [
-            "iptables", op, "FORWARD", "-p", "udp", "--dport", "5001", "-j", "DROP",
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<String>>()
-    };
-    let mut by_port = one(
+    p.push(forward_probe(
         "v4 FORWARD DROP rule by port only",
+        &["-p", "udp", "--dport", "5001"].map(String::from),
         v4(a, a.v4, b.v4, 64, 17, &udp(4014, 5001, 16)),
-    );
-    by_port.node_setup.push(port_rule("-I"));
-    by_port.node_teardown.push(port_rule("-D"));
-    by_port.forward_rules = true;
-    p.push(by_port);
+    ));
 
     // IPv6.
     let six = |name: &str, src: Ipv6Addr, dst: Ipv6Addr, hop: u8, nh: u8, l4: Vec<u8>| {

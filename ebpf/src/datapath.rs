@@ -452,6 +452,22 @@ impl Maps {
         removed(r, || format!("removing endpoint {addr}"))
     }
 
+    /// Removes every endpoint record pointing at host veth `ifindex`, named
+    /// anywhere or not (an ADD killed before it saved its addresses leaves
+    /// records nobody lists); the addresses removed.
+    pub fn remove_endpoints_of(&mut self, ifindex: u32) -> Result<Vec<IpAddr>> {
+        let mine: Vec<IpAddr> = self
+            .endpoints()?
+            .into_iter()
+            .filter(|(_, e)| e.ifindex == ifindex)
+            .map(|(ip, _)| ip)
+            .collect();
+        for ip in &mine {
+            self.remove_endpoint(*ip)?;
+        }
+        Ok(mine)
+    }
+
     /// The endpoint record of `addr`, if any.
     pub fn endpoint(&self, addr: IpAddr) -> Result<Option<EndpointInfo>> {
         let r = match addr {

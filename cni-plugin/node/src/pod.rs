@@ -222,22 +222,8 @@ pub fn converge(
             // needs none (frames to it miss the endpoint maps and go to the
             // kernel too). The next converge tries again.
             dp.detach(a.host_ifindex)?;
-            for ip in a.ips {
-                if dp
-                    .maps()
-                    .endpoint(*ip)?
-                    .is_some_and(|e| e.ifindex == a.host_ifindex)
-                {
-                    dp.maps_mut().remove_endpoint(*ip)?;
-                }
-            }
-            set_offloads(a.netns, a.ifname, &offloads(XdpMode::Off)).map_err(|source| {
-                ConvergeError::Offloads {
-                    netns: a.netns.display().to_string(),
-                    ifname: a.ifname.to_string(),
-                    source,
-                }
-            })?;
+            dp.maps_mut().remove_endpoints_of(a.host_ifindex)?;
+            pod_offloads(a, &offloads(XdpMode::Off))?;
             Ok(Converged {
                 mode: XdpMode::Off,
                 changed: true,
@@ -249,25 +235,22 @@ pub fn converge(
     }
 }
 
-/// Brings the pod of `a` to `want` (`Off` when it must be kernel-only),
-/// falling back native -> generic -> off when the kernel refuses, in an
-/// order that never breaks traffic in flight: the restrictions of the target
-/// mode, the attach (between the old link and the new one packets take
-/// kernel routing), then its relaxations; endpoint records are re-flagged
-/// only where they differ. An `Off` pod is flagged kernel-only first, so no
-/// [`converge`] until a map refuses.
+/// Sets `settings` on the pod's interface of `a`.
+fn pod_offloads(a: &Attachment<'_>, settings: &[(Offload, bool)]) -> Result<(), ConvergeError> {
+    set_offloads(a.netns, a.ifname, settings).map_err(|source| ConvergeError::Offloads {
+        netns: a.netns.display().to_string(),
+        ifname: a.ifname.to_string(),
+        source,
+    })
+}
+
+/// [`converge`]'s steps; a full map's error goes back to it.
 fn converge_in_place(
     dp: &mut Datapath,
     a: &Attachment<'_>,
     want: XdpMode,
 ) -> Result<Converged, ConvergeError> {
-    let apply = |settings: &[(Offload, bool)]| {
-        set_offloads(a.netns, a.ifname, settings).map_err(|source| ConvergeError::Offloads {
-            netns: a.netns.display().to_string(),
-            ifname: a.ifname.to_string(),
-            source,
-        })
-    };
+    let apply = |settings: &[(Offload, bool)]| pod_offloads(a, settings);
     let mut info = a.info;
     let mut out = Converged {
         mode: want,
