@@ -81,6 +81,12 @@ int main(void)
 	OFF(nat_port_key, proto);
 	OFF(nat_port_key, port);
 	OFF(nat_port_key, addr);
+	SIZE(policy_ns_key);
+	OFF(policy_ns_key, name);
+	SIZE(policy_gate);
+	OFF(policy_gate, complete);
+	OFF(policy_gate, pad);
+	OFF(policy_gate, generation);
 	SIZE(stats_value);
 	OFF(stats_value, packets);
 	OFF(stats_value, bytes);
@@ -90,6 +96,8 @@ int main(void)
 	VAL(XDPCNI_MAX_NAT_PORTS);
 	VAL(XDPCNI_MAX_SLOTS);
 	VAL(XDPCNI_STATS_ROWS);
+	VAL(XDPCNI_MAX_POLICY_NS);
+	VAL(XDPCNI_NS_NAME_LEN);
 	VAL(XDPCNI_FAMILY_IPV4);
 	VAL(XDPCNI_FAMILY_IPV6);
 	VAL(XDPCNI_REDIRECT_DEVMAP);

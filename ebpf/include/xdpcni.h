@@ -18,6 +18,8 @@
 #define XDPCNI_MAX_CPUS	     64	   /* cpumap size, and bits of cpu_mask */
 #define XDPCNI_MAX_NAT_PORTS 65536 /* (address, protocol, port) the kernel NATs */
 #define XDPCNI_MAX_SLOTS     1024  /* counter slots: host veths with their own counters */
+#define XDPCNI_MAX_POLICY_NS 16384 /* namespaces holding NetworkPolicies (policy_namespaces) */
+#define XDPCNI_NS_NAME_LEN   64	   /* a namespace name (a DNS label: 63 bytes) and its NUL */
 
 /* nat_port_key.family */
 #define XDPCNI_FAMILY_IPV4 4
@@ -69,6 +71,28 @@ struct nat_port_key {
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u16 port;  /* network byte order */
 	__u8 addr[16];
+};
+
+/*
+ * The policy gate: what a CNI ADD needs to know, without the agent, to hold a
+ * new pod that a NetworkPolicy may select (drop every IP packet to and from
+ * it until the agent has classified it). Written by the agent only; read by
+ * the CNI plugin; no program reads them. They live in the datapath's pins so
+ * that they share its fate: a fresh datapath (boot, pins removed) starts
+ * with complete = 0, and every new pod is held until the agent fills them.
+ *
+ * policy_namespaces: a namespace that holds at least one NetworkPolicy ->
+ * how many (informational). Key: the name, NUL-padded.
+ */
+struct policy_ns_key {
+	__u8 name[XDPCNI_NS_NAME_LEN];
+};
+
+/* policy_gate[0]. */
+struct policy_gate {
+	__u32 complete;	  /* 1: policy_namespaces lists every namespace with policies */
+	__u32 pad;	  /* written as 0 */
+	__u64 generation; /* bumped by each agent write: a test and `status` read it */
 };
 
 /*
@@ -129,7 +153,11 @@ struct nat_port_key {
 	X(PASS_BAD_LENGTH, 20, KERNEL,                                                             \
 	  "the IP length field disagrees with the frame: truncated (the kernel drops it) or "      \
 	  "with trailing bytes (the kernel trims them)")                                           \
-	X(PASS_BAD_CHECKSUM, 21, KERNEL, "IPv4 header checksum is wrong: the kernel drops it")
+	X(PASS_BAD_CHECKSUM, 21, KERNEL, "IPv4 header checksum is wrong: the kernel drops it")     \
+	X(DROP_HELD, 22, DROP,                                                                     \
+	  "to or from a pod held since its CNI ADD until the agent has classified it (its "        \
+	  "namespace has NetworkPolicies, or the agent has not listed them yet); counted by the "  \
+	  "tc hold program, ARP and neighbour discovery excepted")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array

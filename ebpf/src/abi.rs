@@ -256,6 +256,56 @@ pub struct StatsValue {
     pub bytes: u64,
 }
 
+/// Bytes of a namespace name in `policy_namespaces` (a DNS label, 63 at
+/// most, and a NUL).
+pub const NS_NAME_LEN: usize = c_layout::XDPCNI_NS_NAME_LEN as usize;
+
+/// `struct policy_ns_key`: a namespace name, NUL-padded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PolicyNsKey {
+    /// The name's bytes, then NULs.
+    pub name: [u8; NS_NAME_LEN],
+}
+
+impl PolicyNsKey {
+    /// The key of namespace `name`; `None` when it does not fit (Kubernetes
+    /// namespace names are DNS labels: 63 bytes at most).
+    pub fn of(name: &str) -> Option<Self> {
+        let bytes = name.as_bytes();
+        if bytes.is_empty() || bytes.len() >= NS_NAME_LEN || bytes.contains(&0) {
+            return None;
+        }
+        let mut key = Self {
+            name: [0; NS_NAME_LEN],
+        };
+        key.name[..bytes.len()].copy_from_slice(bytes);
+        Some(key)
+    }
+
+    /// The namespace name of a key.
+    pub fn name(&self) -> String {
+        let end = self
+            .name
+            .iter()
+            .position(|b| *b == 0)
+            .unwrap_or(NS_NAME_LEN);
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+}
+
+/// `struct policy_gate`: whether `policy_namespaces` is complete.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PolicyGate {
+    /// 1 once the agent has written every namespace that holds policies.
+    pub complete: u32,
+    /// Written as 0.
+    pub pad: u32,
+    /// Bumped by each write of the agent.
+    pub generation: u64,
+}
+
 // SAFETY: all of them are repr(C), made of integers and byte arrays, with every
 // padding byte written out as a field (checked below), so any bit pattern is
 // valid and none is uninitialised.
@@ -266,6 +316,10 @@ unsafe impl aya::Pod for EndpointInfo {}
 unsafe impl aya::Pod for NatPortKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for StatsValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PolicyNsKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for PolicyGate {}
 
 /// Capacity of the cpumap, and the number of bits of `cpu_mask`.
 pub const MAX_CPUS: u32 = c_layout::XDPCNI_MAX_CPUS;
@@ -293,6 +347,13 @@ mod layout_checks {
     const _: () = assert!(offset_of!(NatPortKey, proto) == c::OFFSETOF_nat_port_key_proto);
     const _: () = assert!(offset_of!(NatPortKey, port) == c::OFFSETOF_nat_port_key_port);
     const _: () = assert!(offset_of!(NatPortKey, addr) == c::OFFSETOF_nat_port_key_addr);
+
+    const _: () = assert!(size_of::<PolicyNsKey>() == c::SIZEOF_policy_ns_key);
+    const _: () = assert!(offset_of!(PolicyNsKey, name) == c::OFFSETOF_policy_ns_key_name);
+    const _: () = assert!(size_of::<PolicyGate>() == c::SIZEOF_policy_gate);
+    const _: () = assert!(offset_of!(PolicyGate, complete) == c::OFFSETOF_policy_gate_complete);
+    const _: () = assert!(offset_of!(PolicyGate, pad) == c::OFFSETOF_policy_gate_pad);
+    const _: () = assert!(offset_of!(PolicyGate, generation) == c::OFFSETOF_policy_gate_generation);
 
     const _: () = assert!(c::XDPCNI_STATS_ROWS == c::XDPCNI_MAX_SLOTS * c::XDPCNI_V_MAX);
 
@@ -379,6 +440,19 @@ mod tests {
             .map(|v| format!("| `{}` | {} | {} |", v.label(), v.kind().as_str(), v.when()))
             .collect();
         assert_eq!(rows, want, "README verdict table != XDPCNI_VERDICTS");
+    }
+
+    #[test]
+    fn namespace_keys_round_trip_and_refuse_what_does_not_fit() {
+        let k = PolicyNsKey::of("kube-system").unwrap();
+        assert_eq!(k.name(), "kube-system");
+        assert_eq!(&k.name[..11], b"kube-system");
+        assert!(k.name[11..].iter().all(|b| *b == 0));
+        let longest = "a".repeat(NS_NAME_LEN - 1);
+        assert_eq!(PolicyNsKey::of(&longest).unwrap().name(), longest);
+        assert!(PolicyNsKey::of(&"a".repeat(NS_NAME_LEN)).is_none());
+        assert!(PolicyNsKey::of("").is_none());
+        assert!(PolicyNsKey::of("a\0b").is_none());
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! endpoints4 endpoints6 tx_ports cpu_map nat_ports   maps, pinned by name by aya
 //! counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
 //! progs/xdpcni_from_pod progs/xdpcni_cpumap    the programs in use
+//! policy_namespaces policy_gate                      what the CNI reads to hold a new pod
+//! progs/xdpcni_hold                            the tc program of a held pod
 //! links/<ifindex>_native | _generic            one XDP bpf_link per host veth
 //!                                              (bpffs refuses names with dots)
+//! links/<ifindex>_hold_ingress | _hold_egress  the two tcx links of a held pod
 //! ```
 //!
 //! Everything that carries traffic is pinned, so the process that loaded it
@@ -24,10 +27,11 @@ use std::{
 };
 
 use aya::{
-    maps::{CpuMap, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{Array, CpuMap, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
     programs::{
         links::{FdLink, PinnedLink},
-        Xdp, XdpMode,
+        tc::TcAttachOptions,
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
     },
     Ebpf, EbpfLoader,
 };
@@ -36,7 +40,8 @@ use tracing::{debug, info, warn};
 use crate::{
     abi::{
         family_addr, ip_of, ipv4_key, ipv4_of_key, Endpoint6Key, EndpointInfo, NatPortKey,
-        StatsValue, Verdict, VerdictKind, EP_NO_NAT_PORTS, MAX_CPUS, MAX_SLOTS,
+        PolicyGate, PolicyNsKey, StatsValue, Verdict, VerdictKind, EP_NO_NAT_PORTS, MAX_CPUS,
+        MAX_SLOTS,
     },
     sys, Error, Result, DATAPATH_OBJECT,
 };
@@ -45,6 +50,8 @@ use crate::{
 pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
 /// Name of the cpumap second-stage program.
 pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";
+/// Name of the tc program that holds a pod until the agent classifies it.
+pub const HOLD_PROGRAM: &str = "xdpcni_hold";
 /// Default pin directory.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdpcni";
 
@@ -58,6 +65,21 @@ const MAP_NAT_PORTS: &str = "nat_ports";
 const MAP_COUNTERS: &str = "counters";
 const MAP_PORT_SLOTS: &str = "port_slots";
 const MAP_SLOT_OWNERS: &str = "slot_owners";
+const MAP_POLICY_NAMESPACES: &str = "policy_namespaces";
+const MAP_POLICY_GATE: &str = "policy_gate";
+/// Every map of the datapath, as pinned.
+const MAPS: [&str; 10] = [
+    MAP_ENDPOINTS4,
+    MAP_ENDPOINTS6,
+    MAP_TX_PORTS,
+    MAP_CPU_MAP,
+    MAP_NAT_PORTS,
+    MAP_COUNTERS,
+    MAP_PORT_SLOTS,
+    MAP_SLOT_OWNERS,
+    MAP_POLICY_NAMESPACES,
+    MAP_POLICY_GATE,
+];
 /// `BPF_NOEXIST`: insert only if the key is absent.
 const NOEXIST: u64 = 1;
 
@@ -115,6 +137,78 @@ impl FromStr for AttachMode {
             }),
         }
     }
+}
+
+/// The tc hook of a host veth a hold is attached to: both, so that nothing
+/// reaches the pod and nothing leaves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldHook {
+    /// Frames from the pod (tcx ingress of the host veth).
+    Ingress,
+    /// Frames to the pod on the kernel path (tcx egress of the host veth).
+    Egress,
+}
+
+impl HoldHook {
+    /// Both hooks.
+    pub const ALL: [HoldHook; 2] = [Self::Ingress, Self::Egress];
+
+    const fn tc_type(self) -> TcAttachType {
+        match self {
+            Self::Ingress => TcAttachType::Ingress,
+            Self::Egress => TcAttachType::Egress,
+        }
+    }
+}
+
+/// What a link pinned under `links/` is: `<ifindex>_<suffix>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum LinkKind {
+    /// The datapath's XDP program in this mode.
+    Xdp(AttachMode),
+    /// The hold program on this tc hook.
+    Hold(HoldHook),
+}
+
+impl LinkKind {
+    const ALL: [LinkKind; 4] = [
+        Self::Xdp(AttachMode::Native),
+        Self::Xdp(AttachMode::Generic),
+        Self::Hold(HoldHook::Ingress),
+        Self::Hold(HoldHook::Egress),
+    ];
+
+    const fn suffix(self) -> &'static str {
+        match self {
+            Self::Xdp(m) => m.as_str(),
+            Self::Hold(HoldHook::Ingress) => "hold_ingress",
+            Self::Hold(HoldHook::Egress) => "hold_egress",
+        }
+    }
+
+    fn parse(suffix: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.suffix() == suffix)
+    }
+
+    /// The kernel's view of the link pinned at `pin`.
+    fn state(self, pin: &Path) -> std::io::Result<sys::LinkState> {
+        match self {
+            Self::Xdp(_) => sys::pinned_xdp_link(pin),
+            Self::Hold(_) => sys::pinned_tcx_link(pin),
+        }
+    }
+
+    /// Whether the link pinned at `pin` is attached to `ifindex` still.
+    fn is_live(self, pin: &Path, ifindex: u32) -> bool {
+        matches!(self.state(pin), Ok(s) if s.ifindex == ifindex)
+    }
+}
+
+/// The pin of the link of `kind` on `ifindex`: the one home of the name.
+fn link_pin(pin_dir: &Path, ifindex: u32, kind: LinkKind) -> PathBuf {
+    pin_dir
+        .join("links")
+        .join(format!("{ifindex}_{}", kind.suffix()))
 }
 
 /// An XDP program attached to a host veth through a pinned link.
@@ -249,6 +343,8 @@ pub struct Maps {
     counters: PerCpuArray<MapData, StatsValue>,
     port_slots: HashMap<MapData, u32, u32>,
     slot_owners: HashMap<MapData, u32, u32>,
+    policy_namespaces: HashMap<MapData, PolicyNsKey, u32>,
+    policy_gate: Array<MapData, PolicyGate>,
 }
 
 fn typed<T: TryFrom<Map, Error = MapError>>(name: &'static str, map: Option<Map>) -> Result<T> {
@@ -275,6 +371,8 @@ impl Maps {
             counters: typed(MAP_COUNTERS, open(MAP_COUNTERS)?)?,
             port_slots: typed(MAP_PORT_SLOTS, open(MAP_PORT_SLOTS)?)?,
             slot_owners: typed(MAP_SLOT_OWNERS, open(MAP_SLOT_OWNERS)?)?,
+            policy_namespaces: typed(MAP_POLICY_NAMESPACES, open(MAP_POLICY_NAMESPACES)?)?,
+            policy_gate: typed(MAP_POLICY_GATE, open(MAP_POLICY_GATE)?)?,
         })
     }
 
@@ -288,7 +386,101 @@ impl Maps {
             counters: typed(MAP_COUNTERS, ebpf.take_map(MAP_COUNTERS))?,
             port_slots: typed(MAP_PORT_SLOTS, ebpf.take_map(MAP_PORT_SLOTS))?,
             slot_owners: typed(MAP_SLOT_OWNERS, ebpf.take_map(MAP_SLOT_OWNERS))?,
+            policy_namespaces: typed(MAP_POLICY_NAMESPACES, ebpf.take_map(MAP_POLICY_NAMESPACES))?,
+            policy_gate: typed(MAP_POLICY_GATE, ebpf.take_map(MAP_POLICY_GATE))?,
         })
+    }
+
+    /// The policy gate: whether `policy_namespaces` is complete.
+    pub fn policy_gate(&self) -> Result<PolicyGate> {
+        self.policy_gate
+            .get(&0, 0)
+            .map_err(|e| Error::map("reading the policy gate", e))
+    }
+
+    /// Whether namespace `ns` holds NetworkPolicies, as the agent last wrote.
+    /// A name that cannot be a namespace is reported as holding some (the
+    /// safe side: its pods are held).
+    pub fn is_policy_namespace(&self, ns: &str) -> Result<bool> {
+        let Some(key) = PolicyNsKey::of(ns) else {
+            return Ok(true);
+        };
+        match self.policy_namespaces.get(&key, 0) {
+            Ok(_) => Ok(true),
+            Err(MapError::KeyNotFound) => Ok(false),
+            Err(e) => Err(Error::map(format!("reading policy namespace {ns}"), e)),
+        }
+    }
+
+    /// Every namespace listed, with its count of policies.
+    pub fn policy_namespaces(&self) -> Result<std::collections::BTreeMap<String, u32>> {
+        self.policy_namespaces
+            .iter()
+            .map(|kv| {
+                kv.map(|(k, v)| (k.name(), v))
+                    .map_err(|e| Error::map("listing policy namespaces", e))
+            })
+            .collect()
+    }
+
+    /// Makes `policy_namespaces` list exactly `want` (namespace -> number of
+    /// policies), then marks the gate complete. Additions go before
+    /// removals, so a namespace never looks free of policies on the way;
+    /// when the list cannot be written (a full map, a name that does not
+    /// fit), the gate is marked incomplete instead and the error returned:
+    /// every new pod is then held (the safe side).
+    pub fn write_policy_gate(
+        &mut self,
+        want: &std::collections::BTreeMap<String, u32>,
+    ) -> Result<()> {
+        let written = self.write_policy_namespaces(want);
+        let mut gate = self.policy_gate()?;
+        gate.complete = u32::from(written.is_ok());
+        gate.pad = 0;
+        gate.generation = gate.generation.wrapping_add(1);
+        self.policy_gate
+            .set(0, gate, 0)
+            .map_err(|e| Error::map("writing the policy gate", e))?;
+        written
+    }
+
+    fn write_policy_namespaces(
+        &mut self,
+        want: &std::collections::BTreeMap<String, u32>,
+    ) -> Result<()> {
+        let have = self.policy_namespaces()?;
+        for (ns, n) in want {
+            if have.get(ns) == Some(n) {
+                continue;
+            }
+            let key = PolicyNsKey::of(ns).ok_or_else(|| Error::Invalid {
+                what: "namespace",
+                why: format!(
+                    "{ns:?} does not fit in {} bytes",
+                    crate::abi::NS_NAME_LEN - 1
+                ),
+            })?;
+            self.policy_namespaces.insert(key, n, 0).map_err(|e| {
+                let op = format!("listing policy namespace {ns}");
+                if is_full(&e) {
+                    Error::MapFull {
+                        map: MAP_POLICY_NAMESPACES,
+                        capacity: crate::abi::c_layout::XDPCNI_MAX_POLICY_NS,
+                        op,
+                    }
+                } else {
+                    Error::map(op, e)
+                }
+            })?;
+        }
+        for ns in have.keys().filter(|ns| !want.contains_key(*ns)) {
+            if let Some(key) = PolicyNsKey::of(ns) {
+                removed(self.policy_namespaces.remove(&key), || {
+                    format!("unlisting policy namespace {ns}")
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Inserts or replaces the endpoint record of `addr`. The fields the maps
@@ -667,6 +859,7 @@ pub struct Datapath {
     pin_dir: PathBuf,
     from_pod: Xdp,
     cpumap: Xdp,
+    hold: SchedClassifier,
     maps: Maps,
     upgraded: bool,
 }
@@ -706,10 +899,15 @@ impl Datapath {
         let maps = Maps::take(&mut ebpf)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, pin_dir, FROM_POD_PROGRAM)?;
         let (cpumap, b) = Self::adopt_program(&mut ebpf, pin_dir, CPUMAP_PROGRAM)?;
+        // A held pod's links keep the program they were made with: it drops
+        // alike in every build, and the agent removes them once it has
+        // classified the pod.
+        let hold = Self::adopt_hold_program(&mut ebpf, pin_dir)?;
         let mut dp = Self {
             pin_dir: pin_dir.to_path_buf(),
             from_pod,
             cpumap,
+            hold,
             maps,
             upgraded: a || b,
         };
@@ -737,9 +935,54 @@ impl Datapath {
                 aya_obj::programs::XdpAttachType::Interface,
             )?,
             cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
+            hold: {
+                let pin = pin_dir.join("progs").join(HOLD_PROGRAM);
+                SchedClassifier::from_pin(&pin)
+                    .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?
+            },
             maps,
             upgraded: false,
         })
+    }
+
+    /// Loads the hold program and returns the one to use: the pinned one
+    /// if it has the same tag, else the new one (now pinned).
+    fn adopt_hold_program(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<SchedClassifier> {
+        let name = HOLD_PROGRAM;
+        let pin = pin_dir.join("progs").join(name);
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(Error::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|e| Error::program(format!("program {name}"), e))?;
+        prog.load()
+            .map_err(|e| Error::program(format!("loading {name}"), e))?;
+        let tag = |p: &SchedClassifier| {
+            p.info()
+                .map(|i| i.tag())
+                .map_err(|e| Error::program(format!("info of {name}"), e))
+        };
+        let new_tag = tag(prog)?;
+        let from_pin = || {
+            SchedClassifier::from_pin(&pin)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
+        };
+        if pin.exists() {
+            let pinned = from_pin()?;
+            if tag(&pinned)? == new_tag {
+                return Ok(pinned);
+            }
+            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+        }
+        prog.pin(&pin).map_err(|e| Error::Link {
+            op: "pinning program",
+            path: pin.clone(),
+            message: error_chain(&e),
+        })?;
+        from_pin()
     }
 
     /// Loads `name` from the object and returns the program to use: the
@@ -826,9 +1069,62 @@ impl Datapath {
     }
 
     fn link_pin(&self, ifindex: u32, mode: AttachMode) -> PathBuf {
-        self.pin_dir
-            .join("links")
-            .join(format!("{ifindex}_{}", mode.as_str()))
+        link_pin(&self.pin_dir, ifindex, LinkKind::Xdp(mode))
+    }
+
+    /// Holds the pod of host veth `ifindex` (named `ifname` in the calling
+    /// thread's network namespace): the hold program on both tc hooks of
+    /// the veth, first in their order, through pinned tcx links. Nothing
+    /// but ARP and neighbour discovery reaches or leaves the pod until
+    /// [`Datapath::release`]. Idempotent; whether anything was attached.
+    pub fn hold(&mut self, ifindex: u32, ifname: &str) -> Result<bool> {
+        let mut changed = false;
+        for hook in HoldHook::ALL {
+            let kind = LinkKind::Hold(hook);
+            let pin = link_pin(&self.pin_dir, ifindex, kind);
+            if pin.exists() {
+                if kind.is_live(&pin, ifindex) {
+                    continue;
+                }
+                fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            }
+            let id = self
+                .hold
+                .attach_with_options(
+                    ifname,
+                    hook.tc_type(),
+                    TcAttachOptions::TcxOrder(LinkOrder::first()),
+                )
+                .map_err(|e| {
+                    Error::program(format!("attaching the hold to {ifname} ({hook:?})"), e)
+                })?;
+            let link = self
+                .hold
+                .take_link(id)
+                .map_err(|e| Error::program("taking link", e))?;
+            let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
+                op: "converting to an fd link (kernel without tcx?)",
+                path: pin.clone(),
+                message: error_chain(&e),
+            })?;
+            fd_link.pin(&pin).map_err(|e| Error::Link {
+                op: "pinning link",
+                path: pin.clone(),
+                message: error_chain(&e),
+            })?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Ends the hold of host veth `ifindex`; whether there was one.
+    pub fn release(&mut self, ifindex: u32) -> Result<bool> {
+        release_pins(&self.pin_dir, ifindex)
+    }
+
+    /// Whether host veth `ifindex` is held (either hook).
+    pub fn is_held(&self, ifindex: u32) -> bool {
+        is_held(&self.pin_dir, ifindex)
     }
 
     /// Attaches the datapath to host veth `ifindex` (resolved in the calling
@@ -928,10 +1224,9 @@ impl Datapath {
     }
 
     fn swap_all_links(&mut self) -> Result<()> {
-        for (ifindex, _mode, pin) in self.link_pins()? {
-            match sys::pinned_xdp_link(&pin) {
-                Ok(s) if s.ifindex == ifindex => self.swap_link(&pin)?,
-                _ => {}
+        for (ifindex, kind, pin) in self.link_pins()? {
+            if matches!(kind, LinkKind::Xdp(_)) && kind.is_live(&pin, ifindex) {
+                self.swap_link(&pin)?;
             }
         }
         Ok(())
@@ -973,17 +1268,16 @@ impl Datapath {
         detach_pins(&self.pin_dir, ifindex)
     }
 
-    fn link_pins(&self) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
+    fn link_pins(&self) -> Result<Vec<(u32, LinkKind, PathBuf)>> {
         link_pins(&self.pin_dir)
     }
 
-    /// Removes link pins whose device is gone (a pinned link outlives its
-    /// veth); returns the ifindexes cleaned.
+    /// Removes link pins (XDP and hold) whose device is gone (a pinned link
+    /// outlives its veth); returns the ifindexes cleaned.
     pub fn gc_links(&mut self) -> Result<Vec<u32>> {
         let mut removed = Vec::new();
-        for (ifindex, _mode, pin) in self.link_pins()? {
-            let live = matches!(sys::pinned_xdp_link(&pin), Ok(s) if s.ifindex == ifindex);
-            if !live {
+        for (ifindex, kind, pin) in self.link_pins()? {
+            if !kind.is_live(&pin, ifindex) {
                 fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
                 removed.push(ifindex);
             }
@@ -1029,36 +1323,26 @@ impl Datapath {
     /// The pins of a complete datapath missing under `pin_dir` (maps,
     /// programs, the links directory): empty when nothing is.
     pub fn missing_pins(pin_dir: &Path) -> Vec<PathBuf> {
-        [
-            MAP_ENDPOINTS4,
-            MAP_ENDPOINTS6,
-            MAP_TX_PORTS,
-            MAP_CPU_MAP,
-            MAP_NAT_PORTS,
-            MAP_COUNTERS,
-            MAP_PORT_SLOTS,
-            MAP_SLOT_OWNERS,
-        ]
-        .iter()
-        .map(|m| pin_dir.join(m))
-        .chain(
-            [FROM_POD_PROGRAM, CPUMAP_PROGRAM]
-                .iter()
-                .map(|p| pin_dir.join("progs").join(p)),
-        )
-        .chain([pin_dir.join("links")])
-        .filter(|p| !p.exists())
-        .collect()
+        MAPS.iter()
+            .map(|m| pin_dir.join(m))
+            .chain(
+                [FROM_POD_PROGRAM, CPUMAP_PROGRAM, HOLD_PROGRAM]
+                    .iter()
+                    .map(|p| pin_dir.join("progs").join(p)),
+            )
+            .chain([pin_dir.join("links")])
+            .filter(|p| !p.exists())
+            .collect()
     }
 
-    /// Removes every pin under `pin_dir`, detaching the datapath from every
-    /// veth and freeing its maps once no process holds them.
+    /// Removes every pin under `pin_dir`, detaching the datapath (and every
+    /// hold) from every veth and freeing its maps once no process holds them.
     pub fn uninstall(pin_dir: &Path) -> Result<()> {
         if !pin_dir.exists() {
             return Ok(());
         }
-        for (ifindex, _, _) in link_pins(pin_dir)? {
-            detach_pins(pin_dir, ifindex)?;
+        for (_, _, pin) in link_pins(pin_dir)? {
+            unpin_link(&pin)?;
         }
         fs::remove_dir_all(pin_dir).map_err(|e| Error::io("removing", pin_dir, e))
     }
@@ -1084,7 +1368,7 @@ fn unpin_link(pin: &Path) -> Result<bool> {
     }
 }
 
-fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
+fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, LinkKind, PathBuf)>> {
     let dir = pin_dir.join("links");
     let mut out = Vec::new();
     let entries = match fs::read_dir(&dir) {
@@ -1095,23 +1379,38 @@ fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, AttachMode, PathBuf)>> {
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("listing", &dir, e))?;
         let name = entry.file_name();
-        let Some((idx, mode)) = name.to_str().and_then(|n| n.split_once('_')) else {
+        let Some((idx, suffix)) = name.to_str().and_then(|n| n.split_once('_')) else {
             continue;
         };
-        if let (Ok(idx), Ok(mode)) = (idx.parse::<u32>(), mode.parse::<AttachMode>()) {
-            out.push((idx, mode, entry.path()));
+        if let (Ok(idx), Some(kind)) = (idx.parse::<u32>(), LinkKind::parse(suffix)) {
+            out.push((idx, kind, entry.path()));
         }
     }
     Ok(out)
 }
 
+/// Detaches the XDP links of `ifindex`; whether there was one.
 fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+    unpin_kinds(pin_dir, ifindex, |k| matches!(k, LinkKind::Xdp(_)))
+}
+
+/// Removes the hold links of `ifindex`; whether there was one.
+fn release_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+    unpin_kinds(pin_dir, ifindex, |k| matches!(k, LinkKind::Hold(_)))
+}
+
+fn unpin_kinds(pin_dir: &Path, ifindex: u32, which: impl Fn(LinkKind) -> bool) -> Result<bool> {
     let mut any = false;
-    for mode in [AttachMode::Native, AttachMode::Generic] {
-        let pin = pin_dir
-            .join("links")
-            .join(format!("{ifindex}_{}", mode.as_str()));
-        any |= unpin_link(&pin)?;
+    for kind in LinkKind::ALL.into_iter().filter(|k| which(*k)) {
+        any |= unpin_link(&link_pin(pin_dir, ifindex, kind))?;
     }
     Ok(any)
+}
+
+/// Whether a hold link of `ifindex` is pinned under `pin_dir` (what the CNI's
+/// DEL and the agent read without opening the datapath).
+pub fn is_held(pin_dir: &Path, ifindex: u32) -> bool {
+    HoldHook::ALL
+        .into_iter()
+        .any(|h| link_pin(pin_dir, ifindex, LinkKind::Hold(h)).exists())
 }

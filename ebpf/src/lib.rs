@@ -15,11 +15,11 @@ pub mod abi;
 
 pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::{
-    AttachMode, Attachment, Counters, Datapath, L4Proto, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR,
-    FROM_POD_PROGRAM, PRESENCE_MAP,
+    is_held, AttachMode, Attachment, Counters, Datapath, HoldHook, L4Proto, Maps, CPUMAP_PROGRAM,
+    DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM, PRESENCE_MAP,
 };
 pub use error::{Error, Result};
-pub use sys::XdpLinkState;
+pub use sys::LinkState;
 
 /// The compiled datapath object (BPF ELF with BTF), as built by `build.rs`.
 pub static DATAPATH_OBJECT: &[u8] =

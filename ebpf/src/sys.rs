@@ -1,6 +1,6 @@
 //! The two bpf(2) calls aya 0.14 does not expose: reading which ifindex an XDP
-//! link is attached to (0 once its device is gone), to tell a live pinned
-//! link from a defunct one.
+//! or tcx link is attached to (0 once its device is gone), to tell a live
+//! pinned link from a defunct one, and detaching a pinned link at once.
 
 use std::{
     ffi::CString,
@@ -18,9 +18,9 @@ const BPF_LINK_DETACH: libc::c_long = 34;
 /// `union bpf_attr` is larger than any member we set; zeroed tail is required.
 const ATTR_SIZE: usize = 128;
 
-/// What the kernel says of an XDP bpf_link.
+/// What the kernel says of an XDP or tcx bpf_link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct XdpLinkState {
+pub struct LinkState {
     /// The link's id.
     pub link_id: u32,
     /// The attached program's id.
@@ -65,12 +65,27 @@ pub fn detach_pinned_link(path: &Path) -> io::Result<()> {
     }
 }
 
+/// `BPF_LINK_TYPE_XDP`.
+const BPF_LINK_TYPE_XDP: u32 = 6;
+/// `BPF_LINK_TYPE_TCX`.
+const BPF_LINK_TYPE_TCX: u32 = 11;
+
 /// Reads the state of the XDP link pinned at `path`.
-pub fn pinned_xdp_link(path: &Path) -> io::Result<XdpLinkState> {
+pub fn pinned_xdp_link(path: &Path) -> io::Result<LinkState> {
+    pinned_link(path, BPF_LINK_TYPE_XDP, "an XDP")
+}
+
+/// Reads the state of the tcx link pinned at `path`.
+pub fn pinned_tcx_link(path: &Path) -> io::Result<LinkState> {
+    pinned_link(path, BPF_LINK_TYPE_TCX, "a tcx")
+}
+
+fn pinned_link(path: &Path, want_type: u32, what: &str) -> io::Result<LinkState> {
     let fd = open_pin(path)?;
 
-    // struct bpf_link_info { u32 type, id, prog_id; union { ... xdp { u32 ifindex } } }
-    // The union is 8-aligned, so xdp.ifindex sits at offset 16.
+    // struct bpf_link_info { u32 type, id, prog_id; union { ... xdp { u32 ifindex };
+    // tcx { u32 ifindex; u32 attach_type } } }. The union is 8-aligned, so the
+    // ifindex of both sits at offset 16.
     let mut info = [0u8; 24];
     let mut attr = [0u8; ATTR_SIZE];
     attr[..4].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
@@ -78,14 +93,13 @@ pub fn pinned_xdp_link(path: &Path) -> io::Result<XdpLinkState> {
     attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
     bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
     let word = |at: usize| u32::from_ne_bytes([info[at], info[at + 1], info[at + 2], info[at + 3]]);
-    const BPF_LINK_TYPE_XDP: u32 = 6;
-    if word(0) != BPF_LINK_TYPE_XDP {
+    if word(0) != want_type {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("{} is not an XDP link (type {})", path.display(), word(0)),
+            format!("{} is not {what} link (type {})", path.display(), word(0)),
         ));
     }
-    Ok(XdpLinkState {
+    Ok(LinkState {
         link_id: word(4),
         prog_id: word(8),
         ifindex: word(16),

@@ -7,6 +7,7 @@
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
+#include <linux/pkt_cls.h>
 #include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
@@ -83,6 +84,24 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } slot_owners SEC(".maps");
+
+/* Namespaces with NetworkPolicies, for the CNI's hold decision (xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_POLICY_NS);
+	__type(key, struct policy_ns_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy_namespaces SEC(".maps");
+
+/* Whether policy_namespaces is complete (xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct policy_gate);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy_gate SEC(".maps");
 
 #define IPPROTO_ICMPV6_	     58
 #define ICMP_ECHOREPLY_	     0
@@ -583,4 +602,35 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 		return verdict(ctx, XDPCNI_V_DROP_CPUMAP_LOST);
 	count(dst_ep->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
 	return verdict(ctx, XDPCNI_V_CPUMAP_DELIVERED);
+}
+
+/*
+ * The hold: attached by the CNI plugin on both tc hooks (tcx ingress and
+ * egress) of a new pod's host veth before either end is up, removed by the
+ * agent once it has classified the pod. Every IP packet to or from the pod
+ * is dropped; ARP and IPv6 neighbour discovery pass (no policy covers them,
+ * and the node's neighbour entry for the pod is then ready when the hold
+ * goes).
+ */
+SEC("classifier")
+int xdpcni_hold(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) <= data_end) {
+		if (eth->h_proto == bpf_htons(ETH_P_ARP))
+			return TC_ACT_OK;
+		if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+			struct ipv6hdr *ip6h = (void *)(eth + 1);
+			__u8 *type = (void *)(ip6h + 1);
+
+			if ((void *)(type + 1) <= data_end && ip6h->nexthdr == IPPROTO_ICMPV6_ &&
+			    *type >= ICMPV6_ND_FIRST && *type <= ICMPV6_ND_LAST)
+				return TC_ACT_OK;
+		}
+	}
+	count(slot_of(skb->ifindex), XDPCNI_V_DROP_HELD, skb->len);
+	return TC_ACT_SHOT;
 }
