@@ -6,7 +6,6 @@ use std::{
 };
 
 use serde_json::Value;
-use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
 
 use crate::{
     error::{Error, Result},
@@ -20,9 +19,10 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/xdpcni";
 /// Default headroom asked of the veth (XDP_PACKET_HEADROOM).
 pub const DEFAULT_HEADROOM: u16 = 256;
 
-pub use xdpcni_node::pod::{parse_cpu_list, XdpMode};
-
-/// The plugin's configuration (a conflist entry of `"type": "xdpcni"`).
+/// The plugin's configuration (a conflist entry of `"type": "xdpcni"`). The
+/// fast path's settings (mode, redirect, CPUs) are the agent's alone: a
+/// conflist that still carries `xdpMode`, `redirect` or `cpus` (written for
+/// an older plugin) parses, and they are ignored like any unknown field.
 #[derive(Clone, Debug)]
 pub struct NetConf {
     /// cniVersion.
@@ -35,12 +35,6 @@ pub struct NetConf {
     pub headroom: u16,
     /// Datapath pin directory.
     pub pin_dir: PathBuf,
-    /// XDP mode for new pods.
-    pub xdp_mode: XdpMode,
-    /// Redirect policy for new pods.
-    pub redirect: RedirectPolicy,
-    /// CPUs a cpumap may deliver on (bit mask); 0 = all online.
-    pub cpu_mask: u64,
     /// Per-attachment records.
     pub state_dir: PathBuf,
     /// Log file; stderr when `None`.
@@ -109,23 +103,6 @@ impl NetConf {
             Some(h) => return Err(Error::config("headroom", format!("{h} is above 2048"))),
         };
         let pin_dir = opt_str(&raw, "pinDir")?.unwrap_or(DEFAULT_PIN_DIR).into();
-        let xdp_mode = match opt_str(&raw, "xdpMode")? {
-            // The hybrid generic mode: the best for mixed traffic (docs/bench.md).
-            None => XdpMode::Xdp(AttachMode::Generic),
-            Some(s) => XdpMode::parse(s).ok_or_else(|| {
-                Error::config("xdpMode", format!("{s:?} is not native, generic or off"))
-            })?,
-        };
-        let redirect = match opt_str(&raw, "redirect")? {
-            None => RedirectPolicy::Devmap,
-            Some(s) => RedirectPolicy::parse(s).ok_or_else(|| {
-                Error::config("redirect", format!("{s:?} is not devmap or cpumap"))
-            })?,
-        };
-        let cpu_mask = match opt_str(&raw, "cpus")? {
-            None | Some("") => 0,
-            Some(s) => parse_cpu_list(s).map_err(|e| Error::config("cpus", e))?,
-        };
         let state_dir = opt_str(&raw, "stateDir")?
             .unwrap_or(DEFAULT_STATE_DIR)
             .into();
@@ -174,9 +151,6 @@ impl NetConf {
             mtu,
             headroom,
             pin_dir,
-            xdp_mode,
-            redirect,
-            cpu_mask,
             state_dir,
             log_file,
             agent_ready_file,
@@ -356,8 +330,6 @@ mod tests {
         let c = conf("").unwrap();
         assert_eq!(c.mtu, 1500);
         assert_eq!(c.headroom, 256);
-        assert_eq!(c.xdp_mode, XdpMode::Xdp(AttachMode::Generic));
-        assert_eq!(c.redirect, RedirectPolicy::Devmap);
         assert_eq!(c.ipam_type, "host-local");
         assert_eq!(c.pin_dir, PathBuf::from(DEFAULT_PIN_DIR));
     }
@@ -368,9 +340,6 @@ mod tests {
             (r#","mtu":10"#, "mtu", 7),
             (r#","mtu":"big""#, "mtu", 7),
             (r#","headroom":9999"#, "headroom", 7),
-            (r#","xdpMode":"turbo""#, "xdpMode", 7),
-            (r#","redirect":"bridge""#, "redirect", 7),
-            (r#","cpus":"3-1""#, "cpus", 7),
             (
                 r#","prevResult":{"ips":[{"address":"nonsense"}]}"#,
                 "prevResult",
@@ -394,16 +363,8 @@ mod tests {
     #[test]
     fn unknown_fields_are_ignored() {
         assert!(conf(r#","somethingNew":{"x":1}"#).is_ok());
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("1").unwrap(), 0b10);
-        assert_eq!(parse_cpu_list("0-3").unwrap(), 0b1111);
-        assert_eq!(parse_cpu_list("0,2,5-6").unwrap(), 0b110_0101);
-        for bad in ["", "a", "1,", "3-1", "64", "0-64", "1-x"] {
-            assert!(parse_cpu_list(bad).is_err(), "{bad}");
-        }
+        // The fast path's settings of an older conflist: the agent's now.
+        assert!(conf(r#","xdpMode":"turbo","redirect":"bridge","cpus":"3-1""#).is_ok());
     }
 
     #[test]

@@ -60,6 +60,12 @@ fn uninstall(dir: &Path) -> i32 {
                     dir.display()
                 );
             }
+            if r.policy_table {
+                eprintln!(
+                    "xdpcni uninstall: removed the NetworkPolicy table inet {}",
+                    xdpcni_node::nftable::TABLE
+                );
+            }
             for pod in &r.pods_left {
                 eprintln!("xdpcni uninstall: pod {pod} is still on the node (kernel routing until it is deleted)");
             }

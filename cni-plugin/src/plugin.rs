@@ -16,16 +16,18 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_ebpf::Datapath;
+use xdpcni_node::gate;
 
 use crate::{
-    config::{CniEnv, NetConf, XdpMode},
+    config::{CniEnv, NetConf},
     error::{Error, Result},
     ethtool::{self, Offload},
     hook, ipam,
     log::Log,
     netlink::Netlink,
     netns::in_netns,
-    pod, source_check,
+    pod::{self, XdpMode},
+    source_check,
     state::{self, Record},
     types::{self, Cidr, CniResult, Interface, IpConfig, Route},
 };
@@ -70,16 +72,9 @@ fn write_sysctl(path: &str, value: &str) -> Result<()> {
 struct Progress {
     ipam: bool,
     host_ifindex: Option<u32>,
-    endpoints: Vec<IpAddr>,
-    tx_port: bool,
-    attached: bool,
+    /// The datapath knows the veth (a hold, its counter slot).
+    datapath: bool,
     record: bool,
-}
-
-/// The offloads of the pod's eth0 in `mode` (the table is pod::offloads).
-fn pod_offloads(ifname: &str, mode: XdpMode) -> Result<()> {
-    pod::ensure_offloads(ifname, &pod::offloads(mode))
-        .map_err(|e| Error::io(format!("offloads of {ifname}"), e))
 }
 
 /// ADD.
@@ -120,9 +115,10 @@ pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
 }
 
 /// One ADD in progress: its inputs and what it has done so far (for the
-/// undo). Its steps, in order: addresses (IPAM), veth pair, pod side, host
-/// side, datapath, record; each step is a method, and a failure after any
-/// of them is undone by `undo_add` from `progress`.
+/// undo). Its steps, in order: addresses (IPAM), veth pair, policy gate (the
+/// hold), pod side, host side, record; each step is a method, and a failure
+/// after any of them is undone by `undo_add` from `progress`. ADD leaves the
+/// pod on kernel routing: its fast path is the agent's to decide and attach.
 struct Add<'a> {
     conf: &'a NetConf,
     env: &'a CniEnv,
@@ -146,13 +142,13 @@ impl Add<'_> {
         let ips: Vec<IpAddr> = ipam.ips.iter().map(|c| c.address.ip).collect();
         let host = self.veth_pair()?;
         fail_point("veth")?;
+        self.gate(&host.link)?;
+        fail_point("hold")?;
         let pod_mac = self.pod_side(&ips, &host.link)?;
         fail_point("pod")?;
         self.host_side(&ips, &host.link)?;
         fail_point("routes")?;
-        let mode = self.datapath(&ips, &host.link, pod_mac)?;
-        fail_point("datapath")?;
-        self.record(&ips, &host, pod_mac, mode)?;
+        self.record(&ips, &host, pod_mac)?;
         hook::stop_point("add:record");
         Ok(self.result(&ips, &host.link, pod_mac, ipam.dns))
     }
@@ -166,7 +162,7 @@ impl Add<'_> {
         Ok(result)
     }
 
-    /// Step 2: the veth pair (pod end moved into the netns), the host end up
+    /// Step 2: the veth pair (pod end created in the netns, both ends down)
     /// with the headroom asked for; reports what the kernel granted.
     fn veth_pair(&mut self) -> Result<HostSide> {
         let (conf, name) = (self.conf, self.host_name);
@@ -183,7 +179,6 @@ impl Add<'_> {
         // No DAD on the host veth's link-local: the node must solicit the
         // pod's IPv6 address right away.
         let _ = write_sysctl(&format!("/proc/sys/net/ipv6/conf/{name}/accept_dad"), "0");
-        self.nl.set_up(link.index)?;
         // Headroom: veth has no attribute for it; ask anyway, then report
         // what the kernel says it has (IFLA_HEADROOM).
         if let Err(e) = self.nl.set_headroom(link.index, conf.headroom) {
@@ -203,14 +198,48 @@ impl Add<'_> {
         })
     }
 
-    /// Step 3, inside the pod: addresses, the gateway's permanent neighbour
-    /// entry, routes, and the offloads the mode needs. Returns the pod MAC.
-    fn pod_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<[u8; 6]> {
-        let want_mode = if self.conf.datapath_present() {
-            self.conf.xdp_mode
-        } else {
-            XdpMode::Off
+    /// Step 3, the policy gate, before either end is up: a pod that a
+    /// NetworkPolicy may select is held (every IP packet to and from it
+    /// dropped, `drop_held`) until the agent has classified it; the
+    /// decision is `gate::hold_reason`'s, from the maps the agent keeps, so
+    /// it holds while the agent is down too. Without a pinned datapath no
+    /// pod could be held, so none is admitted: the runtime retries once the
+    /// agent has loaded it.
+    fn gate(&mut self, host: &crate::netlink::Link) -> Result<()> {
+        let conf = self.conf;
+        if !conf.datapath_present() {
+            return Err(Error::TryAgain(format!(
+                "the datapath is not pinned at {}: the xdpcni agent has not loaded it on this \
+                 node, and no pod is admitted before it could be held for its NetworkPolicies",
+                conf.pin_dir.display()
+            )));
+        }
+        let mut dp = Datapath::open_existing(&conf.pin_dir)?;
+        let namespace = self
+            .env
+            .args
+            .get("K8S_POD_NAMESPACE")
+            .map_or("", String::as_str);
+        let Some(why) = gate::hold_reason(dp.maps(), namespace)? else {
+            return Ok(());
         };
+        // Recorded first: the undo releases a hold made only in part.
+        self.progress.datapath = true;
+        // The hold's drops count as the pod's own (its slot stays its own
+        // when the agent attaches it).
+        dp.maps_mut().claim_slot(host.index)?;
+        dp.hold(host.index, &host.name)?;
+        self.log.info(&format!(
+            "{}: held until the agent classifies the pod: {why}",
+            host.name
+        ));
+        Ok(())
+    }
+
+    /// Step 4, inside the pod: addresses, the gateway's permanent neighbour
+    /// entry, routes, and the offloads of kernel routing (the agent sets
+    /// those of the mode it attaches). Returns the pod MAC.
+    fn pod_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<[u8; 6]> {
         let ifname = self.env.ifname.as_str();
         let host_mac = host.mac;
         in_netns(self.netns, || -> Result<[u8; 6]> {
@@ -230,16 +259,18 @@ impl Add<'_> {
                 }
                 pnl.add_route(unspecified(*ip), 0, Some(gw), pod.index)?;
             }
-            pod_offloads(ifname, want_mode)?;
+            pod::ensure_offloads(ifname, &pod::offloads(XdpMode::Off))
+                .map_err(|e| Error::io(format!("offloads of {ifname}"), e))?;
             Ok(pod.mac)
         })
     }
 
-    /// Step 4, on the node: a host route per pod address, forwarding on,
-    /// and the kernel path's source check (what the datapath's
-    /// `drop_spoofed` is on the fast path): strict rp_filter on the veth,
-    /// and for IPv6 the node's `rpfilter` rule.
+    /// Step 5, on the node: the host veth up, a host route per pod address,
+    /// forwarding on, and the kernel path's source check (what the
+    /// datapath's `drop_spoofed` is on the fast path): strict rp_filter on
+    /// the veth, and for IPv6 the node's `rpfilter` rule.
     fn host_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<()> {
+        self.nl.set_up(host.index)?;
         source_check::ipv4_strict(&host.name)
             .map_err(|e| Error::io(format!("strict rp_filter on {}", host.name), e))?;
         if ips.iter().any(IpAddr::is_ipv6) {
@@ -263,83 +294,9 @@ impl Add<'_> {
         Ok(())
     }
 
-    /// Step 5: the pod as an endpoint of the datapath, attached in the
-    /// configured mode with the fallback native -> generic -> off when the
-    /// kernel refuses (the decisions and their order are pod::converge's,
-    /// shared with the agent). Kernel routing only when no datapath is
-    /// pinned. Returns the mode attached.
-    fn datapath(
-        &mut self,
-        ips: &[IpAddr],
-        host: &crate::netlink::Link,
-        pod_mac: [u8; 6],
-    ) -> Result<XdpMode> {
-        let (conf, log, ifname) = (self.conf, self.log, self.env.ifname.as_str());
-        if !conf.datapath_present() {
-            log.info("datapath not pinned: kernel routing only");
-            return Ok(XdpMode::Off);
-        }
-        let mut dp = Datapath::open_existing(&conf.pin_dir)?;
-        let cpu_mask = match conf.cpu_mask {
-            0 => pod::online_cpus(),
-            m => m,
-        };
-        let info = pod::endpoint_info(
-            host.index,
-            pod::Mac(pod_mac),
-            pod::Mac(host.mac),
-            conf.redirect,
-            conf.mtu,
-            cpu_mask,
-        );
-        // Recorded before the first write, so the undo removes them if any fails.
-        self.progress.endpoints.extend_from_slice(ips);
-        dp.maps_mut().add_tx_port(host.index)?;
-        self.progress.tx_port = true;
-        pod::enable_cpus(&mut dp, conf.redirect, cpu_mask)?;
-        let attachment = pod::Attachment {
-            netns: self.netns,
-            ifname,
-            host_ifindex: host.index,
-            ips,
-            info,
-        };
-        let done = pod::converge(&mut dp, &attachment, conf.xdp_mode).map_err(|e| match e {
-            pod::ConvergeError::Datapath(e) => Error::from(e),
-            pod::ConvergeError::Offloads { source, .. } => {
-                Error::io(format!("offloads of {ifname} in the pod"), source)
-            }
-        })?;
-        self.progress.attached = done.mode != XdpMode::Off;
-        if let Some(full) = &done.map_full {
-            log.warn(&format!(
-                "{}: kernel routing only, the datapath has no room: {full}",
-                host.name
-            ));
-        }
-        for r in &done.refused {
-            log.warn(&format!(
-                "{} XDP refused on {}: {}",
-                r.mode, host.name, r.error
-            ));
-        }
-        if done.mode == XdpMode::Off && conf.xdp_mode != XdpMode::Off {
-            log.warn(&format!(
-                "{}: no XDP mode accepted, kernel routing only",
-                host.name
-            ));
-        }
-        Ok(done.mode)
-    }
-
-    /// Step 6: the attachment record the agent, CHECK, DEL and GC read.
-    fn record(
-        &mut self,
-        ips: &[IpAddr],
-        host: &HostSide,
-        pod_mac: [u8; 6],
-        mode: XdpMode,
-    ) -> Result<()> {
+    /// Step 6: the attachment record the agent, CHECK, DEL and GC read (its
+    /// appearance wakes the agent, which attaches the fast path).
+    fn record(&mut self, ips: &[IpAddr], host: &HostSide, pod_mac: [u8; 6]) -> Result<()> {
         let (conf, env) = (self.conf, self.env);
         let rec = Record {
             container_id: env.container_id.clone(),
@@ -353,8 +310,6 @@ impl Add<'_> {
             mtu: conf.mtu,
             headroom_requested: conf.headroom,
             headroom_effective: host.headroom_effective,
-            xdp_mode: mode,
-            redirect: conf.redirect,
             pod_namespace: env
                 .args
                 .get("K8S_POD_NAMESPACE")
@@ -447,10 +402,10 @@ fn undo_add(
         }
     }
     if let Some(index) = p.host_ifindex {
-        if p.attached || p.tx_port || !p.endpoints.is_empty() {
+        if p.datapath {
             match Datapath::open_existing(&conf.pin_dir) {
                 Ok(mut dp) => {
-                    if let Err(e) = forget_endpoint(&mut dp, index, &p.endpoints, true) {
+                    if let Err(e) = forget_endpoint(&mut dp, index, &[], true) {
                         errors.push(e);
                     }
                 }
@@ -476,9 +431,9 @@ fn undo_add(
 }
 
 /// Removes what the datapath knows of an endpoint on `ifindex`: when
-/// `owns_ifindex`, its link, every endpoint record pointing at it, its
-/// devmap entry and counters; otherwise (the ifindex is another pod's now)
-/// only the records of `ips` still pointing at it.
+/// `owns_ifindex`, its XDP link, its hold, every endpoint record pointing at
+/// it, its devmap entry and counters; otherwise (the ifindex is another
+/// pod's now) only the records of `ips` still pointing at it.
 fn forget_endpoint(
     dp: &mut Datapath,
     ifindex: u32,
@@ -498,6 +453,7 @@ fn forget_endpoint(
         return Ok(());
     }
     dp.detach(ifindex)?;
+    dp.release(ifindex)?;
     hook::stop_point("del:detached");
     dp.maps_mut().remove_endpoints_of(ifindex)?;
     hook::stop_point("del:endpoints");
@@ -619,8 +575,10 @@ fn existing_netns(env: &CniEnv) -> Result<std::path::PathBuf> {
     Ok(netns)
 }
 
-/// CHECK: the pod's interface, addresses, routes and endpoint record still
-/// match prevResult.
+/// CHECK: the pod's interface, addresses, routes and host veth still match
+/// prevResult, and any endpoint record of its addresses points at its veth
+/// (the agent writes them once it attaches the fast path; a pod on kernel
+/// routing, or held, has none).
 pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
     require_version(conf, "0.4.0", "CHECK")?;
     let prev = conf
@@ -676,18 +634,14 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
         let dp = xdpcni_ebpf::Maps::open_pinned(&conf.pin_dir)?;
         for ip in &want {
             match dp.endpoint(*ip)? {
-                Some(e) if e.ifindex == host.index => {}
-                Some(e) => {
+                Some(e) if e.ifindex != host.index => {
                     return bad(format!(
                         "endpoint {ip} points at ifindex {}, not {}",
                         e.ifindex, host.index
                     ))
                 }
-                None => return bad(format!("no endpoint record for {ip}")),
+                Some(_) | None => {}
             }
-        }
-        if !dp.has_tx_port(host.index)? {
-            return bad(format!("{host_name} is not a redirect target"));
         }
     }
     ipam::exec(conf, env, "CHECK", &env.container_id, &env.ifname)?;

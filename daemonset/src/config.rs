@@ -10,6 +10,14 @@ use xdpcni_node::pod::{parse_cpu_list, XdpMode};
 
 use crate::{node::Annotations, policy::Policy};
 
+fn default_mode() -> String {
+    xdpcni_node::pod::DEFAULT_MODE.as_str().into()
+}
+
+fn default_redirect() -> String {
+    xdpcni_ebpf::abi::RedirectPolicy::default().as_str().into()
+}
+
 fn default_interval() -> u64 {
     500
 }
@@ -42,9 +50,12 @@ pub struct Config {
     /// Address of /metrics, /healthz, /readyz ([`DEFAULT_LISTEN`] if absent).
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// Node defaults: `native`, `generic` or `off`.
+    /// Node defaults: `native`, `generic` or `off` (default: generic, the
+    /// hybrid, the best for mixed traffic: docs/bench.md).
+    #[serde(default = "default_mode")]
     pub xdp_mode: String,
-    /// Node default redirect: `devmap` or `cpumap`.
+    /// Node default redirect: `devmap` (the default) or `cpumap`.
+    #[serde(default = "default_redirect")]
     pub redirect: String,
     /// Node default cpumap CPUs (empty: all online).
     #[serde(default)]

@@ -34,7 +34,8 @@ use crate::{
     apply::ApplyError,
     config::Config,
     forward,
-    metrics::{Metrics, PodView, Stage, CONTENT_TYPE},
+    metrics::{Metrics, PodView, PolicyView, Stage, CONTENT_TYPE},
+    netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
     node::{is_live, pod_key, PodInput, PodKey, PodOutcome, Reconciler},
 };
 
@@ -79,6 +80,11 @@ pub struct Core {
     converged: Mutex<HashMap<String, bool>>,
     ready: AtomicBool,
     blocked: Mutex<Blocked>,
+    enforcer: Mutex<Enforcer>,
+    /// The local pods NetworkPolicies isolate, as last put in force; `None`
+    /// until the policies were first listed and applied (pod reconciles
+    /// wait for it: kernel-only is never decided from half a picture).
+    isolated: watch::Sender<Option<std::collections::BTreeSet<PodKey>>>,
 }
 
 /// Pods named by FORWARD rules, and when the rules were last read.
@@ -130,9 +136,10 @@ impl Core {
         // never waiting for a reconcile.
         let maps = Maps::open_pinned(&cfg.pin_dir)
             .with_context(|| format!("opening the maps at {}", cfg.pin_dir.display()))?;
-        let metrics = Metrics::new(Box::new(move |ifindex| {
-            maps.counters(ifindex).unwrap_or_default()
-        }));
+        let metrics = Metrics::new(
+            Box::new(move |ifindex| maps.counters(ifindex).unwrap_or_default()),
+            Box::new(|| Enforcer::counters().unwrap_or_default()),
+        );
         Ok(Arc::new(Self {
             cfg,
             reconciler: Mutex::new(Reconciler::new(dp, defaults, online)),
@@ -140,7 +147,74 @@ impl Core {
             converged: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
             blocked: Mutex::new(Blocked::default()),
+            enforcer: Mutex::new(Enforcer::new()),
+            isolated: watch::channel(None).0,
         }))
+    }
+
+    /// Puts `e` in force (one nftables transaction, on a blocking thread),
+    /// timed and counted; the policy metrics follow what is in force.
+    pub async fn enforce(self: &Arc<Self>, e: Enforcement) -> Result<Applied, NetpolError> {
+        let core = Arc::clone(self);
+        let done = tokio::task::spawn_blocking(move || {
+            let applied = core
+                .enforcer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .apply(&e);
+            if let Ok(a) = &applied {
+                if a.changed {
+                    core.metrics.policy_apply.observe(a.seconds);
+                }
+                core.metrics.show_policy(PolicyView::of(&e, a.rules));
+            }
+            applied
+        })
+        .await;
+        let applied = match done {
+            Ok(r) => r,
+            Err(e) => Err(NetpolError::Listing {
+                what: "apply",
+                why: format!("the apply task failed: {e}"),
+            }),
+        };
+        if let Err(e) = &applied {
+            warn!(error = %e, "NetworkPolicy rules not applied");
+            self.metrics.error(Stage::Netpol);
+        }
+        applied
+    }
+
+    /// Records which local pods policies isolate now (what pod reconciles
+    /// read); returns the pods whose isolation changed.
+    pub fn set_isolated(
+        &self,
+        now: std::collections::BTreeSet<PodKey>,
+    ) -> std::collections::BTreeSet<PodKey> {
+        let mut changed = std::collections::BTreeSet::new();
+        self.isolated.send_modify(|cur| {
+            let before = cur.take().unwrap_or_default();
+            changed = before.symmetric_difference(&now).cloned().collect();
+            *cur = Some(now);
+        });
+        changed
+    }
+
+    /// Waits until the policies were first put in force (at once in
+    /// standalone mode, which has none).
+    pub async fn policies_known(&self) {
+        let mut rx = self.isolated.subscribe();
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+
+    /// Whether the pod must take the kernel path both ways: a NetworkPolicy
+    /// isolates it, or a FORWARD rule names it.
+    pub fn kernel_only(&self, key: &PodKey) -> bool {
+        self.isolated
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.contains(key))
+            || self.is_blocked(key)
     }
 
     /// The configuration.
@@ -242,6 +316,104 @@ impl Core {
                 Err(e.into())
             }
         }
+    }
+
+    /// Runs `f` on the reconciler, on a blocking thread (it makes syscalls).
+    pub async fn with_reconciler<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Reconciler) -> T + Send + 'static,
+    ) -> Result<T> {
+        let core = Arc::clone(self);
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
+            f(&mut core
+                .reconciler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner))
+        })
+        .await
+        .context("the reconciler task failed")
+    }
+
+    /// Writes the policy gate the CNI reads (the namespaces that hold
+    /// NetworkPolicies); a failure is counted, logged and returned.
+    pub async fn write_gate(self: &Arc<Self>, namespaces: BTreeMap<String, u32>) -> Result<()> {
+        let written = self
+            .with_reconciler(move |r| r.write_gate(&namespaces))
+            .await?;
+        if let Err(e) = &written {
+            warn!(error = %e, "writing the policy gate: every new pod is held until it works");
+            self.metrics.error(Stage::Gate);
+        }
+        written.map(drop).map_err(Into::into)
+    }
+
+    /// Ends the hold of each record of `records` whose pod is held; the
+    /// records released. A failure is counted and logged; the pod stays
+    /// held.
+    pub async fn release(self: &Arc<Self>, records: Vec<Record>) -> Vec<Record> {
+        let core = Arc::clone(self);
+        let done = self
+            .with_reconciler(move |r| {
+                let mut out = Vec::new();
+                for rec in records {
+                    match r.release(&rec) {
+                        Ok(true) => out.push(rec),
+                        Ok(false) => {}
+                        Err(e) => {
+                            warn!(error = %e, host_veth = %rec.host_veth, "releasing a hold");
+                            core.metrics.error(Stage::Gate);
+                        }
+                    }
+                }
+                out
+            })
+            .await;
+        done.unwrap_or_default()
+    }
+
+    /// Wakes every one of `targets` when the CNI writes or removes a record
+    /// in the state directory (inotify), so an ADD reaches the agent at once
+    /// rather than at the next `intervalMs`.
+    pub fn watch_records(&self, targets: Vec<Arc<tokio::sync::Notify>>) -> Result<()> {
+        use futures::StreamExt;
+        use inotify::{Inotify, WatchMask};
+        let dir = &self.cfg.state_dir;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let inotify = Inotify::init().context("inotify")?;
+        inotify
+            .watches()
+            .add(
+                dir,
+                WatchMask::MOVED_TO | WatchMask::DELETE | WatchMask::CLOSE_WRITE,
+            )
+            .with_context(|| format!("watching {}", dir.display()))?;
+        let mut events = inotify
+            .into_event_stream([0u8; 4096])
+            .context("inotify stream")?;
+        tokio::spawn(async move {
+            while let Some(ev) = events.next().await {
+                match ev {
+                    Ok(ev)
+                        if ev
+                            .name
+                            .as_ref()
+                            .is_some_and(|n| n.to_string_lossy().ends_with(".json")) =>
+                    {
+                        for t in &targets {
+                            t.notify_one();
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        warn!(error = %e, "watching the records stopped; intervalMs only");
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Re-creates the datapath if its pins were removed; whether it did

@@ -1,6 +1,7 @@
 //! `install-cni`: what the chart's init container runs on every node. Builds
 //! the CNI conflist for this node (its pod CIDRs from the Node object, the
-//! agent's datapath settings) and hands it to the plugin crate's installer
+//! veth settings and the paths it shares with the agent; the fast path's
+//! mode is the agent's alone) and hands it to the plugin crate's installer
 //! (`xdpcni_node::install`), which the node clean-up (`xdpcni uninstall`)
 //! shares.
 
@@ -43,14 +44,9 @@ pub fn conflist(cfg: &Config, cidrs: &[String]) -> Value {
         "mtu": cfg.mtu.unwrap_or(1500),
         "headroom": cfg.headroom.unwrap_or(256),
         "pinDir": cfg.pin_dir,
-        "xdpMode": cfg.xdp_mode,
-        "redirect": cfg.redirect,
         "stateDir": cfg.state_dir,
         "ipam": { "type": "host-local", "ranges": ranges },
     });
-    if !cfg.cpus.is_empty() {
-        xdpcni["cpus"] = json!(cfg.cpus);
-    }
     if let Some(r) = &cfg.ready_file {
         xdpcni["agentReadyFile"] = json!(r);
     }

@@ -8,6 +8,8 @@
 //! - `core`: shared by both modes: the reconciler behind a lock, metrics,
 //!   readiness, HTTP, shutdown.
 //! - `kube` (Kubernetes mode, a kube-runtime controller) and `standalone`.
+//! - `netpol`: NetworkPolicy enforcement (what policies mean for this
+//!   node's pods, as one nftables ruleset).
 //! - `routes`, `install`, `prepare`: routes to other nodes, install-cni,
 //!   prepare-node.
 
@@ -18,6 +20,7 @@ pub mod forward;
 pub mod install;
 pub mod kube;
 pub mod metrics;
+pub mod netpol;
 pub mod node;
 pub mod policy;
 pub mod prepare;

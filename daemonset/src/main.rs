@@ -7,8 +7,9 @@
 //! xdpcni-agent prepare-node [--host-proc /host/proc] [--bpf-root /sys/fs/bpf] [--netns-dir /run/netns]
 //!                                         the chart's first init container: bpffs and the netns mount
 //! xdpcni-agent uninstall [--pin-dir DIR] [--state-dir DIR]
-//!                                         detach the datapath everywhere and unpin it; with
-//!                                         --state-dir, also remove what install-cni installed
+//!                                         detach the datapath everywhere and unpin it, remove
+//!                                         the NetworkPolicy table; with --state-dir, also
+//!                                         remove what install-cni installed
 //! ```
 
 use std::path::PathBuf;
@@ -154,6 +155,12 @@ fn main() -> Result<()> {
                 "xdpcni-agent: datapath at {} detached and unpinned",
                 pin_dir.display()
             );
+            if xdpcni_node::nftable::remove_table().context("removing the NetworkPolicy table")? {
+                eprintln!(
+                    "xdpcni-agent: NetworkPolicy table inet {} removed",
+                    xdpcni_node::nftable::TABLE
+                );
+            }
             Ok(())
         }
     }

@@ -68,11 +68,15 @@ pub enum Stage {
     Gc,
     /// Re-creating a datapath whose pins were removed.
     Pins,
+    /// Writing the policy gate, or holding and releasing pods.
+    Gate,
+    /// Applying NetworkPolicy rules (nftables).
+    Netpol,
 }
 
 impl Stage {
     /// Every stage (all are exported from the start, at 0).
-    pub const ALL: [Stage; 7] = [
+    pub const ALL: [Stage; 9] = [
         Self::Apply,
         Self::Records,
         Self::NatPorts,
@@ -80,6 +84,8 @@ impl Stage {
         Self::Event,
         Self::Gc,
         Self::Pins,
+        Self::Gate,
+        Self::Netpol,
     ];
 
     /// The label value.
@@ -92,6 +98,8 @@ impl Stage {
             Self::Event => "event",
             Self::Gc => "gc",
             Self::Pins => "pins",
+            Self::Gate => "gate",
+            Self::Netpol => "netpol",
         }
     }
 }
@@ -217,10 +225,149 @@ impl Collector for PodsCollector {
     }
 }
 
+/// What /metrics shows of the NetworkPolicy rules in force.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyView {
+    /// Each isolated local pod: (namespace, pod, ingress, egress).
+    pub pods: Vec<(String, String, bool, bool)>,
+    /// NetworkPolicies that select at least one local pod.
+    pub policies: usize,
+    /// Rules in the ruleset in force.
+    pub rules: usize,
+}
+
+impl PolicyView {
+    /// The view of `e`, in force with `rules` rules.
+    pub fn of(e: &crate::netpol::model::Enforcement, rules: usize) -> Self {
+        let policies: std::collections::BTreeSet<&String> =
+            e.pods.values().flat_map(|p| &p.policies).collect();
+        Self {
+            pods: e
+                .pods
+                .iter()
+                .map(|((ns, pod), r)| {
+                    (
+                        ns.clone(),
+                        pod.clone(),
+                        r.ingress.is_some(),
+                        r.egress.is_some(),
+                    )
+                })
+                .collect(),
+            policies: policies.len(),
+            rules,
+        }
+    }
+}
+
+/// Reads the policy table's named counters: name -> (packets, bytes).
+pub type PolicyCounterSource = Box<dyn Fn() -> BTreeMap<String, (u64, u64)> + Send + Sync>;
+
+/// The NetworkPolicy families: what is in force, and the drops by pod read
+/// from nftables counters at scrape time.
+pub struct PolicyCollector {
+    source: PolicyCounterSource,
+    view: Mutex<PolicyView>,
+}
+
+impl fmt::Debug for PolicyCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for PolicyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use crate::netpol::{model::Direction, nft};
+        let view = self
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let counters = if view.pods.is_empty() {
+            BTreeMap::new()
+        } else {
+            (self.source)()
+        };
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_policy_isolated_pods",
+            "Pods of this node that NetworkPolicies isolate, by direction (their traffic takes the kernel path, where the rules are)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (direction, pick) in [
+            (
+                "ingress",
+                (|p: &(String, String, bool, bool)| p.2) as fn(&_) -> bool,
+            ),
+            ("egress", |p| p.3),
+        ] {
+            let n = view.pods.iter().filter(|p| pick(p)).count();
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("direction", direction)])?)?;
+        }
+        for (name, help, value) in [
+            (
+                "xdpcni_policy_policies",
+                "NetworkPolicies in force on this node (selecting at least one of its pods)",
+                view.policies,
+            ),
+            (
+                "xdpcni_policy_rules",
+                "nftables rules in force in table inet xdpcni",
+                view.rules,
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(family)?;
+        }
+        for bytes in [false, true] {
+            let unit = if bytes { "bytes" } else { "packets" };
+            let name = format!("xdpcni_policy_drop_{unit}");
+            let help = format!(
+                "{unit} NetworkPolicy rules dropped, by pod and direction (nftables counters)"
+            );
+            let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+            for (ns, pod, ingress, egress) in &view.pods {
+                for (direction, isolated) in
+                    [(Direction::Ingress, *ingress), (Direction::Egress, *egress)]
+                {
+                    if !isolated {
+                        continue;
+                    }
+                    let c = counters
+                        .get(&nft::counter_name(&(ns.clone(), pod.clone()), direction))
+                        .copied()
+                        .unwrap_or_default();
+                    let labels = [
+                        ("namespace", Escaped(ns)),
+                        ("pod", Escaped(pod)),
+                        ("direction", Escaped(direction.as_str())),
+                    ];
+                    ConstCounter::new(if bytes { c.1 } else { c.0 })
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        let invalid = counters.get(nft::DROP_INVALID).map_or(0, |c| c.0);
+        let family = encoder.encode_descriptor(
+            "xdpcni_policy_invalid_drop_packets",
+            "Packets to or from isolated pods dropped because conntrack found them invalid or untracked",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(invalid).encode(family)?;
+        Ok(())
+    }
+}
+
 /// The agent's metrics.
 pub struct Metrics {
     registry: Registry,
     pods: std::sync::Arc<PodsCollector>,
+    policy: std::sync::Arc<PolicyCollector>,
+    /// `xdpcni_policy_apply_duration_seconds`: one nftables transaction.
+    pub policy_apply: Histogram,
     /// `xdpcni_reconcile_errors_total{stage}`.
     pub errors: Family<OneLabel, Counter>,
     /// `xdpcni_reconcile_duration_seconds{scope="pod"|"node"}`.
@@ -241,8 +388,9 @@ fn duration_histogram() -> Histogram {
 }
 
 impl Metrics {
-    /// Metrics whose per-pod families read `source` at scrape time.
-    pub fn new(source: CounterSource) -> Self {
+    /// Metrics whose per-pod families read `source` at scrape time, and the
+    /// policy drop counters `policy_source`.
+    pub fn new(source: CounterSource, policy_source: PolicyCounterSource) -> Self {
         let mut registry = Registry::default();
         let errors = Family::<OneLabel, Counter>::default();
         for stage in Stage::ALL {
@@ -289,9 +437,22 @@ impl Metrics {
             pods: Mutex::new(BTreeMap::new()),
         });
         registry.register_collector(Box::new(std::sync::Arc::clone(&pods)));
+        let policy = std::sync::Arc::new(PolicyCollector {
+            source: policy_source,
+            view: Mutex::new(PolicyView::default()),
+        });
+        registry.register_collector(Box::new(std::sync::Arc::clone(&policy)));
+        let policy_apply = duration_histogram();
+        registry.register(
+            "xdpcni_policy_apply_duration_seconds",
+            "Time of one nftables transaction putting the node's NetworkPolicy rules in force",
+            policy_apply.clone(),
+        );
         Self {
             registry,
             pods,
+            policy,
+            policy_apply,
             errors,
             duration,
             policy_problems,
@@ -324,6 +485,15 @@ impl Metrics {
             .insert(container_id.to_string(), view);
     }
 
+    /// Shows the NetworkPolicy rules in force.
+    pub fn show_policy(&self, view: PolicyView) {
+        *self
+            .policy
+            .view
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = view;
+    }
+
     /// Keeps only the pods whose container IDs `keep` accepts.
     pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
         self.pods
@@ -352,7 +522,7 @@ mod tests {
 
     #[test]
     fn families_by_verdict_kind_modes_errors_and_histogram() {
-        let m = Metrics::new(Box::new(|_| Counters::default()));
+        let m = Metrics::new(Box::new(|_| Counters::default()), Box::new(BTreeMap::new));
         m.show_pod(
             "c1",
             PodView {

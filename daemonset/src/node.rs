@@ -123,7 +123,9 @@ impl Reconciler {
     }
 
     /// Applies the policy of `pod` (annotations over the node defaults) to
-    /// the pod of `rec`.
+    /// the pod of `rec`. A held pod (see [`Reconciler::release`]) is kept on
+    /// kernel routing with kernel-only records whatever its input: the fast
+    /// path would carry its frames past the hold.
     pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {
         let key = pod_key(rec);
         let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
@@ -139,13 +141,11 @@ impl Reconciler {
             };
             return Ok(self.outcome(key, XdpMode::Off, false, false, vec![problem]));
         }
-        let applied = apply(&mut self.dp, rec, &policy, pod.kernel_only)?;
+        let held = self.dp.is_held(rec.host_ifindex);
+        let kernel_only = pod.kernel_only || held;
+        let applied = apply(&mut self.dp, rec, &policy, kernel_only)?;
         if applied.changed {
-            info!(
-                mode = applied.mode.as_str(),
-                kernel_only = pod.kernel_only,
-                "applied"
-            );
+            info!(mode = applied.mode.as_str(), kernel_only, held, "applied");
         }
         problems.extend(applied.problems);
         Ok(self.outcome(
@@ -185,6 +185,66 @@ impl Reconciler {
             map_full,
             new_problems,
         }
+    }
+
+    /// Ends the hold the CNI put on the pod of `rec` at ADD (its namespace
+    /// may have NetworkPolicies): called once the pod is classified (its
+    /// policies are known and, if any selects it, their rules are in the
+    /// kernel). The pod is on kernel routing after; its next reconcile
+    /// attaches its mode. Whether it was held.
+    pub fn release(&mut self, rec: &Record) -> Result<bool, xdpcni_ebpf::Error> {
+        if !veth_present(rec) {
+            return Ok(false);
+        }
+        let released = self.dp.release(rec.host_ifindex)?;
+        if released {
+            info!(host_veth = %rec.host_veth, "hold released: the pod is classified");
+        }
+        Ok(released)
+    }
+
+    /// Flags the endpoint records of `rec` kernel-only at once (a policy now
+    /// isolates the pod: the fast path must stop carrying its frames before
+    /// its reconcile detaches XDP).
+    pub fn flag_kernel_only(&mut self, rec: &Record) -> Result<(), xdpcni_ebpf::Error> {
+        for ip in &rec.ips {
+            self.dp.maps_mut().flag_kernel_only(*ip)?;
+        }
+        Ok(())
+    }
+
+    /// Holds the pod of `rec` (drops every IP packet to and from it), as the
+    /// CNI does at ADD: for a pod whose policies cannot be put in force. Its
+    /// endpoint records are flagged kernel-only first: the fast path would
+    /// carry its frames past the hold (its reconcile then detaches XDP).
+    pub fn hold(&mut self, rec: &Record) -> Result<bool, xdpcni_ebpf::Error> {
+        if !veth_present(rec) {
+            return Ok(false);
+        }
+        self.flag_kernel_only(rec)?;
+        self.dp.maps_mut().claim_slot(rec.host_ifindex)?;
+        self.dp.hold(rec.host_ifindex, &rec.host_veth)
+    }
+
+    /// Whether the pod of `rec` is held.
+    pub fn is_held(&self, rec: &Record) -> bool {
+        self.dp.is_held(rec.host_ifindex)
+    }
+
+    /// Writes the policy gate the CNI reads at ADD: the namespaces that hold
+    /// NetworkPolicies (name -> how many), complete.
+    pub fn write_gate(
+        &mut self,
+        namespaces: &BTreeMap<String, u32>,
+    ) -> Result<bool, xdpcni_ebpf::Error> {
+        let maps = self.dp.maps_mut();
+        let gate = maps.policy_gate()?;
+        if gate.complete == 1 && maps.policy_namespaces()? == *namespaces {
+            return Ok(false);
+        }
+        maps.write_policy_gate(namespaces)?;
+        info!(namespaces = namespaces.len(), "policy gate written");
+        Ok(true)
     }
 
     /// Re-creates the datapath when its pins were removed from under it
@@ -277,8 +337,6 @@ pub(crate) fn test_record(ns: &str, name: &str, id: &str, ips: Vec<IpAddr>) -> R
         mtu: 1500,
         headroom_requested: 256,
         headroom_effective: None,
-        xdp_mode: XdpMode::Off,
-        redirect: xdpcni_ebpf::abi::RedirectPolicy::Devmap,
         pod_namespace: ns.into(),
         pod_name: name.into(),
     }

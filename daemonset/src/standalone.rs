@@ -1,9 +1,16 @@
 //! Standalone mode: no Kubernetes. Each pod's annotations come from a local
-//! JSON file (`podsFile`), read every `intervalMs` (there is no watch to wait
-//! on); every live record is reconciled through the core, then the node-wide
-//! work runs. Used by the demo and by runtimes without Kubernetes.
+//! JSON file (`podsFile`), read every `intervalMs` and whenever the CNI
+//! writes or removes a record; every live record is reconciled through the
+//! core, then the node-wide work runs. There are no NetworkPolicies: the
+//! policy gate lists no namespace, and a pod held at ADD (before the gate
+//! was written) is released at once. Used by the demo and by runtimes
+//! without Kubernetes.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context, Result};
 use tracing::{info, warn, Instrument};
@@ -24,6 +31,10 @@ pub async fn run(cfg: Config) -> Result<()> {
     let interval = Duration::from_millis(cfg.interval_ms);
     let core = Core::open(cfg).await?;
     core.serve(shutdown.clone()).await?;
+    // No NetworkPolicies without Kubernetes: no pod is isolated.
+    core.set_isolated(Default::default());
+    let records_changed = Arc::new(tokio::sync::Notify::new());
+    core.watch_records(vec![Arc::clone(&records_changed)])?;
     let mut pods = HashMap::new();
     while !shutdown.is_set() {
         match read_pods_file(&pods_file) {
@@ -31,7 +42,12 @@ pub async fn run(cfg: Config) -> Result<()> {
             Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
         }
         core.ensure_pinned().await;
+        // No policies here: new pods need no hold, and held ones are
+        // classified already. (A failure is counted; the next pass retries.)
+        let _ = core.write_gate(BTreeMap::new()).await;
         let records = core.records();
+        let live: Vec<_> = records.iter().filter(|r| is_live(r)).cloned().collect();
+        core.release(live).await;
         core.scan_forward(&records).await;
         let mut failed = false;
         for rec in records.iter().filter(|r| is_live(r)) {
@@ -43,7 +59,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             };
             let input = PodInput {
                 annotations: pods.get(&key).cloned().unwrap_or_default(),
-                kernel_only: core.is_blocked(&(ns.clone(), name.clone())),
+                kernel_only: core.kernel_only(&(ns.clone(), name.clone())),
             };
             // Standalone has no Events: the log and the counter carry problems.
             let span = tracing::info_span!("reconcile", namespace = %ns, pod = %name);
@@ -60,6 +76,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
+            _ = records_changed.notified() => {}
             _ = shutdown.clone().wait() => {}
         }
     }

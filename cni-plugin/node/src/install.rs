@@ -228,10 +228,13 @@ pub struct Removed {
     /// Copies of the IPv6 source-check rule removed (only once no pod is
     /// left: the rule protects their kernel path).
     pub source_rules: usize,
+    /// Whether the NetworkPolicy table (`inet xdpcni`) was there and went.
+    pub policy_table: bool,
 }
 
 /// Takes xdpcni off the node: detaches and unpins the datapath, removes the
-/// conflist and the binaries [`install`] created, and the state directory
+/// NetworkPolicy table, the conflist and the binaries [`install`] created,
+/// and the state directory
 /// once no pod record is left in it. Every step runs even when one fails;
 /// the failures are returned together. Nothing to remove is success.
 pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
@@ -249,6 +252,13 @@ pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
             }
             .to_string(),
         ),
+    }
+    match crate::nftable::remove_table() {
+        Ok(gone) => removed.policy_table = gone,
+        Err(e) => failed.push(format!(
+            "removing the NetworkPolicy table inet {}: {e}",
+            crate::nftable::TABLE
+        )),
     }
     for p in std::iter::once(&m.conflist).chain(m.binaries.iter()) {
         match std::fs::remove_file(p) {

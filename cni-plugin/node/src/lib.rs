@@ -1,21 +1,27 @@
 //! The node side of a pod's attachment, in one place for both binaries that
-//! make or change one: the `xdpcni` CNI plugin (at ADD) and the
-//! `xdpcni-agent` (when an annotation changes a pod's mode).
+//! make or change one: the `xdpcni` CNI plugin (at ADD: the veth, the hold)
+//! and the `xdpcni-agent` (the fast path: a pod's mode, its endpoint records).
 //!
 //! - [`pod`]: what an attachment should be: the mode type, the per-mode
 //!   offload table, the attach fallback order, cpumap CPU enabling, the
 //!   endpoint record, MAC and CPU-list parsing and formatting.
+//! - [`gate`]: whether a new pod is held until the agent classifies it (the
+//!   CNI's NetworkPolicy gate).
 //! - [`state`]: the per-attachment records the plugin writes and the agent
 //!   reads; [`install`]: the CNI files on a node and their removal.
 //! - [`source_check`]: the kernel path's check that pods send from their own
 //!   addresses (what the datapath's `drop_spoofed` is on the fast path).
+//! - [`nftable`]: the product's nftables table (NetworkPolicy rules) and
+//!   its removal.
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
 //! - [`hook`]: the named crash points the tests stop a process at.
 
 pub mod ethtool;
+pub mod gate;
 pub mod hook;
 pub mod install;
 pub mod netns;
+pub mod nftable;
 pub mod pod;
 pub mod source_check;
 pub mod state;

@@ -26,6 +26,10 @@ pub enum XdpMode {
     Off,
 }
 
+/// The node default of a pod without annotations: generic, the hybrid (it
+/// keeps the pod's TSO; the best for mixed traffic, docs/bench.md).
+pub const DEFAULT_MODE: XdpMode = XdpMode::Xdp(AttachMode::Generic);
+
 impl XdpMode {
     /// Every mode, fastest first (the fallback order).
     pub const ALL: [XdpMode; 3] = [

@@ -9,26 +9,8 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use xdpcni_ebpf::abi::RedirectPolicy;
 
-use crate::pod::{Mac, XdpMode};
-
-/// `devmap` or `cpumap` in the record's JSON.
-mod redirect_str {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use xdpcni_ebpf::abi::RedirectPolicy;
-
-    pub fn serialize<S: Serializer>(p: &RedirectPolicy, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(p.as_str())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RedirectPolicy, D::Error> {
-        let s = String::deserialize(d)?;
-        RedirectPolicy::parse(&s).ok_or_else(|| {
-            serde::de::Error::custom(format!("redirect {s:?} is not devmap or cpumap"))
-        })
-    }
-}
+use crate::pod::Mac;
 
 /// Failures reading or writing records.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +41,9 @@ type Result<T> = std::result::Result<T, StateError>;
 /// check's rule matches `xdp+`).
 pub const HOST_VETH_PREFIX: &str = "xdp";
 
-/// What ADD built for one attachment.
+/// What ADD built for one attachment. The fast path (mode, redirect,
+/// endpoint records) is the agent's, not part of the record: ADD leaves the
+/// pod on kernel routing (or held, see [`crate::gate`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
@@ -85,11 +69,6 @@ pub struct Record {
     pub headroom_requested: u16,
     /// Headroom the kernel reports on the host veth (`IFLA_HEADROOM`), if any.
     pub headroom_effective: Option<u16>,
-    /// XDP mode attached at ADD (`off` also when no datapath was pinned).
-    pub xdp_mode: XdpMode,
-    /// Redirect policy registered at ADD.
-    #[serde(with = "redirect_str")]
-    pub redirect: RedirectPolicy,
     /// K8S_POD_NAMESPACE, when the runtime gave it.
     #[serde(default)]
     pub pod_namespace: String,
@@ -190,9 +169,9 @@ pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
 mod tests {
     use super::*;
 
-    /// Records are typed (MACs, mode, redirect) and read the JSON written
-    /// before they were: the same strings, and `none` for a pod attached
-    /// without a datapath.
+    /// Records are typed (MACs) and read the JSON written before: the same
+    /// strings, and the mode and redirect that ADD chose before the agent
+    /// became the only writer of the fast path are ignored.
     #[test]
     fn records_are_typed_and_read_the_old_json() {
         let old = serde_json::json!({
@@ -205,18 +184,11 @@ mod tests {
         let rec: Record = serde_json::from_value(old.clone()).unwrap();
         assert_eq!(rec.host_mac, Mac([2, 0, 0, 0, 0, 1]));
         assert_eq!(rec.pod_mac.to_string(), "0a:58:0a:01:00:02");
-        assert_eq!(rec.xdp_mode, XdpMode::Off);
-        assert_eq!(rec.redirect, RedirectPolicy::Cpumap);
         assert_eq!(rec.pod_name, "", "absent pod fields default to empty");
         let back = serde_json::to_value(&rec).unwrap();
         assert_eq!(back["hostMac"], "02:00:00:00:00:01");
-        assert_eq!(back["xdpMode"], "off");
-        assert_eq!(back["redirect"], "cpumap");
-        for (field, bad) in [
-            ("hostMac", "02:00:00:00:00"),
-            ("xdpMode", "turbo"),
-            ("redirect", "bridge"),
-        ] {
+        assert!(back.get("xdpMode").is_none() && back.get("redirect").is_none());
+        for (field, bad) in [("hostMac", "02:00:00:00:00"), ("podMac", "zz")] {
             let mut v = old.clone();
             v[field] = serde_json::json!(bad);
             let err = serde_json::from_value::<Record>(v).unwrap_err().to_string();

@@ -7,10 +7,9 @@
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
 use xdpcni_node::{
     hook::fuzz_cases,
-    pod::{format_cpu_list, parse_cpu_list, Mac, XdpMode},
+    pod::{format_cpu_list, parse_cpu_list, Mac},
     state::Record,
 };
 
@@ -23,57 +22,29 @@ fn cpu_listish() -> impl Strategy<Value = String> {
     proptest::string::string_regex("[0-9,\\- a+x]{0,24}").unwrap()
 }
 
-fn mode() -> impl Strategy<Value = XdpMode> {
-    prop_oneof![
-        Just(XdpMode::Off),
-        Just(XdpMode::Xdp(AttachMode::Native)),
-        Just(XdpMode::Xdp(AttachMode::Generic)),
-    ]
-}
-
 fn record() -> impl Strategy<Value = Record> {
     (
         (".{0,70}", "[a-z0-9]{1,15}", ".{0,40}", "xdp[0-9a-f]{12}"),
         (any::<u32>(), any::<[u8; 6]>(), any::<[u8; 6]>()),
         proptest::collection::vec(any::<IpAddr>(), 0..4),
-        (
-            any::<u32>(),
-            any::<u16>(),
-            any::<Option<u16>>(),
-            mode(),
-            any::<bool>(),
-        ),
+        (any::<u32>(), any::<u16>(), any::<Option<u16>>()),
         (".{0,20}", ".{0,20}"),
     )
         .prop_map(
-            |(
-                (id, ifname, netns, host),
-                (index, hm, pm),
+            |((id, ifname, netns, host), (index, hm, pm), ips, (mtu, hr, he), (ns, name))| Record {
+                container_id: id,
+                ifname,
+                netns,
+                host_veth: host,
+                host_ifindex: index,
+                host_mac: Mac(hm),
+                pod_mac: Mac(pm),
                 ips,
-                (mtu, hr, he, m, cpumap),
-                (ns, name),
-            )| {
-                Record {
-                    container_id: id,
-                    ifname,
-                    netns,
-                    host_veth: host,
-                    host_ifindex: index,
-                    host_mac: Mac(hm),
-                    pod_mac: Mac(pm),
-                    ips,
-                    mtu,
-                    headroom_requested: hr,
-                    headroom_effective: he,
-                    xdp_mode: m,
-                    redirect: if cpumap {
-                        RedirectPolicy::Cpumap
-                    } else {
-                        RedirectPolicy::Devmap
-                    },
-                    pod_namespace: ns,
-                    pod_name: name,
-                }
+                mtu,
+                headroom_requested: hr,
+                headroom_effective: he,
+                pod_namespace: ns,
+                pod_name: name,
             },
         )
 }
@@ -127,8 +98,8 @@ proptest! {
     fn fuzz_records_with_a_bad_field_are_refused(
         rec in record(),
         field in prop_oneof![
-            Just("hostMac"), Just("podMac"), Just("xdpMode"), Just("redirect"),
-            Just("ips"), Just("hostIfindex"), Just("mtu"),
+            Just("hostMac"), Just("podMac"), Just("ips"), Just("hostIfindex"),
+            Just("mtu"), Just("headroomRequested"), Just("headroomEffective"),
         ],
         junk in prop_oneof![
             Just(serde_json::json!("native-ish")),

@@ -1,13 +1,16 @@
 //! Kubernetes mode: a controller (kube-runtime's `Controller`) reconciles
-//! each Pod bound to this node when it changes, when a NetworkPolicy of its
-//! namespace changes (kernel-only when any selects it), and when the CNI
-//! writes its record; it reports refused values as Events on the pod. A
-//! node task does the node-wide work every `intervalMs`: routes to the other
-//! nodes' pod CIDRs, the NAT'd ports, the records no pod claims, collection.
-//! Nothing is decided from a cache before its first complete list.
+//! each Pod bound to this node when it changes, when its NetworkPolicy
+//! isolation changes (kernel-only when a policy isolates it), and when the
+//! CNI writes its record; it reports refused values as Events on the pod.
+//! The policy task ([`policies`]) enforces NetworkPolicies. A node task does
+//! the node-wide work every `intervalMs`: routes to the other nodes' pod
+//! CIDRs, the NAT'd ports, the records no pod claims, collection. Nothing is
+//! decided from a cache before its first complete list.
+
+pub mod policies;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeSet, HashSet},
     net::IpAddr,
     sync::Arc,
     time::Duration,
@@ -15,12 +18,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::{
-    api::{
-        core::v1::{Endpoints, Node, Pod},
-        networking::v1::NetworkPolicy,
-    },
-    apimachinery::pkg::apis::meta::v1::LabelSelector,
+use k8s_openapi::api::{
+    core::v1::{Endpoints, Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
 };
 use kube::{
     runtime::{
@@ -44,33 +44,13 @@ use crate::{
     routes,
 };
 
+use self::policies::PolicyTask;
+
 /// How often a converged pod is reconciled again without an event: repairs
 /// drift (a program detached by hand, a map entry removed).
 const RESYNC: Duration = Duration::from_secs(300);
 /// How soon a pod whose reconcile failed is tried again.
 const RETRY: Duration = Duration::from_secs(2);
-
-/// Whether `selector` selects a pod with `labels` (an empty selector selects
-/// every pod of the namespace), by kube's `Selector`. A selector kube cannot
-/// read (an unknown operator, `In` without values: the API server refuses
-/// those) selects nothing.
-pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    use kube::core::SelectorExt;
-    kube::core::Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
-}
-
-/// Whether any NetworkPolicy of the pod's namespace selects it (an absent
-/// podSelector selects every pod of the namespace).
-pub fn policy_selected(pod: &Pod, policies: &[Arc<NetworkPolicy>]) -> bool {
-    let labels = pod.labels();
-    policies.iter().any(|np| {
-        np.namespace() == pod.namespace()
-            && np
-                .spec
-                .as_ref()
-                .is_some_and(|spec| selects(&spec.pod_selector.clone().unwrap_or_default(), labels))
-    })
-}
 
 /// The NAT'd ports of this node's pods: every Endpoints address that is a
 /// local pod, with each port of its subset (a Service backend: replies to a
@@ -136,14 +116,18 @@ pub fn nat_ports(
 }
 
 /// A reflector store fed by a watch of `api` in a task of its own; each
-/// change wakes `changed`.
+/// change wakes `changed`. Managed fields are dropped: nothing reads them.
 fn drive<K>(api: Api<K>, cfg: watcher::Config, changed: Arc<Notify>) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, cfg)).default_backoff();
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, cfg).modify(|o| o.managed_fields_mut().clear()),
+    )
+    .default_backoff();
     tokio::spawn(async move {
         stream
             .for_each(|ev| {
@@ -162,7 +146,6 @@ where
 struct Ctx {
     core: Arc<Core>,
     recorder: Recorder,
-    policies: Store<NetworkPolicy>,
 }
 
 /// A pod reconcile that failed (retried after [`RETRY`]).
@@ -170,21 +153,16 @@ struct Ctx {
 enum PodError {
     #[error(transparent)]
     Reconcile(#[from] ReconcileError),
-    #[error("the NetworkPolicy cache is gone")]
-    PoliciesGone,
 }
 
-/// One pod: its records' policy from its annotations and the policies that
-/// select it, applied; refused values as an Event.
+/// One pod: its records' policy from its annotations and its NetworkPolicy
+/// isolation, applied; refused values as an Event.
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
     let key: PodKey = (pod.namespace().unwrap_or_default(), pod.name_any());
     let span = tracing::info_span!("reconcile", namespace = %key.0, pod = %key.1);
     async move {
-        // Kernel-only is decided from the complete list of policies only.
-        ctx.policies
-            .wait_until_ready()
-            .await
-            .map_err(|_| PodError::PoliciesGone)?;
+        // Kernel-only is decided once the policies were put in force.
+        ctx.core.policies_known().await;
         let records: Vec<Record> = ctx
             .core
             .records()
@@ -198,7 +176,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
         }
         let input = PodInput {
             annotations: pod.annotations().clone(),
-            kernel_only: policy_selected(&pod, &ctx.policies.state()) || ctx.core.is_blocked(&key),
+            kernel_only: ctx.core.kernel_only(&key),
         };
         for rec in records {
             let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
@@ -260,7 +238,6 @@ impl NodeTask {
     async fn run(self, shutdown: Shutdown) -> Result<()> {
         let lists = async {
             self.pods.wait_until_ready().await?;
-            self.ctx.policies.wait_until_ready().await?;
             self.nodes.wait_until_ready().await?;
             self.endpoints.wait_until_ready().await
         };
@@ -268,7 +245,8 @@ impl NodeTask {
             listed = lists => listed.context("a watch cache closed before its first list")?,
             _ = shutdown.clone().wait() => return Ok(()),
         }
-        info!(node = %self.node, "first lists complete: pods, policies, nodes, endpoints");
+        self.ctx.core.policies_known().await;
+        info!(node = %self.node, "first lists complete: pods, nodes, endpoints; policies in force");
         let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
         tokio::spawn(conn);
         let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
@@ -335,7 +313,7 @@ impl NodeTask {
                 tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
             // Errors are counted and logged by the core; the next pass retries.
             let input = PodInput {
-                kernel_only: core.is_blocked(&(ns.clone(), name.clone())),
+                kernel_only: core.kernel_only(&(ns.clone(), name.clone())),
                 ..PodInput::default()
             };
             let _ = core
@@ -377,32 +355,44 @@ pub async fn run(cfg: Config) -> Result<()> {
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     );
     let pods = controller.store();
-    // One watch of NetworkPolicies feeds both the store reconciles read and
-    // the trigger of the pods of the policy's namespace.
-    let (policies, policy_writer) = reflector::store();
-    let policy_events = reflector::reflector(
-        policy_writer,
-        watcher(
-            Api::<NetworkPolicy>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
-    let pods_of_ns = pods.clone();
     let (trigger, triggered) = mpsc::channel(1024);
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "xdpcni-agent".into(),
+            instance: Some(node.clone()),
+        },
+    );
     let ctx = Arc::new(Ctx {
         core: Arc::clone(&core),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "xdpcni-agent".into(),
-                instance: Some(node.clone()),
-            },
-        ),
-        policies,
+        recorder: recorder.clone(),
     });
     let changed = Arc::new(Notify::new());
+    let policy_changed = Arc::new(Notify::new());
+    // A CNI record written or removed wakes both tasks at once.
+    core.watch_records(vec![Arc::clone(&changed), Arc::clone(&policy_changed)])?;
+    let policy_task = PolicyTask {
+        core: Arc::clone(&core),
+        recorder,
+        policies: drive(
+            Api::<NetworkPolicy>::all(client.clone()),
+            watcher::Config::default(),
+            Arc::clone(&policy_changed),
+        ),
+        namespaces: drive(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+            Arc::clone(&policy_changed),
+        ),
+        // Every pod of the cluster: peers are selected by labels anywhere.
+        pods: drive(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default(),
+            Arc::clone(&policy_changed),
+        ),
+        trigger: trigger.clone(),
+        changed: policy_changed,
+    };
     let node_task = NodeTask {
         ctx: Arc::clone(&ctx),
         node: node.clone(),
@@ -420,17 +410,11 @@ pub async fn run(cfg: Config) -> Result<()> {
         trigger,
         changed,
     };
-    info!(node = %node, "watching this node's pods, network policies, nodes and endpoints");
+    info!(
+        node = %node,
+        "watching this node's pods, network policies, namespaces, all pods, nodes and endpoints"
+    );
     let controller = controller
-        .watches_stream(policy_events, move |np: NetworkPolicy| {
-            let ns = np.namespace();
-            pods_of_ns
-                .state()
-                .into_iter()
-                .filter(|p| p.namespace() == ns)
-                .map(|p| ObjectRef::from_obj(&*p))
-                .collect::<Vec<_>>()
-        })
         .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(triggered))
         .graceful_shutdown_on(shutdown.clone().wait())
         .run(reconcile, error_policy, ctx)
@@ -439,23 +423,20 @@ pub async fn run(cfg: Config) -> Result<()> {
                 debug!(error = %e, "controller");
             }
         });
-    let (_, node_result) = tokio::join!(controller, node_task.run(shutdown));
+    let policy_shutdown = shutdown.clone();
+    let policy = async move {
+        if let Err(e) = policy_task.run(policy_shutdown).await {
+            warn!(error = %e, "the NetworkPolicy task stopped");
+        }
+    };
+    let (_, _, node_result) = tokio::join!(controller, policy, node_task.run(shutdown));
     info!("stopping; the datapath stays attached");
     node_result
 }
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
-
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
 
     #[test]
     fn nat_ports_from_endpoints_and_host_ports() {
@@ -496,32 +477,5 @@ mod tests {
                 (ip("10.1.0.3"), L4Proto::Tcp, 80),
             ]
         );
-    }
-
-    #[test]
-    fn label_selectors() {
-        let empty = LabelSelector::default();
-        assert!(selects(&empty, &labels(&[])), "empty selects all");
-        let ml = LabelSelector {
-            match_labels: Some(labels(&[("app", "b")])),
-            ..Default::default()
-        };
-        assert!(selects(&ml, &labels(&[("app", "b"), ("x", "y")])));
-        assert!(!selects(&ml, &labels(&[("app", "a")])));
-        let expr = |op: &str, values: Option<Vec<&str>>| LabelSelector {
-            match_expressions: Some(vec![LabelSelectorRequirement {
-                key: "tier".into(),
-                operator: op.into(),
-                values: values.map(|v| v.into_iter().map(String::from).collect()),
-            }]),
-            ..Default::default()
-        };
-        let web = labels(&[("tier", "web")]);
-        assert!(selects(&expr("In", Some(vec!["web", "db"])), &web));
-        assert!(!selects(&expr("NotIn", Some(vec!["web"])), &web));
-        assert!(selects(&expr("NotIn", Some(vec!["web"])), &labels(&[])));
-        assert!(selects(&expr("Exists", None), &web));
-        assert!(!selects(&expr("DoesNotExist", None), &web));
-        assert!(!selects(&expr("Bogus", None), &web));
     }
 }

@@ -1,0 +1,249 @@
+//! The NetworkPolicy task of the Kubernetes mode: on every change of a
+//! NetworkPolicy, a Namespace, a Pod anywhere in the cluster, or a CNI
+//! record of this node, it works out what the policies mean for this
+//! node's pods (`netpol::model`) and, in this order:
+//!
+//! 1. writes the policy gate (the namespaces with policies), so that from
+//!    then on every new pod a policy may select is held at its ADD;
+//! 2. puts the rules in force (one nftables transaction);
+//! 3. releases the pods held at ADD that are now classified (their Pod is
+//!    known, and any policy selecting them is in force); if the rules could
+//!    not be put in force, holds every pod a policy selects instead (fail
+//!    closed) and says so in an Event on each policy involved;
+//! 4. tells the pod controller which pods' isolation changed (they become
+//!    kernel-only, or may take the fast path again).
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Pod},
+    networking::v1::NetworkPolicy,
+};
+use kube::{
+    runtime::{
+        events::{Event, EventType, Recorder},
+        reflector::{ObjectRef, Store},
+    },
+    Resource, ResourceExt,
+};
+use tokio::sync::{mpsc, Notify};
+use tracing::{info, warn};
+use xdpcni_node::state::Record;
+
+use crate::{
+    core::{Core, Shutdown},
+    metrics::Stage,
+    netpol::model::{self, Cluster, LocalPod},
+    node::{is_live, pod_key, PodKey},
+};
+
+/// What the policy task needs.
+pub struct PolicyTask {
+    /// The agent's core.
+    pub core: Arc<Core>,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Every NetworkPolicy.
+    pub policies: Store<NetworkPolicy>,
+    /// Every Namespace.
+    pub namespaces: Store<Namespace>,
+    /// Every Pod of the cluster.
+    pub pods: Store<Pod>,
+    /// Reconciles a pod of this node.
+    pub trigger: mpsc::Sender<ObjectRef<Pod>>,
+    /// Woken by the watches and by the CNI's records.
+    pub changed: Arc<Notify>,
+}
+
+impl PolicyTask {
+    /// Runs until `shutdown`, once the three watches have listed.
+    pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+        let lists = async {
+            self.policies.wait_until_ready().await?;
+            self.namespaces.wait_until_ready().await?;
+            self.pods.wait_until_ready().await
+        };
+        tokio::select! {
+            listed = lists => listed.context("a policy watch closed before its first list")?,
+            _ = shutdown.clone().wait() => return Ok(()),
+        }
+        info!("first lists complete: network policies, namespaces, pods");
+        let interval = Duration::from_millis(self.core.config().interval_ms);
+        // Policies whose failure was reported, so each failure is told once.
+        let mut reported: HashSet<String> = HashSet::new();
+        while !shutdown.is_set() {
+            self.pass(&mut reported).await;
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = self.changed.notified() => {}
+                _ = shutdown.clone().wait() => {}
+            }
+        }
+        Ok(())
+    }
+
+    async fn pass(&self, reported: &mut HashSet<String>) {
+        let core = &self.core;
+        let records: Vec<Record> = core.records().into_iter().filter(is_live).collect();
+        let local: Vec<LocalPod> = records
+            .iter()
+            .filter(|r| !r.pod_name.is_empty())
+            .map(|r| LocalPod {
+                key: pod_key(r),
+                ips: r.ips.clone(),
+            })
+            .collect();
+        let (policies, namespaces, pods) = (
+            self.policies.state(),
+            self.namespaces.state(),
+            self.pods.state(),
+        );
+        let e = model::compute(
+            &Cluster {
+                policies: &policies,
+                namespaces: &namespaces,
+                pods: &pods,
+            },
+            &local,
+        );
+        // 1. New ADDs in these namespaces are held from here on.
+        let _ = core.write_gate(e.namespaces.clone()).await;
+        // 2. The rules.
+        let applied = core.enforce(e.clone()).await;
+        let isolated: BTreeSet<PodKey> = e.pods.keys().cloned().collect();
+        let mut touched: BTreeSet<PodKey> = BTreeSet::new();
+        match &applied {
+            Ok(_) => {
+                reported.clear();
+                // 3. Classified pods: released.
+                let classified: Vec<Record> = records
+                    .iter()
+                    .filter(|r| !r.pod_name.is_empty() && !e.unknown.contains(&pod_key(r)))
+                    .cloned()
+                    .collect();
+                for rec in core.release(classified).await {
+                    touched.insert(pod_key(&rec));
+                }
+            }
+            Err(err) => {
+                // The rules are not in force: hold every pod a policy
+                // selects (fail closed) until they are.
+                let selected: Vec<Record> = records
+                    .iter()
+                    .filter(|r| isolated.contains(&pod_key(r)))
+                    .cloned()
+                    .collect();
+                let held = core
+                    .with_reconciler(move |r| {
+                        let mut held = Vec::new();
+                        for rec in &selected {
+                            if r.is_held(rec) {
+                                continue;
+                            }
+                            match r.hold(rec) {
+                                Ok(_) => held.push(rec.host_veth.clone()),
+                                Err(e) => {
+                                    warn!(error = %e, host_veth = %rec.host_veth, "holding a pod")
+                                }
+                            }
+                        }
+                        held
+                    })
+                    .await
+                    .unwrap_or_default();
+                if !held.is_empty() {
+                    warn!(
+                        ?held,
+                        "NetworkPolicy rules not in force: the pods they select are held"
+                    );
+                }
+                self.report_failure(&e, &err.to_string(), reported).await;
+            }
+        }
+        // 4. Pod reconciles where isolation changed or a hold went; pods a
+        // policy isolates now leave the fast path at once (their records
+        // kernel-only), before their reconcile detaches XDP.
+        let changed = core.set_isolated(isolated.clone());
+        let newly: Vec<Record> = records
+            .iter()
+            .filter(|r| changed.contains(&pod_key(r)) && isolated.contains(&pod_key(r)))
+            .cloned()
+            .collect();
+        if !newly.is_empty() {
+            let flagged = core
+                .with_reconciler(move |r| {
+                    newly
+                        .iter()
+                        .map(|rec| r.flag_kernel_only(rec))
+                        .collect::<Result<Vec<()>, _>>()
+                })
+                .await;
+            if !matches!(flagged, Ok(Ok(_))) {
+                warn!("flagging newly isolated pods kernel-only failed; their reconcile retries");
+                core.metrics.error(Stage::Apply);
+            }
+        }
+        touched.extend(changed);
+        for key in touched {
+            if self
+                .trigger
+                .send(ObjectRef::new(&key.1).within(&key.0))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// An Event on each policy that selects a pod of this node, once per
+    /// failure: its rules could not be put in force, and its pods are held.
+    async fn report_failure(
+        &self,
+        e: &model::Enforcement,
+        error: &str,
+        reported: &mut HashSet<String>,
+    ) {
+        let names: BTreeSet<&String> = e.pods.values().flat_map(|p| &p.policies).collect();
+        for np in self.policies.state() {
+            let key = format!("{}/{}", np.namespace().unwrap_or_default(), np.name_any());
+            if !names.contains(&key) || !reported.insert(key) {
+                continue;
+            }
+            let held: Vec<String> = e
+                .pods
+                .iter()
+                .filter(|(_, p)| {
+                    p.policies.contains(&format!(
+                        "{}/{}",
+                        np.namespace().unwrap_or_default(),
+                        np.name_any()
+                    ))
+                })
+                .map(|(k, _)| k.1.clone())
+                .collect();
+            let note = format!(
+                "the rules of this policy could not be put in force on node {}: {error}; the pods \
+                 it selects there are held (no traffic) until they are: {}",
+                self.core.config().node_name().unwrap_or_default(),
+                held.join(", ")
+            );
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "XdpcniPolicyFailed".into(),
+                note: Some(note.chars().take(1000).collect()),
+                action: "EnforceNetworkPolicy".into(),
+                secondary: None,
+            };
+            if let Err(err) = self.recorder.publish(&event, &np.object_ref(&())).await {
+                warn!(error = %err, "could not publish the Event");
+                self.core.metrics.error(Stage::Event);
+            }
+        }
+    }
+}

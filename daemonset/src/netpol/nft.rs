@@ -1,0 +1,799 @@
+//! The nftables ruleset that enforces an [`Enforcement`], built with the
+//! `nftables` crate's types and applied through `nft -j -f -` as one atomic
+//! transaction: no userspace on the packet path, and no moment where a
+//! packet sees half a change.
+//!
+//! Layout (table `inet xdpcni`):
+//!
+//! ```text
+//! chain forward  (hook forward, filter)   pod <-> pod, other nodes, the world
+//! chain input    (hook input, filter)     pod -> the node itself
+//!   IPv6 neighbour discovery: accept (untracked by conntrack; like ARP,
+//!   no policy covers it)
+//!   ct state invalid,untracked, to or from an isolated pod: drop
+//!   ct state related ICMP/ICMPv6 (errors about a tracked connection): accept
+//!   original direction: client = ip saddr   vmap { pod: jump eg_<pod> }
+//!                       server = ip daddr   vmap { pod: jump in_<pod> }
+//!   reply direction:    client = ip daddr   vmap { pod: jump egr_<pod> }
+//!                       server = ip saddr   vmap { pod: jump inr_<pod> }
+//! chain in_<ns>/<pod>, inr_..: each allow rule `return`s, then `counter drop`
+//! chain eg_<ns>/<pod>, egr_..: the same for egress
+//! set <direction>_<ns>/<policy>_<rule>_4|6: the peers of a rule (interval)
+//! counter drop_in_<ns>/<pod>, drop_eg_<ns>/<pod>, drop_invalid
+//! ```
+//!
+//! Every packet of a connection, not only its first, is checked against
+//! the connection's own direction (its client, and its server and port
+//! after DNAT), so replies of an allowed connection pass, and a connection
+//! a new policy forbids stops at its next packet. The output hook has no
+//! chain: what the node itself sends (the kubelet's probes, hostNetwork
+//! pods of this node) is always allowed in, and its replies with it.
+
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+};
+
+use nftables::{
+    batch::Batch,
+    expr::{self, Expression, NamedExpression, Payload, PayloadField, SetItem},
+    schema::{self, FlushObject, NfCmd, NfListObject, SetFlag, SetType, SetTypeValue},
+    stmt::{self, Operator, Statement},
+    types::{NfChainPolicy, NfChainType, NfFamily, NfHook},
+};
+
+use super::{
+    addrs::AddrSet,
+    model::{Direction, Enforcement, Peers, Ports, Rule},
+};
+use crate::node::PodKey;
+
+/// The table every rule of the product lives in (family `inet`).
+pub use xdpcni_node::nftable::TABLE;
+
+/// `inet`.
+const FAMILY: NfFamily = NfFamily::INet;
+/// The counter of packets conntrack calls invalid, to or from isolated pods.
+pub const DROP_INVALID: &str = "drop_invalid";
+
+/// Which packet fields stand for the connection's client and server in a
+/// pod chain: the original direction's, or the reply's (swapped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Flow {
+    Original,
+    Reply,
+}
+
+/// The names of everything a ruleset made, to delete what the next one no
+/// longer has.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Objects {
+    /// Chains other than the base chains.
+    pub chains: BTreeSet<String>,
+    /// Named sets (peers).
+    pub sets: BTreeSet<String>,
+    /// Named counters.
+    pub counters: BTreeSet<String>,
+}
+
+/// A name nftables accepts (at most 255 bytes): long ones are cut and end
+/// with a hash of the whole, so distinct names stay distinct.
+pub fn nft_name(s: &str) -> String {
+    const MAX: usize = 240;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut cut = 200;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{h:016x}", &s[..cut])
+}
+
+/// `ns/name` of a pod.
+fn pod_id(key: &PodKey) -> String {
+    format!("{}/{}", key.0, key.1)
+}
+
+/// The chain of `key` for `direction` and `flow`.
+pub fn chain_name(key: &PodKey, direction: Direction, reply: bool) -> String {
+    let kind = match (direction, reply) {
+        (Direction::Ingress, false) => "in",
+        (Direction::Ingress, true) => "inr",
+        (Direction::Egress, false) => "eg",
+        (Direction::Egress, true) => "egr",
+    };
+    nft_name(&format!("{kind}_{}", pod_id(key)))
+}
+
+/// The drop counter of `key` for `direction`.
+pub fn counter_name(key: &PodKey, direction: Direction) -> String {
+    let kind = match direction {
+        Direction::Ingress => "drop_in",
+        Direction::Egress => "drop_eg",
+    };
+    nft_name(&format!("{kind}_{}", pod_id(key)))
+}
+
+/// The nftables set of peer set `name` in one family.
+fn set_name(name: &str, v6: bool) -> String {
+    nft_name(&format!("{name}_{}", if v6 { 6 } else { 4 }))
+}
+
+// Expression builders: the JSON of `nft -j` through the crate's types.
+
+fn s(v: &str) -> Expression<'static> {
+    Expression::String(Cow::Owned(v.to_string()))
+}
+
+fn field(protocol: &'static str, name: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(
+        PayloadField {
+            protocol: protocol.into(),
+            field: name.into(),
+        },
+    )))
+}
+
+fn meta(key: expr::MetaKey) -> Expression<'static> {
+    Expression::Named(NamedExpression::Meta(expr::Meta { key }))
+}
+
+fn ct(key: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::CT(expr::CT {
+        key: key.into(),
+        family: None,
+        dir: None,
+    }))
+}
+
+fn concat(items: Vec<Expression<'static>>) -> Expression<'static> {
+    Expression::Named(NamedExpression::Concat(items))
+}
+
+fn anon_set(items: Vec<Expression<'static>>) -> Expression<'static> {
+    Expression::Named(NamedExpression::Set(
+        items.into_iter().map(SetItem::Element).collect(),
+    ))
+}
+
+fn range(lo: Expression<'static>, hi: Expression<'static>) -> Expression<'static> {
+    Expression::Range(Box::new(expr::Range { range: [lo, hi] }))
+}
+
+fn is(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(stmt::Match {
+        left,
+        right,
+        op: Operator::EQ,
+    })
+}
+
+fn is_in(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(stmt::Match {
+        left,
+        right,
+        op: Operator::IN,
+    })
+}
+
+fn set_ref(name: &str) -> Expression<'static> {
+    s(&format!("@{name}"))
+}
+
+/// `key vmap { element : verdict, ... }`, an anonymous verdict map (a hash
+/// lookup; the whole ruleset is written again at each change, so the map
+/// needs no name to be updated by).
+fn vmap(key: Expression<'static>, items: Vec<SetItem<'static>>) -> Statement<'static> {
+    Statement::VerdictMap(stmt::VerdictMap {
+        key,
+        data: Expression::Named(NamedExpression::Set(items)),
+    })
+}
+
+fn named_counter(name: &str) -> Statement<'static> {
+    Statement::Counter(stmt::Counter::Named(Cow::Owned(name.to_string())))
+}
+
+/// The address field of family `v6`: `ip saddr` or `ip6 daddr`...
+fn addr(v6: bool, src: bool) -> Expression<'static> {
+    field(
+        if v6 { "ip6" } else { "ip" },
+        if src { "saddr" } else { "daddr" },
+    )
+}
+
+/// One element of an address set: an address or a range.
+fn addr_elements(set: &AddrSet, v6: bool) -> Vec<Expression<'static>> {
+    let one = |lo: String, hi: String| {
+        if lo == hi {
+            s(&lo)
+        } else {
+            range(s(&lo), s(&hi))
+        }
+    };
+    if v6 {
+        set.v6()
+            .map(|(a, b)| one(a.to_string(), b.to_string()))
+            .collect()
+    } else {
+        set.v4()
+            .map(|(a, b)| one(a.to_string(), b.to_string()))
+            .collect()
+    }
+}
+
+/// The statements of one allow rule in a pod chain of `direction` and
+/// `flow`, one list per family it can match in (none when it matches
+/// nothing). The peer is the client for ingress and the server for egress;
+/// the port is the server's. Original flow: client = saddr, server = daddr,
+/// port = dport; reply flow: the other way round, and sport.
+fn allow_rules(
+    rule: &Rule,
+    direction: Direction,
+    flow: Flow,
+    peer_sets: &BTreeMap<String, AddrSet>,
+) -> Vec<Vec<Statement<'static>>> {
+    let original = flow == Flow::Original;
+    // Whether the peer's address is the packet's source.
+    let peer_is_src = match direction {
+        Direction::Ingress => original,
+        Direction::Egress => !original,
+    };
+    let port = field("th", if original { "dport" } else { "sport" });
+    let l4 = || meta(expr::MetaKey::L4proto);
+    // The peer matches: in family `v6`, or (Any) in both at once.
+    let peer_matches: Vec<Option<Statement<'static>>> = match &rule.peers {
+        Peers::Any => vec![None],
+        Peers::Set(name) => {
+            let Some(set) = peer_sets.get(name) else {
+                return Vec::new();
+            };
+            [false, true]
+                .into_iter()
+                .filter(|v6| !set.is_empty_in(*v6))
+                .map(|v6| Some(is(addr(v6, peer_is_src), set_ref(&set_name(name, v6)))))
+                .collect()
+        }
+    };
+    let mut out = Vec::new();
+    match &rule.ports {
+        Ports::Any => {
+            for m in peer_matches {
+                out.push(m.into_iter().chain([Statement::Return(None)]).collect());
+            }
+        }
+        Ports::Only { numeric, named } => {
+            if !numeric.is_empty() {
+                let ports = anon_set(
+                    numeric
+                        .iter()
+                        .map(|r| {
+                            let p = if r.lo == r.hi {
+                                Expression::Number(u32::from(r.lo))
+                            } else {
+                                range(
+                                    Expression::Number(u32::from(r.lo)),
+                                    Expression::Number(u32::from(r.hi)),
+                                )
+                            };
+                            concat(vec![s(r.proto.nft()), p])
+                        })
+                        .collect(),
+                );
+                for m in &peer_matches {
+                    let mut v: Vec<Statement<'static>> = m.iter().cloned().collect();
+                    v.push(is(concat(vec![l4(), port.clone()]), ports.clone()));
+                    v.push(Statement::Return(None));
+                    out.push(v);
+                }
+            }
+            // Named ports: (destination address, protocol, port) tuples,
+            // already limited to the rule's peers.
+            for v6 in [false, true] {
+                let tuples: Vec<Expression<'static>> = named
+                    .iter()
+                    .filter(|(ip, _, _)| ip.is_ipv6() == v6)
+                    .map(|(ip, proto, p)| {
+                        concat(vec![
+                            s(&ip.to_string()),
+                            s(proto.nft()),
+                            Expression::Number(u32::from(*p)),
+                        ])
+                    })
+                    .collect();
+                if tuples.is_empty() {
+                    continue;
+                }
+                out.push(vec![
+                    is(
+                        concat(vec![addr(v6, peer_is_src), l4(), port.clone()]),
+                        anon_set(tuples),
+                    ),
+                    Statement::Return(None),
+                ]);
+            }
+        }
+    }
+    out
+}
+
+/// The transaction that makes the table enforce `e`, deleting what `before`
+/// (the objects of the ruleset in force) has that `e` does not. Returns the
+/// commands and the objects of the new ruleset.
+pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Objects) {
+    let mut b = Batch::new();
+    let table = || schema::Table {
+        family: FAMILY,
+        name: TABLE.into(),
+        handle: None,
+    };
+    let chain = |name: &str| schema::Chain {
+        family: FAMILY,
+        table: TABLE.into(),
+        name: name.to_string().into(),
+        ..schema::Chain::default()
+    };
+    let rule = |chain: &str, expr: Vec<Statement<'static>>| {
+        NfListObject::Rule(schema::Rule {
+            family: FAMILY,
+            table: TABLE.into(),
+            chain: chain.to_string().into(),
+            expr: expr.into(),
+            ..schema::Rule::default()
+        })
+    };
+    let addr_type = |v6: bool| {
+        SetTypeValue::Single(if v6 {
+            SetType::Ipv6Addr
+        } else {
+            SetType::Ipv4Addr
+        })
+    };
+    let set = |name: &str, v6: bool, interval: bool| schema::Set {
+        family: FAMILY,
+        table: TABLE.into(),
+        name: name.to_string().into(),
+        set_type: addr_type(v6),
+        flags: interval.then(|| [SetFlag::Interval].into()),
+        ..schema::Set::default()
+    };
+    let counter = |name: &str| {
+        NfListObject::Counter(schema::Counter {
+            family: FAMILY,
+            table: TABLE.into(),
+            name: name.to_string().into(),
+            handle: None,
+            packets: None,
+            bytes: None,
+        })
+    };
+    let elements = |name: &str, elem: Vec<Expression<'static>>| {
+        NfListObject::Element(schema::Element {
+            family: FAMILY,
+            table: TABLE.into(),
+            name: name.to_string().into(),
+            elem: elem.into(),
+        })
+    };
+
+    // The table, emptied of rules (in the same transaction, so no packet
+    // sees it empty).
+    b.add(NfListObject::Table(table()));
+    b.add_cmd(NfCmd::Flush(FlushObject::Table(table())));
+    for (name, hook) in [("forward", NfHook::Forward), ("input", NfHook::Input)] {
+        b.add(NfListObject::Chain(schema::Chain {
+            _type: Some(NfChainType::Filter),
+            hook: Some(hook),
+            prio: Some(0),
+            policy: Some(NfChainPolicy::Accept),
+            ..chain(name)
+        }));
+    }
+
+    let mut now = Objects::default();
+    now.counters.insert(DROP_INVALID.into());
+    b.add(counter(DROP_INVALID));
+    for (name, peers) in &e.peer_sets {
+        for v6 in [false, true] {
+            if peers.is_empty_in(v6) {
+                continue;
+            }
+            let n = set_name(name, v6);
+            b.add(NfListObject::Set(Box::new(set(&n, v6, true))));
+            b.add_cmd(NfCmd::Flush(FlushObject::Set(Box::new(set(&n, v6, true)))));
+            b.add(elements(&n, addr_elements(peers, v6)));
+            now.sets.insert(n);
+        }
+    }
+
+    // The pod chains first (the base chains' verdict maps jump to them).
+    type MapKey = (Direction, Flow, bool);
+    let mut maps: BTreeMap<MapKey, Vec<SetItem<'static>>> = BTreeMap::new();
+    let mut isolated: [Vec<Expression<'static>>; 2] = [Vec::new(), Vec::new()];
+    for (key, pod) in &e.pods {
+        for ip in &pod.addrs {
+            isolated[usize::from(ip.is_ipv6())].push(s(&ip.to_string()));
+        }
+        for (direction, rules) in [
+            (Direction::Ingress, &pod.ingress),
+            (Direction::Egress, &pod.egress),
+        ] {
+            let Some(rules) = rules else { continue };
+            let drops = counter_name(key, direction);
+            b.add(counter(&drops));
+            now.counters.insert(drops.clone());
+            for flow in [Flow::Original, Flow::Reply] {
+                let c = chain_name(key, direction, flow == Flow::Reply);
+                b.add(NfListObject::Chain(chain(&c)));
+                for r in rules {
+                    for statements in allow_rules(r, direction, flow, &e.peer_sets) {
+                        b.add(rule(&c, statements));
+                    }
+                }
+                b.add(rule(&c, vec![named_counter(&drops), Statement::Drop(None)]));
+                for ip in &pod.addrs {
+                    let verdict = Expression::Verdict(expr::Verdict::Jump(stmt::JumpTarget {
+                        target: c.clone().into(),
+                    }));
+                    maps.entry((direction, flow, ip.is_ipv6()))
+                        .or_default()
+                        .push(SetItem::Mapping(s(&ip.to_string()), verdict));
+                }
+                now.chains.insert(c);
+            }
+        }
+    }
+
+    // The base chains.
+    let ct_state = |states: &[&str]| {
+        is_in(
+            ct("state"),
+            Expression::List(states.iter().map(|st| s(st)).collect()),
+        )
+    };
+    let direction_is = |d: &str| is(ct("direction"), s(d));
+    for base in ["forward", "input"] {
+        // Neighbour discovery is what the node resolves pods with (the
+        // IPv6 ARP); conntrack does not track it.
+        b.add(rule(
+            base,
+            vec![
+                is(
+                    field("icmpv6", "type"),
+                    anon_set(
+                        [
+                            "nd-router-solicit",
+                            "nd-router-advert",
+                            "nd-neighbor-solicit",
+                            "nd-neighbor-advert",
+                            "nd-redirect",
+                        ]
+                        .iter()
+                        .map(|t| s(t))
+                        .collect(),
+                    ),
+                ),
+                Statement::Accept(None),
+            ],
+        ));
+        for v6 in [false, true] {
+            let pods = &isolated[usize::from(v6)];
+            if pods.is_empty() {
+                continue;
+            }
+            let ends: &[bool] = if base == "forward" {
+                &[true, false]
+            } else {
+                &[true]
+            };
+            for &src in ends {
+                b.add(rule(
+                    base,
+                    vec![
+                        ct_state(&["invalid", "untracked"]),
+                        is(addr(v6, src), anon_set(pods.clone())),
+                        named_counter(DROP_INVALID),
+                        Statement::Drop(None),
+                    ],
+                ));
+            }
+        }
+        b.add(rule(
+            base,
+            vec![
+                ct_state(&["related"]),
+                is(
+                    meta(expr::MetaKey::L4proto),
+                    anon_set(vec![s("icmp"), s("ipv6-icmp")]),
+                ),
+                Statement::Accept(None),
+            ],
+        ));
+        for v6 in [false, true] {
+            // Original direction: the client is the source, the server the
+            // destination; reply direction the other way round. The node's
+            // input sees only pods' own connections to it, as clients
+            // (replies to the node's connections are the node's, allowed).
+            let lookups: &[(Direction, Flow, bool, &str)] = if base == "input" {
+                &[(Direction::Egress, Flow::Original, true, "original")]
+            } else {
+                &[
+                    (Direction::Egress, Flow::Original, true, "original"),
+                    (Direction::Ingress, Flow::Original, false, "original"),
+                    (Direction::Egress, Flow::Reply, false, "reply"),
+                    (Direction::Ingress, Flow::Reply, true, "reply"),
+                ]
+            };
+            for &(direction, flow, src, dir) in lookups {
+                let Some(items) = maps.get(&(direction, flow, v6)) else {
+                    continue;
+                };
+                b.add(rule(
+                    base,
+                    vec![direction_is(dir), vmap(addr(v6, src), items.clone())],
+                ));
+            }
+        }
+    }
+
+    // What the ruleset before had and this one has not (no rule refers to
+    // them any more: the flush above took every rule and map element).
+    for c in before.chains.difference(&now.chains) {
+        b.delete(NfListObject::Chain(chain(c)));
+    }
+    for n in before.sets.difference(&now.sets) {
+        b.delete(NfListObject::Set(Box::new(schema::Set {
+            name: n.clone().into(),
+            family: FAMILY,
+            table: TABLE.into(),
+            ..schema::Set::default()
+        })));
+    }
+    for n in before.counters.difference(&now.counters) {
+        b.delete(counter(n));
+    }
+    (b, now)
+}
+
+/// The objects of `inet xdpcni` in a listing (`nft -j list table`): what
+/// the next transaction deletes if it no longer has them. Read as plain
+/// JSON: the crate's types would refuse a counter above 2^32.
+pub fn objects_of(listing: &serde_json::Value) -> Objects {
+    let mut out = Objects::default();
+    for o in listing["nftables"].as_array().into_iter().flatten() {
+        let of_table = |v: &serde_json::Value| v["table"] == TABLE && v["family"] == "inet";
+        if let Some(c) = o
+            .get("chain")
+            .filter(|c| of_table(c) && c.get("hook").is_none())
+        {
+            if let Some(n) = c["name"].as_str() {
+                out.chains.insert(n.to_string());
+            }
+        }
+        if let Some(n) = o
+            .get("set")
+            .filter(|v| of_table(v))
+            .and_then(|v| v["name"].as_str())
+        {
+            out.sets.insert(n.to_string());
+        }
+        if let Some(n) = o
+            .get("counter")
+            .filter(|v| of_table(v))
+            .and_then(|v| v["name"].as_str())
+        {
+            out.counters.insert(n.to_string());
+        }
+    }
+    out
+}
+
+/// The named counters of a listing (`nft -j list counters table ...`):
+/// name -> (packets, bytes).
+pub fn counters_of(listing: &serde_json::Value) -> BTreeMap<String, (u64, u64)> {
+    listing["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o.get("counter"))
+        .filter(|c| c["table"] == TABLE)
+        .filter_map(|c| {
+            Some((
+                c["name"].as_str()?.to_string(),
+                (
+                    c["packets"].as_u64().unwrap_or(0),
+                    c["bytes"].as_u64().unwrap_or(0),
+                ),
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::netpol::model::{PodRules, PortRange, Proto};
+
+    fn key(ns: &str, name: &str) -> PodKey {
+        (ns.into(), name.into())
+    }
+
+    /// The commands of a transaction as JSON values.
+    fn commands(e: &Enforcement, before: &Objects) -> (Vec<Value>, Objects) {
+        let (b, now) = transaction(e, before);
+        let doc = serde_json::to_value(b.to_nftables()).unwrap();
+        (doc["nftables"].as_array().unwrap().clone(), now)
+    }
+
+    /// The rules added to `chain`, each as its `expr` list.
+    fn rules_of(cmds: &[Value], chain: &str) -> Vec<Value> {
+        cmds.iter()
+            .filter_map(|c| c.get("add")?.get("rule"))
+            .filter(|r| r["chain"] == chain)
+            .map(|r| r["expr"].clone())
+            .collect()
+    }
+
+    fn web_isolated() -> Enforcement {
+        let mut peers = AddrSet::new();
+        peers.add_ip("10.0.1.2".parse().unwrap());
+        let rule = Rule {
+            peers: Peers::Set("ingress_x/p_0".into()),
+            ports: Ports::Only {
+                numeric: vec![PortRange {
+                    proto: Proto::Tcp,
+                    lo: 80,
+                    hi: 80,
+                }],
+                named: vec![],
+            },
+            policy: "x/p".into(),
+        };
+        Enforcement {
+            namespaces: [("x".to_string(), 1)].into(),
+            pods: [(
+                key("x", "web"),
+                PodRules {
+                    addrs: vec!["10.0.0.2".parse().unwrap()],
+                    ingress: Some(vec![rule]),
+                    egress: None,
+                    policies: ["x/p".to_string()].into(),
+                },
+            )]
+            .into(),
+            peer_sets: [("ingress_x/p_0".to_string(), peers)].into(),
+            unknown: Default::default(),
+        }
+    }
+
+    #[test]
+    fn both_directions_of_a_connection_are_checked_from_its_own_side() {
+        let (cmds, now) = commands(&web_isolated(), &Objects::default());
+        // Original direction: the client is the source, the port the
+        // destination port.
+        assert_eq!(
+            rules_of(&cmds, "in_x/web")[0],
+            json!([
+                { "match": { "op": "==", "left": { "payload": { "protocol": "ip", "field": "saddr" } }, "right": "@ingress_x/p_0_4" } },
+                { "match": { "op": "==", "left": { "concat": [{ "meta": { "key": "l4proto" } }, { "payload": { "protocol": "th", "field": "dport" } }] },
+                  "right": { "set": [{ "concat": ["tcp", 80] }] } } },
+                { "return": null },
+            ])
+        );
+        // Reply direction (the server answers): the client is the
+        // destination, the server's port the source port.
+        assert_eq!(
+            rules_of(&cmds, "inr_x/web")[0],
+            json!([
+                { "match": { "op": "==", "left": { "payload": { "protocol": "ip", "field": "daddr" } }, "right": "@ingress_x/p_0_4" } },
+                { "match": { "op": "==", "left": { "concat": [{ "meta": { "key": "l4proto" } }, { "payload": { "protocol": "th", "field": "sport" } }] },
+                  "right": { "set": [{ "concat": ["tcp", 80] }] } } },
+                { "return": null },
+            ])
+        );
+        // Whatever no rule allows is counted and dropped, in both.
+        for c in ["in_x/web", "inr_x/web"] {
+            assert_eq!(
+                rules_of(&cmds, c).last().unwrap(),
+                &json!([{ "counter": "drop_in_x/web" }, { "drop": null }])
+            );
+        }
+        // No IPv6 peer: no IPv6 rule.
+        assert_eq!(rules_of(&cmds, "in_x/web").len(), 2);
+        let forward = rules_of(&cmds, "forward");
+        let text = serde_json::to_string(&forward).unwrap();
+        assert!(text.contains(r#"{"jump":{"target":"in_x/web"}}"#), "{text}");
+        assert!(
+            text.contains(r#"{"jump":{"target":"inr_x/web"}}"#),
+            "{text}"
+        );
+        assert!(!text.contains("eg_x/web"), "egress is not isolated: {text}");
+        assert_eq!(
+            now.chains,
+            ["in_x/web".to_string(), "inr_x/web".to_string()].into()
+        );
+        assert_eq!(now.sets, ["ingress_x/p_0_4".to_string()].into());
+        assert_eq!(
+            now.counters,
+            [DROP_INVALID.to_string(), "drop_in_x/web".to_string()].into()
+        );
+    }
+
+    #[test]
+    fn one_transaction_flushes_rebuilds_and_deletes_what_is_gone() {
+        let (_, first) = commands(&web_isolated(), &Objects::default());
+        let (cmds, now) = commands(&Enforcement::default(), &first);
+        assert_eq!(
+            cmds[0],
+            json!({ "add": { "table": { "family": "inet", "name": "xdpcni" } } })
+        );
+        assert_eq!(
+            cmds[1],
+            json!({ "flush": { "table": { "family": "inet", "name": "xdpcni" } } })
+        );
+        let deleted: Vec<String> = cmds
+            .iter()
+            .filter_map(|c| c.get("delete"))
+            .map(|d| {
+                let (kind, v) = d.as_object().unwrap().iter().next().unwrap();
+                format!("{kind} {}", v["name"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            deleted,
+            vec![
+                "chain in_x/web",
+                "chain inr_x/web",
+                "set ingress_x/p_0_4",
+                "counter drop_in_x/web"
+            ]
+        );
+        assert_eq!(now.counters, [DROP_INVALID.to_string()].into());
+        // With nothing isolated the base chains have only the ND and ICMP
+        // rules.
+        assert_eq!(rules_of(&cmds, "forward").len(), 2);
+        assert_eq!(rules_of(&cmds, "input").len(), 2);
+    }
+
+    #[test]
+    fn long_names_are_cut_with_a_hash_and_stay_distinct() {
+        let a = format!("in_{}/{}", "n".repeat(63), "p".repeat(253));
+        let b = format!("in_{}/{}q", "n".repeat(63), "p".repeat(252));
+        assert!(nft_name(&a).len() <= 240 && nft_name(&b).len() <= 240);
+        assert_ne!(nft_name(&a), nft_name(&b));
+        assert_eq!(nft_name("in_x/web"), "in_x/web");
+    }
+
+    #[test]
+    fn the_kernels_listing_gives_back_the_objects() {
+        let listing = json!({ "nftables": [
+            { "metainfo": { "version": "1.0.6" } },
+            { "table": { "family": "inet", "name": "xdpcni" } },
+            { "counter": { "family": "inet", "table": "xdpcni", "name": "drop_in_x/web", "packets": 5_000_000_000u64, "bytes": 7 } },
+            { "set": { "family": "inet", "table": "xdpcni", "name": "ingress_x/p_0_4", "type": "ipv4_addr" } },
+            { "chain": { "family": "inet", "table": "xdpcni", "name": "forward", "hook": "forward" } },
+            { "chain": { "family": "inet", "table": "xdpcni", "name": "in_x/web" } },
+            { "chain": { "family": "inet", "table": "other", "name": "mine" } },
+        ] });
+        let o = objects_of(&listing);
+        assert_eq!(
+            o.chains,
+            ["in_x/web".to_string()].into(),
+            "base chains stay"
+        );
+        assert_eq!(o.sets, ["ingress_x/p_0_4".to_string()].into());
+        assert_eq!(
+            counters_of(&listing).get("drop_in_x/web"),
+            Some(&(5_000_000_000, 7)),
+            "counters above 2^32"
+        );
+    }
+}
