@@ -29,6 +29,8 @@ ROWS = {
     "XDP program per packet (bpf_stats)": ["native devmap"],
     "CNI ADD p50": ["ptp (baseline)", "xdpcni off", "native devmap"],
     "CNI ADD p99": ["ptp (baseline)", "xdpcni off", "native devmap"],
+    "ADD to fast path p50 (agent)": ["native devmap"],
+    "ADD to fast path p99 (agent)": ["native devmap"],
     "UDP 64-byte XDP-drop ceiling": ["sender -> XDP_DROP (native)", "sender -> XDP_DROP (generic)"],
 }
 TARGETS = {

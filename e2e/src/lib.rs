@@ -3,6 +3,8 @@
 //! Drop (even when a test panics), a way to run code inside a namespace, and
 //! hand-built packets.
 
+pub mod agent;
+pub mod cluster;
 pub mod cni;
 pub mod kube;
 pub mod netns;

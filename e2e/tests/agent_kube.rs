@@ -392,7 +392,9 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         !a_kernel_only() && mode(&ha) == "xdp"
     });
 
-    // A NetworkPolicy selecting b: b's traffic goes through the kernel.
+    // A NetworkPolicy isolating b for ingress, allowing nothing: b becomes
+    // kernel-only (a's frames to it are handed to the kernel), and the
+    // kernel path refuses them; b's own connections still get their replies.
     api.with_client(&net.node, |c| async move {
         let nps: Api<NetworkPolicy> = Api::namespaced(c, "default");
         nps.create(
@@ -416,7 +418,10 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         .counters(a_idx)
         .unwrap()
         .packets(Verdict::PassKernelOnly);
-    ping(&pods[0].0, b_ip, 3).unwrap();
+    assert!(
+        ping(&pods[0].0, b_ip, 3).is_err(),
+        "a -> b refused by the policy"
+    );
     let after = maps
         .counters(a_idx)
         .unwrap()
@@ -425,6 +430,7 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         after >= before + 3,
         "a->b counted as passed to the kernel: {before} -> {after}"
     );
+    ping(&pods[1].0, ipv4(&pods[0].1), 2).unwrap();
     let hb = pods[1].1["interfaces"][0]["name"]
         .as_str()
         .unwrap()
@@ -433,6 +439,19 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         mode(&hb),
         "none",
         "a policy-selected pod has no XDP program"
+    );
+    let (_, body) = http_get(&net.node, LISTEN, "/metrics").unwrap();
+    let drops = body
+        .lines()
+        .find(|l| {
+            l.starts_with("xdpcni_policy_drop_packets_total{")
+                && l.contains("pod=\"b\"")
+                && l.contains("direction=\"ingress\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(
+        drops.is_some_and(|d| d >= 3.0),
+        "b's ingress drops: {drops:?}\n{body}"
     );
 
     // Another node: a route to its pod CIDR via its InternalIP appears, and
@@ -599,6 +618,11 @@ fn the_chart_installs_and_grants_exactly_what_the_agent_uses() {
         ("", "nodes", "get", true),
         ("", "nodes", "watch", true),
         ("networking.k8s.io", "networkpolicies", "watch", true),
+        // namespaceSelector: the labels of every namespace, nothing else.
+        ("", "namespaces", "list", true),
+        ("", "namespaces", "watch", true),
+        ("", "namespaces", "update", false),
+        ("", "namespaces", "delete", false),
         ("", "endpoints", "watch", true),
         ("", "endpoints", "update", false),
         ("events.k8s.io", "events", "create", true),

@@ -1,14 +1,19 @@
 //! The real `xdpcni` binary driven exactly as a runtime drives it (stdin +
 //! CNI_* env, inside the node namespace), with Debian's host-local as IPAM
-//! and Debian's portmap and bandwidth chained after it.
+//! and Debian's portmap and bandwidth chained after it. ADD leaves a pod on
+//! kernel routing (or held, when a NetworkPolicy may select it): the fast
+//! path is the agent's, so the tests that need it start the real agent.
 //! Needs root, bpffs at /sys/fs/bpf and containernetworking-plugins.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
 
 use std::{collections::HashSet, net::IpAddr, path::Path};
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use xdpcni_e2e::{
+    agent::{mode_of, wait_mode, StandaloneAgent},
     cni::{exec, result_ips, Call, Network, REFERENCE_PLUGINS},
     in_netns,
     netns::Netns,
@@ -19,9 +24,15 @@ use xdpcni_ebpf::{abi::Verdict, Datapath, Maps};
 
 const VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
-/// Loads the datapath into `pins` from inside the node namespace.
+/// Loads the datapath into `pins` from inside the node namespace (no agent:
+/// the policy gate is never written, so a pod with a namespace is held).
 fn load_datapath(net: &Network, pins: &PinDir) {
     in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+}
+
+/// CNI_ARGS of a Kubernetes pod `ns/name`.
+fn k8s_args(ns: &str, name: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}")
 }
 
 fn v4(ips: &[IpAddr]) -> IpAddr {
@@ -86,7 +97,8 @@ fn lifecycle_in_every_spec_version() {
     for version in VERSIONS {
         let pins = PinDir::new("xc").unwrap();
         let net = Network::new(pins.path(), version, Network::dual_stack()).unwrap();
-        load_datapath(&net, &pins);
+        // The agent loads the datapath and attaches what ADD makes.
+        let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
         let (pa, pb) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
         let (ida, idb) = (format!("a{version}"), format!("b{version}"));
         let ida = ida.replace('.', "");
@@ -124,8 +136,14 @@ fn lifecycle_in_every_spec_version() {
         assert_pod(&pa, &ips_a, 1500);
         assert_pod(&pb, &ips_b, 1500);
 
-        // The endpoint record points at the host veth of the result.
+        // The agent attaches both in its default mode, generic, woken by
+        // the records; the endpoint record points at the result's host veth.
         let host = res["interfaces"][0]["name"].as_str().unwrap();
+        let host_b = add_b.json["interfaces"][0]["name"].as_str().unwrap();
+        for h in [host, host_b] {
+            wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(3))
+                .unwrap_or_else(|e| panic!("{version}: {e}: {}", agent.log()));
+        }
         let host_idx = net.node.ifindex(host).unwrap();
         let maps = Maps::open_pinned(pins.path()).unwrap();
         for ip in &ips_a {
@@ -133,8 +151,6 @@ fn lifecycle_in_every_spec_version() {
             assert_eq!(ep.ifindex, host_idx);
             assert_eq!(ep.mtu, 1500);
         }
-        let (mode, _) = net.node.xdp_attached(host).unwrap().expect("XDP attached");
-        assert_eq!(mode, "xdpgeneric", "generic by default");
 
         // Pod to pod over the fast path, pod to host through the kernel.
         for to in [v4(&ips_b), v6(&ips_b)] {
@@ -192,13 +208,18 @@ fn lifecycle_in_every_spec_version() {
         }
         let all: Vec<IpAddr> = ips_a.iter().chain(&ips_b).copied().collect();
         assert_nothing_left(&net, Some(&pins), &all);
+        drop(agent);
     }
 }
 
+/// ADD writes nothing of the fast path: with no agent running, a pod has no
+/// XDP program, no endpoint record and no redirect target, keeps every
+/// offload of kernel routing, and its traffic is routed by the kernel.
 #[test]
-fn without_the_datapath_kernel_routing_works() {
-    let pins = PinDir::new("xc").unwrap(); // never loaded
+fn add_leaves_the_pod_on_kernel_routing() {
+    let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
     let (pa, pb) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
     let a = net
         .call(&Call::new("ADD", "ka", Some(&pa.path())), &json!({}))
@@ -207,27 +228,167 @@ fn without_the_datapath_kernel_routing_works() {
         .call(&Call::new("ADD", "kb", Some(&pb.path())), &json!({}))
         .unwrap();
     assert_eq!((a.status, b.status), (0, 0), "{:?} {:?}", a.json, b.json);
-    let host = a.json["interfaces"][0]["name"].as_str().unwrap();
-    assert!(
-        net.node.xdp_attached(host).unwrap().is_none(),
-        "no datapath, no XDP"
-    );
+    let maps = Maps::open_pinned(pins.path()).unwrap();
+    for (res, pod) in [(&a.json, &pa), (&b.json, &pb)] {
+        let host = res["interfaces"][0]["name"].as_str().unwrap();
+        assert_eq!(mode_of(&net.node, host).unwrap(), "none", "no XDP at ADD");
+        let idx = net.node.ifindex(host).unwrap();
+        assert!(!maps.has_tx_port(idx).unwrap(), "no redirect target");
+        for ip in result_ips(res) {
+            assert!(maps.endpoint(ip).unwrap().is_none(), "no endpoint {ip}");
+        }
+        assert!(
+            !xdpcni_ebpf::is_held(pins.path(), idx),
+            "no namespace: no hold"
+        );
+        for feature in ["tcp-segmentation-offload", "tx-checksumming"] {
+            assert_eq!(pod.offload("eth0", feature).unwrap(), "on", "{feature}");
+        }
+    }
     assert_eq!(net.node.sysctl_get("net.ipv4.ip_forward").unwrap(), "1");
     let ips_b = result_ips(&b.json);
     ping(&pa, v4(&ips_b), 2).unwrap();
     ping(&pa, v6(&ips_b), 2).unwrap();
     tcp_transfer(&pa, &pb, v6(&ips_b), 1 << 20).unwrap();
-    let status = net
-        .call(&Call::new("STATUS", "", None), &json!({}))
+    let a_idx = net
+        .node
+        .ifindex(a.json["interfaces"][0]["name"].as_str().unwrap())
         .unwrap();
-    assert_eq!(status.code(), Some(50), "STATUS: datapath not pinned");
+    assert_eq!(
+        maps.counters(a_idx).unwrap().forwarded(),
+        0,
+        "nothing took the fast path"
+    );
     for (id, ns) in [("ka", &pa), ("kb", &pb)] {
         let d = net
             .call(&Call::new("DEL", id, Some(&ns.path())), &json!({}))
             .unwrap();
         assert_eq!(d.status, 0, "{:?}", d.json);
     }
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
+
+/// Without a pinned datapath no pod can be held for its NetworkPolicies, so
+/// none is admitted: ADD answers "try again" (11), naming the datapath, and
+/// leaves nothing; the runtime retries once the agent has loaded it.
+#[test]
+fn without_the_datapath_add_is_refused_until_the_agent_loads_it() {
+    let pins = PinDir::new("xc").unwrap(); // never loaded
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    let pod = Netns::new("xp").unwrap();
+    let out = net
+        .call(&Call::new("ADD", "ka", Some(&pod.path())), &json!({}))
+        .unwrap();
+    assert_eq!(out.code(), Some(11), "{:?}", out.json);
+    let msg = out.json["msg"].as_str().unwrap();
+    assert!(msg.contains("not pinned") && msg.contains("agent"), "{msg}");
     assert_nothing_left(&net, None, &[]);
+    assert!(pod.link_json("eth0").is_err(), "no eth0 left in the pod");
+    let status = net
+        .call(&Call::new("STATUS", "", None), &json!({}))
+        .unwrap();
+    assert_eq!(status.code(), Some(50), "STATUS: datapath not pinned");
+    // DEL of what never came up succeeds without the datapath.
+    let d = net
+        .call(&Call::new("DEL", "ka", Some(&pod.path())), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0, "{:?}", d.json);
+    load_datapath(&net, &pins);
+    let again = net
+        .call(&Call::new("ADD", "ka", Some(&pod.path())), &json!({}))
+        .unwrap();
+    assert_eq!(again.status, 0, "{:?}", again.json);
+    let d = net
+        .call(&Call::new("DEL", "ka", Some(&pod.path())), &json!({}))
+        .unwrap();
+    assert_eq!(d.status, 0, "{:?}", d.json);
+    assert_nothing_left(&net, Some(&pins), &[]);
+}
+
+/// The policy gate at ADD, as the agent writes it: a pod of a namespace
+/// with NetworkPolicies, or of any namespace before the agent has listed
+/// them, is held from its first packet: nothing reaches it, nothing leaves
+/// it (counted `drop_held` on its own veth), ARP and ND excepted; a pod of a
+/// namespace without policies is not. Releasing the hold (what the agent
+/// does once it has classified the pod) gives it its network; DEL removes a
+/// hold that was never released.
+#[test]
+fn the_policy_gate_holds_a_new_pod_a_policy_may_select() {
+    let pins = PinDir::new("xc").unwrap();
+    let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
+    load_datapath(&net, &pins);
+    let add = |name: &str, ns: &str| {
+        let pod = Netns::new("xp").unwrap();
+        let args = k8s_args(ns, name);
+        let path = pod.path();
+        let mut call = Call::new("ADD", name, Some(&path));
+        call.args = &args;
+        let out = net.call(&call, &json!({})).unwrap();
+        assert_eq!(out.status, 0, "{name}: {:?} {}", out.json, net.log());
+        let host = out.json["interfaces"][0]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let idx = net.node.ifindex(&host).unwrap();
+        (pod, out.json, idx)
+    };
+    let held = |idx: u32| xdpcni_ebpf::is_held(pins.path(), idx);
+    // No agent has written the gate: every pod with a namespace is held.
+    let (early, early_res, early_idx) = add("early", "free");
+    assert!(held(early_idx), "gate incomplete: held");
+    assert!(net.log().contains("has not listed"), "{}", net.log());
+
+    // The agent's gate: namespace "guarded" has policies, "free" has none.
+    let mut maps = Maps::open_pinned(pins.path()).unwrap();
+    maps.write_policy_gate(&[("guarded".to_string(), 2)].into())
+        .unwrap();
+    assert_eq!(maps.policy_gate().unwrap().complete, 1);
+    let (guarded, guarded_res, guarded_idx) = add("g", "guarded");
+    let (free, free_res, free_idx) = add("f", "free");
+    assert!(held(guarded_idx), "a namespace with policies: held");
+    assert!(!held(free_idx), "a namespace without policies: not held");
+
+    let (g_ip, f_ip) = (v4(&result_ips(&guarded_res)), v4(&result_ips(&free_res)));
+    let (g_ip6, e_ip) = (v6(&result_ips(&guarded_res)), v4(&result_ips(&early_res)));
+    // Nothing in or out of a held pod, on any path; the free pod works.
+    assert!(ping(&free, g_ip, 2).is_err(), "pod -> held pod");
+    assert!(ping(&free, g_ip6, 2).is_err(), "pod -> held pod, IPv6");
+    assert!(ping(&guarded, f_ip, 2).is_err(), "held pod -> pod");
+    assert!(
+        ping(&guarded, "10.99.0.1".parse().unwrap(), 1).is_err(),
+        "held pod -> node"
+    );
+    assert!(ping(&free, e_ip, 1).is_err(), "pod -> early pod");
+    ping(&free, "10.99.0.1".parse().unwrap(), 1).unwrap();
+    let drops = maps
+        .counters(guarded_idx)
+        .unwrap()
+        .packets(Verdict::DropHeld);
+    assert!(drops >= 4, "drops counted on the held pod's veth: {drops}");
+
+    // Released: the pod has its network (kernel routing).
+    in_netns(&net.node, || {
+        let mut dp = Datapath::open_existing(pins.path())?;
+        anyhow::ensure!(dp.release(guarded_idx)?, "was held");
+        anyhow::ensure!(!dp.release(guarded_idx)?, "released once");
+        Ok(())
+    })
+    .unwrap();
+    assert!(!held(guarded_idx));
+    ping(&free, g_ip, 2).unwrap();
+    ping(&guarded, f_ip, 2).unwrap();
+    ping(&free, g_ip6, 2).unwrap();
+
+    // DEL of a pod still held takes its hold with it.
+    for (name, pod) in [("early", &early), ("g", &guarded), ("f", &free)] {
+        let d = net
+            .call(&Call::new("DEL", name, Some(&pod.path())), &json!({}))
+            .unwrap();
+        assert_eq!(d.status, 0, "{:?}", d.json);
+    }
+    assert_nothing_left(&net, Some(&pins), &[]);
+    let slots = maps.slot_owner_list().unwrap();
+    assert!(slots.is_empty(), "counter slots left: {slots:?}");
 }
 
 #[test]
@@ -331,9 +492,12 @@ fn bad_input_gets_the_right_code_and_leaks_nothing() {
     pod.ip(&["link", "del", "eth0"]).unwrap();
     assert_nothing_left(&net, Some(&pins), &[]);
 
-    // A failure injected after each step undoes everything before it.
-    for step in ["ipam", "veth", "pod", "routes", "datapath"] {
+    // A failure injected after each step undoes everything before it, the
+    // hold too (a Kubernetes pod before any agent wrote the gate: held).
+    let args = k8s_args("default", "bad");
+    for step in ["ipam", "veth", "hold", "pod", "routes"] {
         let mut c = add();
+        c.args = &args;
         c.env.push(("XDPCNI_TEST_FAIL_AFTER", Some(step)));
         let out = net.call(&c, &json!({})).unwrap();
         assert_eq!(out.code(), Some(100), "{step}: {:?}", out.json);
@@ -443,7 +607,7 @@ fn fifty_concurrent_adds_then_dels() {
 fn gc_removes_attachments_that_are_not_valid() {
     let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    load_datapath(&net, &pins);
+    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
     let pods: Vec<Netns> = (0..3).map(|_| Netns::new("xp").unwrap()).collect();
     let mut ips = Vec::new();
     for (i, p) in pods.iter().enumerate() {
@@ -454,8 +618,13 @@ fn gc_removes_attachments_that_are_not_valid() {
             )
             .unwrap();
         assert_eq!(out.status, 0);
+        let host = out.json["interfaces"][0]["name"].as_str().unwrap();
+        wait_mode(&net.node, host, "xdpgeneric", Duration::from_secs(3))
+            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
         ips.push(result_ips(&out.json));
     }
+    // GC while no agent writes (it would collect the records' leftovers itself).
+    agent.stop(libc::SIGTERM).unwrap();
     let gc = net
         .call(
             &Call::new("GC", "", None),
@@ -636,22 +805,31 @@ fn chained_with_portmap_and_bandwidth() {
 fn pods_in_mode_off_are_kernel_only_both_ways() {
     let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    load_datapath(&net, &pins);
+    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
+    // Pods without a namespace are named by their container ID.
+    agent
+        .set_pods(&json!({ "off": { "xdpcni.io/xdp-mode": "off" } }))
+        .unwrap();
     let (fast, off) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
     let a = net
         .call(&Call::new("ADD", "fast", Some(&fast.path())), &json!({}))
         .unwrap();
     let b = net
-        .call(
-            &Call::new("ADD", "off", Some(&off.path())),
-            &json!({ "xdpMode": "off" }),
-        )
+        .call(&Call::new("ADD", "off", Some(&off.path())), &json!({}))
         .unwrap();
     assert_eq!((a.status, b.status), (0, 0), "{:?} {:?}", a.json, b.json);
+    let fast_host = a.json["interfaces"][0]["name"].as_str().unwrap();
+    wait_mode(&net.node, fast_host, "xdpgeneric", Duration::from_secs(3))
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
     let off_host = b.json["interfaces"][0]["name"].as_str().unwrap();
     assert!(net.node.xdp_attached(off_host).unwrap().is_none());
     let maps = Maps::open_pinned(pins.path()).unwrap();
     let off_ip = v4(&result_ips(&b.json));
+    let start = std::time::Instant::now();
+    while maps.endpoint(off_ip).unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(3), "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let ep = maps.endpoint(off_ip).unwrap().unwrap();
     assert_eq!(
         ep.flags & xdpcni_ebpf::abi::EP_KERNEL_ONLY,
@@ -677,13 +855,14 @@ fn pods_in_mode_off_are_kernel_only_both_ways() {
         assert_eq!(d.status, 0);
     }
     assert_nothing_left(&net, Some(&pins), &[]);
+    drop(agent);
 }
 
 #[test]
 fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
     let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    load_datapath(&net, &pins);
+    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
     let (old, new) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
     let a = net
         .call(&Call::new("ADD", "old", Some(&old.path())), &json!({}))
@@ -702,6 +881,12 @@ fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
         .unwrap()
         .to_string();
     let b_idx = net.node.ifindex(&b_host).unwrap();
+    for h in [&a_host, &b_host] {
+        wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(3))
+            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+    }
+    // No agent from here: the DEL alone must leave the new pod alone.
+    agent.stop(libc::SIGTERM).unwrap();
     // The old pod's veth goes with its netns (the runtime deleted it before
     // DEL), and its ifindex is handed to the new pod's veth: simulated by
     // pointing the old record at the new veth's ifindex.

@@ -2,8 +2,10 @@
 //! named crash point, `XDPCNI_TEST_STOP_AT`, and the test kills it there, as
 //! an OOM kill or a node power cut would), followed by what a runtime does
 //! next: DEL (twice: runtimes retry), then GC. Nothing may be left (veth, IP
-//! allocation, record, endpoint, devmap entry, counter slot, link pin), and
-//! the next ADD of the same container must succeed.
+//! allocation, record, endpoint, devmap entry, counter slot, link pin, hold),
+//! and the next ADD of the same container must succeed. The ADDs are of a
+//! Kubernetes pod on a node whose agent has not written the policy gate, so
+//! each is held: a hold made in part is cleaned up too.
 //! Needs root, bpffs at /sys/fs/bpf and containernetworking-plugins.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
@@ -18,19 +20,19 @@ use xdpcni_e2e::{
 };
 use xdpcni_ebpf::{Datapath, Maps};
 
-/// Every crash point an ADD passes, in order (the `converge:` ones are in
-/// the shared attach logic, which the agent's mode switches also run).
+/// Every crash point an ADD passes, in order (the fast path's, `converge:`,
+/// are the agent's: `agent_standalone`'s crash tests stop it there).
 const ADD_STEPS: &[&str] = &[
     "add:ipam",
     "add:veth",
+    "add:hold",
     "add:pod",
     "add:routes",
-    "converge:offloads",
-    "converge:records",
-    "converge:attached",
-    "add:datapath",
     "add:record",
 ];
+
+/// CNI_ARGS of the Kubernetes pod the crash tests ADD (held at ADD).
+const K8S_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=crash";
 
 /// Every crash point a DEL passes, in order.
 const DEL_STEPS: &[&str] = &[
@@ -107,15 +109,35 @@ fn runtime_cleans_up(net: &Network, id: &str, pod: &Netns, what: &str) {
     assert_eq!(gc.status, 0, "{what}: GC: {:?}", gc.json);
 }
 
-/// A whole ADD of `id` that must succeed, with the pod reaching the node.
-fn add_ok(net: &Network, id: &str, pod: &Netns, what: &str) -> serde_json::Value {
+/// A whole ADD of `id` that must succeed: of the Kubernetes pod, held
+/// (`held`), or of a pod without a namespace, which reaches the node.
+fn add_ok(
+    net: &Network,
+    pins: &PinDir,
+    id: &str,
+    pod: &Netns,
+    held: bool,
+    what: &str,
+) -> serde_json::Value {
     let path = pod.path();
-    let out = net
-        .call(&Call::new("ADD", id, Some(&path)), &json!({}))
-        .unwrap();
+    let mut call = Call::new("ADD", id, Some(&path));
+    if held {
+        call.args = K8S_ARGS;
+    }
+    let out = net.call(&call, &json!({})).unwrap();
     assert_eq!(out.status, 0, "{what}: ADD: {:?}\n{}", out.json, net.log());
     assert_eq!(result_ips(&out.json).len(), 2, "{what}: {:?}", out.json);
-    ping(pod, "10.99.0.1".parse().unwrap(), 1).unwrap();
+    let host = out.json["interfaces"][0]["name"].as_str().unwrap();
+    let idx = net.node.ifindex(host).unwrap();
+    assert_eq!(xdpcni_ebpf::is_held(pins.path(), idx), held, "{what}");
+    if held {
+        assert!(
+            ping(pod, "10.99.0.1".parse().unwrap(), 1).is_err(),
+            "{what}: held"
+        );
+    } else {
+        ping(pod, "10.99.0.1".parse().unwrap(), 1).unwrap();
+    }
     out.json
 }
 
@@ -125,12 +147,17 @@ fn crash_at_every_add_step_then_del_and_gc_leave_nothing() {
     let path = pod.path();
     for step in ADD_STEPS {
         let what = format!("ADD killed at {step}");
-        net.call_killed_at(&Call::new("ADD", "crash-add", Some(&path)), step)
+        let mut call = Call::new("ADD", "crash-add", Some(&path));
+        call.args = K8S_ARGS;
+        net.call_killed_at(&call, step)
             .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         runtime_cleans_up(&net, "crash-add", &pod, &what);
         assert_nothing_left(&net, &pins, &pod, &what);
-        // The same container comes up fine after it.
-        add_ok(&net, "crash-add", &pod, &what);
+        // The same container comes up fine after it, held or not.
+        add_ok(&net, &pins, "crash-add", &pod, true, &what);
+        runtime_cleans_up(&net, "crash-add", &pod, &what);
+        assert_nothing_left(&net, &pins, &pod, &what);
+        add_ok(&net, &pins, "crash-add", &pod, false, &what);
         let d = net
             .call(&Call::new("DEL", "crash-add", Some(&path)), &json!({}))
             .unwrap();
@@ -145,7 +172,7 @@ fn crash_at_every_del_step_then_del_and_gc_leave_nothing() {
     let path = pod.path();
     for step in DEL_STEPS {
         let what = format!("DEL killed at {step}");
-        let prev = add_ok(&net, "crash-del", &pod, &what);
+        let prev = add_ok(&net, &pins, "crash-del", &pod, true, &what);
         // The runtime's DEL carries the ADD's result as prevResult.
         let mut conf = net.conf.clone();
         conf["prevResult"] = prev;
@@ -162,7 +189,14 @@ fn crash_at_every_del_step_then_del_and_gc_leave_nothing() {
         assert_nothing_left(&net, &pins, &pod, &what);
     }
     // And the container comes back after all of them.
-    add_ok(&net, "crash-del", &pod, "ADD after the DEL crashes");
+    add_ok(
+        &net,
+        &pins,
+        "crash-del",
+        &pod,
+        false,
+        "ADD after the DEL crashes",
+    );
     runtime_cleans_up(&net, "crash-del", &pod, "final DEL");
     assert_nothing_left(&net, &pins, &pod, "final DEL");
 }

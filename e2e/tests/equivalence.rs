@@ -279,7 +279,9 @@ impl Lab {
         self.b.drain();
     }
 
-    /// The pods with these container IDs in `mode` with `redirect`.
+    /// The pods with these container IDs in `mode` with `redirect`, through
+    /// the agent's own attach path (`apply::apply`: devmap entry, cpumap
+    /// CPUs, endpoint records, link, offloads).
     fn set_mode_of(&self, ids: &[&str], mode: XdpMode, redirect: RedirectPolicy) {
         let recs: Vec<Record> = self
             .pods()
@@ -290,26 +292,14 @@ impl Lab {
         let pins = self.pins.path().to_path_buf();
         in_netns(&self.net.node, move || {
             let mut dp = Datapath::open_existing(&pins)?;
-            let cpus = pod::online_cpus();
-            pod::enable_cpus(&mut dp, redirect, cpus)?;
+            let policy = xdpcni_agent::policy::Policy {
+                mode,
+                redirect,
+                cpu_mask: pod::online_cpus(),
+            };
             for r in &recs {
-                let info = pod::endpoint_info(
-                    r.host_ifindex,
-                    r.pod_mac,
-                    r.host_mac,
-                    redirect,
-                    r.mtu,
-                    cpus,
-                );
-                let at = pod::Attachment {
-                    netns: Path::new(&r.netns),
-                    ifname: &r.ifname,
-                    host_ifindex: r.host_ifindex,
-                    ips: &r.ips,
-                    info,
-                };
-                let done = pod::converge(&mut dp, &at, mode)?;
-                anyhow::ensure!(done.mode == mode, "{} refused: {:?}", mode, done.refused);
+                let done = xdpcni_agent::apply::apply(&mut dp, r, &policy, false)?;
+                anyhow::ensure!(done.mode == mode, "{} refused: {:?}", mode, done.problems);
             }
             Ok(())
         })

@@ -16,26 +16,28 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
+    agent::{wait_mode, StandaloneAgent},
     cni::{result_ips, Call, Network},
-    in_netns,
     netns::Netns,
     packet,
     traffic::{raw_flood, BackgroundPing},
     PinDir,
 };
-use xdpcni_ebpf::{Datapath, Maps};
+use xdpcni_ebpf::Maps;
 
 struct Pods {
     pins: PinDir,
     net: Network,
     pods: Vec<(Netns, Value)>,
+    _agent: StandaloneAgent,
 }
 
-/// A node with the datapath loaded and `n` pods ADDed (node default mode).
+/// A node with the agent running and `n` pods ADDed and attached by it in
+/// its default mode (generic).
 fn node(n: usize) -> Pods {
     let pins = PinDir::new("xh").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
     let pods = (0..n)
         .map(|i| {
             let ns = Netns::new("xp").unwrap();
@@ -44,10 +46,18 @@ fn node(n: usize) -> Pods {
                 .call(&Call::new("ADD", &format!("h{i}"), Some(&path)), &json!({}))
                 .unwrap();
             assert_eq!(out.status, 0, "{:?}", out.json);
+            let host = out.json["interfaces"][0]["name"].as_str().unwrap();
+            wait_mode(&net.node, host, "xdpgeneric", Duration::from_secs(3))
+                .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
             (ns, out.json)
         })
         .collect();
-    Pods { pins, net, pods }
+    Pods {
+        pins,
+        net,
+        pods,
+        _agent: agent,
+    }
 }
 
 impl Drop for Pods {

@@ -24,6 +24,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 use xdpcni_e2e::{
+    agent::{wait_mode, StandaloneAgent},
     cni::{Call, Network, REFERENCE_PLUGINS},
     in_netns,
     netns::Netns,
@@ -31,7 +32,7 @@ use xdpcni_e2e::{
     traffic::{raw_flood, tcp_rr, udp_flood},
     PinDir,
 };
-use xdpcni_ebpf::{Datapath, Maps};
+use xdpcni_ebpf::{abi::RedirectPolicy, Datapath, Maps};
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(20000);
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -100,8 +101,8 @@ const fn xdp(label: &'static str, mode: &'static str, redirect: &'static str) ->
     }
 }
 
-/// The node default (what a pod without annotations gets): the CNI's own
-/// default mode, which `Bench::new` checks from the attachment record.
+/// The node default (what a pod without annotations gets): the agent's own
+/// default mode, which `Bench::new` checks from what the agent attached.
 const DEFAULT_PATH: &str = "generic devmap";
 
 /// The pinned-sender workload's cpumap paths: the destination's cpumap CPU
@@ -150,7 +151,8 @@ const PATHS: &[PathSpec] = &[
     xdp("generic cpumap", "generic", "cpumap"),
 ];
 
-/// A node of two pods made through real CNI calls, torn down on Drop.
+/// A node of two pods made through real CNI calls (and, for xdpcni, the
+/// real agent that attaches their fast path), torn down on Drop.
 struct Bench {
     spec: PathSpec,
     net: Network,
@@ -159,6 +161,7 @@ struct Bench {
     ips: Vec<IpAddr>,
     hosts: Vec<String>,
     conf_patch: Value,
+    agent: Option<StandaloneAgent>,
 }
 
 const DIRECT: PathSpec = PathSpec {
@@ -174,14 +177,21 @@ fn cni_conf(spec: PathSpec, net: &mut Network) -> Value {
             net.conf["type"] = json!("ptp");
             json!({})
         }
+        Kind::Xdpcni { headroom, .. } => json!({ "headroom": headroom }),
+    }
+}
+
+/// The agent's node defaults for an xdpcni path (none: its own defaults).
+fn agent_conf(spec: PathSpec) -> Value {
+    match spec.kind {
         Kind::Xdpcni {
             mode,
             redirect,
-            headroom,
             cpus,
             defaults,
+            ..
         } => {
-            let mut c = json!({ "headroom": headroom });
+            let mut c = json!({});
             if !defaults {
                 c["xdpMode"] = json!(mode);
                 c["redirect"] = json!(redirect);
@@ -191,6 +201,7 @@ fn cni_conf(spec: PathSpec, net: &mut Network) -> Value {
             }
             c
         }
+        Kind::Direct | Kind::Ptp => Value::Null,
     }
 }
 
@@ -199,9 +210,13 @@ impl Bench {
         let pins = PinDir::new("xb")?;
         let mut net = Network::new(pins.path(), "1.0.0", json!([[{"subnet": "10.78.0.0/24"}]]))?;
         let conf_patch = cni_conf(spec, &mut net);
-        if matches!(spec.kind, Kind::Xdpcni { .. }) {
-            in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?))?;
-        }
+        // The agent loads the datapath and attaches the pods' fast path.
+        let agent = match spec.kind {
+            Kind::Xdpcni { .. } => {
+                Some(StandaloneAgent::start(&net, pins.path(), agent_conf(spec))?)
+            }
+            Kind::Direct | Kind::Ptp => None,
+        };
         let mut b = Self {
             spec,
             net,
@@ -210,6 +225,7 @@ impl Bench {
             ips: Vec::new(),
             hosts: Vec::new(),
             conf_patch,
+            agent,
         };
         if spec.kind == Kind::Direct {
             b.direct()?;
@@ -236,20 +252,46 @@ impl Bench {
             b.ips.push(ip);
             b.pods.push(pod);
         }
-        if let Kind::Xdpcni {
-            mode,
-            redirect,
-            defaults: true,
-            ..
-        } = spec.kind
-        {
-            let rec = b.record()?;
-            ensure!(
-                rec["xdpMode"] == mode && rec["redirect"] == redirect,
-                "the CNI's default is now {}/{}, not {mode}/{redirect}: update DEFAULT_PATH",
-                rec["xdpMode"],
-                rec["redirect"]
-            );
+        if let Kind::Xdpcni { mode, redirect, .. } = spec.kind {
+            // Both pods in the path's mode, as the agent attached them (for
+            // the default path: what the agent does by default).
+            let want = match mode {
+                "native" => "xdp",
+                "generic" => "xdpgeneric",
+                _ => "none",
+            };
+            for h in &b.hosts {
+                wait_mode(&b.net.node, h, want, Duration::from_secs(5)).with_context(|| {
+                    format!(
+                        "{}: the agent's mode is not {mode} (update DEFAULT_PATH if its default changed): {}",
+                        spec.label,
+                        b.agent.as_ref().map(StandaloneAgent::log).unwrap_or_default()
+                    )
+                })?;
+            }
+            let maps = Maps::open_pinned(b._pins.path())?;
+            let start = Instant::now();
+            loop {
+                let ep = maps.endpoint(b.ips[1])?;
+                if ep.is_some_and(|e| {
+                    e.redirect == RedirectPolicy::parse(redirect).map_or(0, |r| r.as_raw())
+                }) {
+                    break;
+                }
+                ensure!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "{}: the agent did not register {} for {redirect}",
+                    spec.label,
+                    b.ips[1]
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Attached and pinned: the agent has nothing left to do here
+            // and its passes would share the CPUs measured (and put back
+            // what the ceiling swaps out).
+            if let Some(agent) = b.agent.take() {
+                agent.stop(libc::SIGTERM)?;
+            }
         }
         Ok(b)
     }
@@ -587,16 +629,26 @@ fn latency(b: &Bench, rounds: usize) -> Result<Vec<f64>> {
     })
 }
 
-/// ADD latency in ms over `n` pods on a fresh node of this path (then DEL).
-fn add_latency(spec: PathSpec, n: usize) -> Result<Vec<f64>> {
+/// ADD latency in ms over `n` pods on a fresh node of this path (then
+/// DEL), and for xdpcni, with its agent running, how long after each ADD
+/// returned the agent had the pod on its fast path (the record wakes it).
+fn add_latency(spec: PathSpec, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let pins = PinDir::new("xa")?;
     let mut net = Network::new(pins.path(), "1.0.0", json!([[{"subnet": "10.77.0.0/16"}]]))?;
     let patch = cni_conf(spec, &mut net);
-    if matches!(spec.kind, Kind::Xdpcni { .. }) {
-        in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?))?;
-    }
+    let want = match spec.kind {
+        Kind::Xdpcni { mode: "native", .. } => "xdp",
+        Kind::Xdpcni {
+            mode: "generic", ..
+        } => "xdpgeneric",
+        _ => "none",
+    };
+    let agent = match spec.kind {
+        Kind::Xdpcni { .. } => Some(StandaloneAgent::start(&net, pins.path(), agent_conf(spec))?),
+        Kind::Direct | Kind::Ptp => None,
+    };
     let pods: Vec<Netns> = (0..n).map(|_| Netns::new("xp")).collect::<Result<_>>()?;
-    let mut ms = Vec::with_capacity(n);
+    let (mut ms, mut attached) = (Vec::with_capacity(n), Vec::new());
     for (i, pod) in pods.iter().enumerate() {
         check_interrupt()?;
         let id = format!("lat{i}");
@@ -604,6 +656,13 @@ fn add_latency(spec: PathSpec, n: usize) -> Result<Vec<f64>> {
         let out = net.call(&Call::new("ADD", &id, Some(&pod.path())), &patch)?;
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         ensure!(out.status == 0, "{} ADD: {}", spec.label, out.json);
+        if agent.is_some() && want != "none" {
+            let host = out.json["interfaces"][0]["name"]
+                .as_str()
+                .unwrap_or_default();
+            let took = wait_mode(&net.node, host, want, Duration::from_secs(5))?;
+            attached.push(took.as_secs_f64() * 1e3);
+        }
     }
     for (i, pod) in pods.iter().enumerate() {
         let _ = net.call(
@@ -611,7 +670,8 @@ fn add_latency(spec: PathSpec, n: usize) -> Result<Vec<f64>> {
             &patch,
         );
     }
-    Ok(ms)
+    drop(agent);
+    Ok((ms, attached))
 }
 
 /// The ceiling: pod 0 floods, and its host veth drops everything in native
@@ -795,6 +855,8 @@ const W_PINNED: &str = "Pinned sender (CPU 0), raw-table sink";
 const W_PROG_NS: &str = "XDP program per packet (bpf_stats)";
 const W_ADD_P50: &str = "CNI ADD p50";
 const W_ADD_P99: &str = "CNI ADD p99";
+const W_ATTACH_P50: &str = "ADD to fast path p50 (agent)";
+const W_ATTACH_P99: &str = "ADD to fast path p99 (agent)";
 const W_CEILING: &str = "UDP 64-byte XDP-drop ceiling";
 /// The ceiling rows: the UDP 64-byte sender into an XDP program that only
 /// drops, at the host veth, in each mode: no XDP path can deliver more.
@@ -821,6 +883,8 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_PROG_NS, "ns", false),
     (W_ADD_P50, "ms", false),
     (W_ADD_P99, "ms", false),
+    (W_ATTACH_P50, "ms", false),
+    (W_ATTACH_P99, "ms", false),
     (W_CEILING, "Mpps", true),
 ];
 
@@ -1108,14 +1172,19 @@ fn main() -> Result<()> {
             cpu1 * 100.0
         ));
     }
-    // CNI ADD latency: ptp, xdpcni without XDP, xdpcni native (attach included).
+    // CNI ADD latency: ptp, xdpcni with the agent's default off and native
+    // (ADD attaches nothing: the agent does, measured from ADD's return).
     for spec in [PATHS[0], PATHS[1], PATHS[2]]
         .into_iter()
         .filter(|_| o.full())
     {
-        let mut ms = add_latency(spec, pods_for_add)?;
+        let (mut ms, mut attached) = add_latency(spec, pods_for_add)?;
         push(W_ADD_P50, spec.label, 0, percentile(&mut ms, 0.5));
         push(W_ADD_P99, spec.label, 0, percentile(&mut ms, 0.99));
+        if !attached.is_empty() {
+            push(W_ATTACH_P50, spec.label, 0, percentile(&mut attached, 0.5));
+            push(W_ATTACH_P99, spec.label, 0, percentile(&mut attached, 0.99));
+        }
     }
     // The ceiling and the headroom effect, on their own nodes.
     if o.full() {

@@ -1,0 +1,123 @@
+//! The real `xdpcni-agent` in standalone mode for tests that need the fast
+//! path: since the agent alone attaches it, a pod made by the CNI stays on
+//! kernel routing until an agent runs. Started inside a test network's node
+//! namespace over its pins and records; killed by PID on Drop.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use crate::{
+    cni::{agent_binary, http_get, Network, NodeProcess},
+    netns::Netns,
+};
+
+/// Where the agent listens in its node namespace (each test network has
+/// its own loopback).
+pub const LISTEN: &str = "127.0.0.1:9965";
+
+/// A standalone agent over a test network.
+#[derive(Debug)]
+pub struct StandaloneAgent {
+    process: Option<NodeProcess>,
+    /// Its config file.
+    pub config: PathBuf,
+    /// Its pods file (annotations by `namespace/name`, or container ID).
+    pub pods_file: PathBuf,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+impl StandaloneAgent {
+    /// Starts an agent over `net` (its records) and `pins`, with the node
+    /// defaults and other config fields of `extra` merged in (none: the
+    /// agent's own defaults, generic and devmap), and waits until it is
+    /// ready.
+    pub fn start(net: &Network, pins: &Path, extra: Value) -> Result<Self> {
+        let pods_file = net.dir.path().join("pods.json");
+        if !pods_file.exists() {
+            std::fs::write(&pods_file, "{}")?;
+        }
+        let config = net.dir.path().join("agent.json");
+        let mut cfg = json!({
+            "pinDir": pins,
+            "stateDir": net.dir.path().join("state"),
+            "podsFile": pods_file,
+            "listen": LISTEN,
+            "intervalMs": 200,
+        });
+        if let (Some(c), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        std::fs::write(&config, cfg.to_string())?;
+        let log = net.dir.path().join(crate::unique_name("agent-") + ".log");
+        let process = NodeProcess::spawn(
+            &net.node,
+            &agent_binary()?,
+            &["standalone", "--config", &config.to_string_lossy()],
+            &log,
+        )?;
+        let agent = Self {
+            process: Some(process),
+            config,
+            pods_file,
+            log,
+        };
+        let start = Instant::now();
+        while !matches!(http_get(&net.node, LISTEN, "/readyz"), Ok((200, _))) {
+            if start.elapsed() > Duration::from_secs(15) {
+                bail!("agent not ready after 15 s: {}", agent.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(agent)
+    }
+
+    /// Writes the pods file (`{"ns/name" or "container-id": {annotations}}`).
+    pub fn set_pods(&self, pods: &Value) -> Result<()> {
+        Ok(std::fs::write(&self.pods_file, pods.to_string())?)
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops it with `signal`; its exit code.
+    pub fn stop(mut self, signal: i32) -> Result<Option<i32>> {
+        match self.process.take() {
+            Some(p) => p.stop(signal),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The XDP mode on `host` in `node` as netlink reports it: `xdp`,
+/// `xdpgeneric`, or `none`.
+pub fn mode_of(node: &Netns, host: &str) -> Result<String> {
+    Ok(node
+        .xdp_attached(host)?
+        .map_or("none".to_string(), |(m, _)| m))
+}
+
+/// Waits until `host` in `node` shows `want` (see [`mode_of`]); how long it
+/// took.
+pub fn wait_mode(node: &Netns, host: &str, want: &str, within: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    loop {
+        let now = mode_of(node, host)?;
+        if now == want {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > within {
+            bail!("{host}: {now} after {within:?}, wanted {want}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
