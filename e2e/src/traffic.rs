@@ -565,3 +565,177 @@ pub fn tcp_rr(
         result
     })
 }
+
+/// What an [`echo_probe`] saw.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EchoCount {
+    /// Echo requests handed to the kernel (sends that failed, for want of a
+    /// route or an interface, are not counted).
+    pub sent: u64,
+    /// Echo replies from the destination.
+    pub replies: u64,
+    /// When the first reply came, from the start.
+    pub first_reply: Option<Duration>,
+}
+
+fn icmp_checksum(b: &[u8]) -> u16 {
+    let mut sum: u32 = b
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Sends an ICMP (or ICMPv6) echo request to `to` every `every` for `for_`
+/// from a thread that entered the network namespace at `netns` (a path, so
+/// the probe can run while the namespace is handed to a CNI ADD), counting
+/// the replies from `to`. Sends go on when they fail (no interface or
+/// route yet): the probe can start before the namespace has a network.
+pub fn echo_probe(
+    netns: std::path::PathBuf,
+    to: IpAddr,
+    every: Duration,
+    for_: Duration,
+) -> std::thread::JoinHandle<Result<EchoCount>> {
+    std::thread::spawn(move || {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let ns = std::fs::File::open(&netns)?;
+        // SAFETY: a valid namespace fd; only this thread changes namespace.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            bail!(
+                "setns {}: {}",
+                netns.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let (family, proto, echo, reply) = match to {
+            IpAddr::V4(_) => (libc::AF_INET, libc::IPPROTO_ICMP, 8u8, 0u8),
+            IpAddr::V6(_) => (libc::AF_INET6, libc::IPPROTO_ICMPV6, 128u8, 129u8),
+        };
+        // SAFETY: socket(2); the fd is owned below.
+        let raw = unsafe { libc::socket(family, libc::SOCK_RAW | libc::SOCK_NONBLOCK, proto) };
+        ensure!(
+            raw >= 0,
+            "raw ICMP socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a new fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let id = (std::process::id() as u16) ^ 0x5a5a;
+        let dest = socket2_addr(to);
+        let mut count = EchoCount::default();
+        let start = Instant::now();
+        let mut seq: u16 = 0;
+        let mut buf = [0u8; 2048];
+        while start.elapsed() < for_ {
+            let mut msg = vec![echo, 0, 0, 0];
+            msg.extend_from_slice(&id.to_be_bytes());
+            msg.extend_from_slice(&seq.to_be_bytes());
+            msg.extend_from_slice(b"xdpcni-window-probe");
+            if to.is_ipv4() {
+                let c = icmp_checksum(&msg);
+                msg[2..4].copy_from_slice(&c.to_be_bytes());
+            }
+            seq = seq.wrapping_add(1);
+            // SAFETY: msg and dest are valid for the lengths given.
+            let sent = unsafe {
+                libc::sendto(
+                    fd.as_raw_fd(),
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    0,
+                    dest.0.as_ptr().cast(),
+                    dest.1,
+                )
+            };
+            if sent > 0 {
+                count.sent += 1;
+            }
+            let next = Instant::now() + every;
+            while Instant::now() < next {
+                let mut from = [0u8; 128];
+                let mut from_len = from.len() as libc::socklen_t;
+                // SAFETY: buf and from are valid for the lengths given.
+                let n = unsafe {
+                    libc::recvfrom(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        0,
+                        from.as_mut_ptr().cast(),
+                        &mut from_len,
+                    )
+                };
+                if n <= 0 {
+                    std::thread::sleep(Duration::from_micros(100));
+                    continue;
+                }
+                let n = n as usize;
+                // IPv4 raw sockets see the IP header; IPv6 ones do not.
+                let icmp = if to.is_ipv4() {
+                    let ihl = usize::from(buf[0] & 0x0f) * 4;
+                    if n < ihl + 8 || buf[12..16] != socket2_octets(to)[..] {
+                        continue;
+                    }
+                    &buf[ihl..n]
+                } else {
+                    if n < 8 || from[8..24] != socket2_octets(to)[..] {
+                        continue;
+                    }
+                    &buf[..n]
+                };
+                if icmp[0] == reply && icmp[4..6] == id.to_be_bytes() {
+                    count.replies += 1;
+                    count.first_reply.get_or_insert(start.elapsed());
+                }
+            }
+        }
+        Ok(count)
+    })
+}
+
+/// The bytes of a socket address of `ip` (port 0), and its length.
+fn socket2_addr(ip: IpAddr) -> (Vec<u8>, libc::socklen_t) {
+    match ip {
+        IpAddr::V4(a) => {
+            let mut sa: libc::sockaddr_in = zeroed_sockaddr();
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_addr.s_addr = u32::from_ne_bytes(a.octets());
+            (
+                as_bytes(&sa),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        IpAddr::V6(a) => {
+            let mut sa: libc::sockaddr_in6 = zeroed_sockaddr();
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_addr.s6_addr = a.octets();
+            (
+                as_bytes(&sa),
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
+
+fn socket2_octets(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+fn zeroed_sockaddr<T: Copy>() -> T {
+    // SAFETY: only used for plain C socket address structs, for which all
+    // zeroes is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+fn as_bytes<T: Copy>(v: &T) -> Vec<u8> {
+    // SAFETY: reads the bytes of a plain C struct, size_of::<T>() of them.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+        .to_vec()
+}

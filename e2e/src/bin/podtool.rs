@@ -3,8 +3,9 @@
 //! non-zero with a message when the network does not do what it checks.
 //!
 //! ```text
-//! podtool serve PORT...              on each PORT, TCP: greets every connection with the
-//!                                    pod's name, then discards what it is sent; UDP: echoes
+//! podtool serve PORT...              on each PORT (IPv4 and IPv6), TCP: greets every
+//!                                    connection with the pod's name ($PODTOOL_NAME, else
+//!                                    /etc/hostname), then discards what it is sent; UDP: echoes
 //! podtool greet ADDR PORT N          N TCP connections in a row, each must get a greeting;
 //!                                    prints each distinct greeting with its count
 //! podtool echo ADDR PORT N           N UDP datagrams, each must be echoed within 1 s
@@ -62,13 +63,23 @@ fn target(addr: &str, port: &str) -> Result<SocketAddr> {
 }
 
 fn serve(ports: &[u16]) -> Result<()> {
-    let name = std::fs::read_to_string("/etc/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "pod".into());
+    let name = match std::env::var("PODTOOL_NAME") {
+        Ok(n) => n,
+        Err(_) => std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "pod".into()),
+    };
+    // Both families on one socket ([::] with IPv4-mapped addresses), or
+    // IPv4 alone in a pod without IPv6.
+    let any = |port: u16| -> [SocketAddr; 2] {
+        [
+            SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+            SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, port)),
+        ]
+    };
     let mut listeners = Vec::new();
     for &port in ports {
-        let udp =
-            UdpSocket::bind(("0.0.0.0", port)).with_context(|| format!("binding UDP {port}"))?;
+        let udp = UdpSocket::bind(&any(port)[..]).with_context(|| format!("binding UDP {port}"))?;
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65536];
             while let Ok((n, peer)) = udp.recv_from(&mut buf) {
@@ -76,7 +87,7 @@ fn serve(ports: &[u16]) -> Result<()> {
             }
         });
         listeners.push(
-            TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("binding TCP {port}"))?,
+            TcpListener::bind(&any(port)[..]).with_context(|| format!("binding TCP {port}"))?,
         );
     }
     eprintln!("podtool: serving on ports {ports:?} as {name}");

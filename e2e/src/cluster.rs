@@ -1,0 +1,434 @@
+//! A Kubernetes node for the NetworkPolicy tests and the benchmark: a node
+//! namespace with a real kube-apiserver (and etcd), one Node object, the
+//! real `xdpcni-agent` in Kubernetes mode, and pods as the kubelet would
+//! make them: a Pod object bound to the node, a network namespace, the real
+//! CNI plugin's ADD with the matching `K8S_POD_*`, the status with the
+//! pod's addresses, and a server in the pod (`podtool serve`).
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    networking::v1::NetworkPolicy,
+};
+use kube::{
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    Api,
+};
+use serde_json::{json, Value};
+
+use crate::{
+    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    kube::ApiServer,
+    netns::Netns,
+    PinDir,
+};
+
+/// The node's name.
+pub const NODE: &str = "node-a";
+/// Where the agent listens in the node namespace.
+pub const LISTEN: &str = "127.0.0.1:9967";
+/// The ports every test pod serves, TCP and UDP.
+pub const PORTS: [u16; 2] = [80, 81];
+
+/// A pod of the node.
+#[derive(Debug)]
+pub struct TestPod {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its network namespace.
+    pub netns: Netns,
+    /// Its addresses (IPv4 first).
+    pub ips: Vec<IpAddr>,
+    /// Its host veth.
+    pub host: String,
+    server: Option<NodeProcess>,
+}
+
+impl TestPod {
+    /// `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Its address of the family of `v6`.
+    pub fn ip(&self, v6: bool) -> IpAddr {
+        self.ips
+            .iter()
+            .copied()
+            .find(|i| i.is_ipv6() == v6)
+            .unwrap_or(self.ips[0])
+    }
+}
+
+/// The node.
+#[derive(Debug)]
+pub struct KubeNode {
+    /// The datapath's pins.
+    pub pins: PinDir,
+    /// The node namespace, the CNI's files.
+    pub net: Network,
+    /// The API server.
+    pub api: ApiServer,
+    agent: Option<NodeProcess>,
+    /// The agent's config.
+    pub config: PathBuf,
+    /// Environment of the agent's next start, beside KUBECONFIG.
+    pub agent_env: Vec<(String, String)>,
+    starts: u32,
+}
+
+/// The `podtool` binary of this build.
+fn podtool() -> Result<PathBuf> {
+    let p = agent_binary()?.with_file_name("podtool");
+    ensure!(p.is_file(), "{} is not built", p.display());
+    Ok(p)
+}
+
+impl KubeNode {
+    /// The node with its API server, Node object (pod CIDRs 10.78.0.0/24
+    /// and fd78::/64) and a ready agent whose config has `extra` merged in.
+    pub fn start(extra: Value) -> Result<Self> {
+        let pins = PinDir::new("xk")?;
+        let net = Network::new(pins.path(), "1.1.0", Network::dual_stack())?;
+        let api = ApiServer::start(&net.node)?;
+        api.with_client(&net.node, |c| async move {
+            Api::<Node>::all(c)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": { "name": NODE },
+                        "spec": { "podCIDR": "10.78.0.0/24", "podCIDRs": ["10.78.0.0/24", "fd78::/64"] },
+                    }))?,
+                )
+                .await?;
+            Ok(())
+        })?;
+        let config = net.dir.path().join("agent.json");
+        let mut cfg = json!({
+            "pinDir": pins.path(), "stateDir": net.dir.path().join("state"), "listen": LISTEN,
+            "intervalMs": 1000, "forwardScanMs": 0, "nodeName": NODE,
+        });
+        if let (Some(c), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        std::fs::write(&config, cfg.to_string())?;
+        let mut node = Self {
+            pins,
+            net,
+            api,
+            agent: None,
+            config,
+            agent_env: Vec::new(),
+            starts: 0,
+        };
+        node.start_agent()?;
+        Ok(node)
+    }
+
+    /// The log of the agent's `n`th start (from 1).
+    pub fn agent_log_path(&self, n: u32) -> PathBuf {
+        self.net.dir.path().join(format!("agent{n}.log"))
+    }
+
+    /// The current agent's log.
+    pub fn agent_log(&self) -> String {
+        std::fs::read_to_string(self.agent_log_path(self.starts)).unwrap_or_default()
+    }
+
+    /// Starts the agent and waits until it is ready.
+    pub fn start_agent(&mut self) -> Result<()> {
+        ensure!(self.agent.is_none(), "the agent runs already");
+        self.starts += 1;
+        let kubeconfig = self.api.kubeconfig.to_string_lossy().to_string();
+        let mut env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kubeconfig)];
+        env.extend(self.agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.agent = Some(NodeProcess::spawn_env(
+            &self.net.node,
+            &agent_binary()?,
+            &["run", "--config", &self.config.to_string_lossy()],
+            &env,
+            &self.agent_log_path(self.starts),
+        )?);
+        let start = Instant::now();
+        while !matches!(http_get(&self.net.node, LISTEN, "/readyz"), Ok((200, _))) {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("agent not ready: {}", self.agent_log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Stops the agent with `signal` (its rules and holds stay in force).
+    pub fn stop_agent(&mut self, signal: i32) -> Result<()> {
+        if let Some(a) = self.agent.take() {
+            a.stop(signal)?;
+        }
+        Ok(())
+    }
+
+    /// The agent's PID (0 when it is stopped).
+    pub fn agent_pid(&self) -> u32 {
+        self.agent.as_ref().map_or(0, NodeProcess::pid)
+    }
+
+    /// Runs `f` with a client of the API server.
+    pub fn client<T: Send, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(kube::Client) -> Fut + Send,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        self.api.with_client(&self.net.node, f)
+    }
+
+    /// Creates namespace `name` with `labels` (or relabels it).
+    pub fn namespace(&self, name: &str, labels: Value) -> Result<()> {
+        let name = name.to_string();
+        self.client(|c| async move {
+            let api: Api<Namespace> = Api::all(c);
+            let ns: Namespace = serde_json::from_value(json!({
+                "metadata": { "name": name, "labels": labels },
+            }))?;
+            if api.get_opt(&name).await?.is_some() {
+                api.patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "labels": ns.metadata.labels } })),
+                )
+                .await?;
+            } else {
+                api.create(&PostParams::default(), &ns).await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets the labels of a namespace or a pod (`null` removes one).
+    pub fn relabel(&self, namespace: &str, pod: Option<&str>, labels: Value) -> Result<()> {
+        let (namespace, pod) = (namespace.to_string(), pod.map(str::to_string));
+        self.client(|c| async move {
+            let patch = Patch::Merge(json!({ "metadata": { "labels": labels } }));
+            match pod {
+                Some(p) => {
+                    Api::<Pod>::namespaced(c, &namespace)
+                        .patch(&p, &PatchParams::default(), &patch)
+                        .await?;
+                }
+                None => {
+                    Api::<Namespace>::all(c)
+                        .patch(&namespace, &PatchParams::default(), &patch)
+                        .await?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The pod `namespace/name` with `labels` and the container `ports`
+    /// (Kubernetes `containerPort` list) as the kubelet makes it: the Pod
+    /// object, its network through the CNI, its status, and `podtool serve`
+    /// on [`PORTS`].
+    pub fn add_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: Value,
+        ports: Value,
+    ) -> Result<TestPod> {
+        let pod = self.create_pod_object(namespace, name, labels, ports)?;
+        let netns = Netns::new("xp")?;
+        self.add_network(pod, netns, &[])
+    }
+
+    /// The Pod object alone (what the API server has before the kubelet
+    /// sets the pod's network up).
+    pub fn create_pod_object(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: Value,
+        ports: Value,
+    ) -> Result<(String, String)> {
+        let (ns, n) = (namespace.to_string(), name.to_string());
+        self.client(|c| async move {
+            Api::<Pod>::namespaced(c, &ns)
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": { "name": n, "labels": labels },
+                        "spec": { "nodeName": NODE, "containers": [{ "name": "c", "image": "pause", "ports": ports }] },
+                    }))?,
+                )
+                .await?;
+            Ok(())
+        })?;
+        Ok((namespace.to_string(), name.to_string()))
+    }
+
+    /// The network of a pod whose object exists, in `netns`: CNI ADD (at
+    /// the addresses `ips`, when given: host-local's `args.cni.ips`), the
+    /// status, the server.
+    pub fn add_network(
+        &self,
+        (namespace, name): (String, String),
+        netns: Netns,
+        ips: &[IpAddr],
+    ) -> Result<TestPod> {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
+        let patch = if ips.is_empty() {
+            json!({})
+        } else {
+            let list: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            json!({ "args": { "cni": { "ips": list } } })
+        };
+        let path = netns.path();
+        let id = container_id(&namespace, &name);
+        let mut call = Call::new("ADD", &id, Some(&path));
+        call.args = &args;
+        let out = self.net.call(&call, &patch)?;
+        ensure!(out.status == 0, "ADD {namespace}/{name}: {}", out.json);
+        let ips = result_ips(&out.json);
+        let host = out.json["interfaces"][0]["name"]
+            .as_str()
+            .context("no host veth")?
+            .to_string();
+        let status_ips: Vec<Value> = ips.iter().map(|i| json!({ "ip": i.to_string() })).collect();
+        let (ns2, n2) = (namespace.clone(), name.clone());
+        let first = ips.first().map(ToString::to_string);
+        self.client(|c| async move {
+            Api::<Pod>::namespaced(c, &ns2)
+                .patch_status(
+                    &n2,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": {
+                        "phase": "Running", "podIP": first, "podIPs": status_ips,
+                    } })),
+                )
+                .await?;
+            Ok(())
+        })?;
+        let ports: Vec<String> = PORTS.iter().map(u16::to_string).collect();
+        let mut argv = vec!["serve"];
+        argv.extend(ports.iter().map(String::as_str));
+        let server = NodeProcess::spawn_env(
+            &netns,
+            &podtool()?,
+            &argv,
+            &[("PODTOOL_NAME", &format!("{namespace}/{name}"))],
+            &self
+                .net
+                .dir
+                .path()
+                .join(format!("serve-{namespace}-{name}.log")),
+        )?;
+        // Serving once the last port it binds answers inside the pod.
+        let last = PORTS[PORTS.len() - 1];
+        crate::in_netns(&netns, move || {
+            let start = Instant::now();
+            while std::net::TcpStream::connect(("127.0.0.1", last)).is_err() {
+                ensure!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "podtool serve did not start"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(())
+        })?;
+        Ok(TestPod {
+            namespace,
+            name,
+            netns,
+            ips,
+            host,
+            server: Some(server),
+        })
+    }
+
+    /// DEL of the pod's network and deletion of its object.
+    pub fn del_pod(&self, mut pod: TestPod) -> Result<()> {
+        drop(pod.server.take());
+        let id = container_id(&pod.namespace, &pod.name);
+        let out = self
+            .net
+            .call(&Call::new("DEL", &id, Some(&pod.netns.path())), &json!({}))?;
+        ensure!(out.status == 0, "DEL {}: {}", pod.id(), out.json);
+        let (ns, n) = (pod.namespace.clone(), pod.name.clone());
+        self.client(|c| async move {
+            Api::<Pod>::namespaced(c, &ns)
+                .delete(&n, &DeleteParams::default())
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// Creates a NetworkPolicy (its namespace from its metadata).
+    pub fn create_policy(&self, policy: Value) -> Result<()> {
+        let np: NetworkPolicy = serde_json::from_value(policy)?;
+        let ns = np.metadata.namespace.clone().context("policy namespace")?;
+        self.client(|c| async move {
+            Api::<NetworkPolicy>::namespaced(c, &ns)
+                .create(&PostParams::default(), &np)
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// Deletes every NetworkPolicy of the cluster.
+    pub fn delete_policies(&self) -> Result<()> {
+        self.client(|c| async move {
+            let all: Api<NetworkPolicy> = Api::all(c.clone());
+            for np in all.list(&Default::default()).await?.items {
+                let (Some(ns), Some(name)) = (np.metadata.namespace, np.metadata.name) else {
+                    continue;
+                };
+                Api::<NetworkPolicy>::namespaced(c.clone(), &ns)
+                    .delete(&name, &DeleteParams::default())
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `/metrics` of the agent as (name{labels} -> value) lines.
+    pub fn metrics(&self) -> Result<BTreeMap<String, f64>> {
+        let (code, body) = http_get(&self.net.node, LISTEN, "/metrics")?;
+        ensure!(code == 200, "/metrics: {code}");
+        Ok(body
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (k, v) = l.rsplit_once(' ')?;
+                Some((k.to_string(), v.parse().ok()?))
+            })
+            .collect())
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        self.pins.path()
+    }
+}
+
+impl Drop for KubeNode {
+    fn drop(&mut self) {
+        if let Some(a) = self.agent.take() {
+            let _ = a.stop(libc::SIGKILL);
+        }
+    }
+}
+
+/// The container ID of a test pod (what the runtime would pick).
+pub fn container_id(namespace: &str, name: &str) -> String {
+    format!("{namespace}-{name}")
+}
