@@ -531,6 +531,21 @@ impl Maps {
         }
     }
 
+    /// Flags the record of `addr`, if any, kernel-only: no program
+    /// redirects to or from it any more. Whether there was one.
+    pub fn flag_kernel_only(&mut self, addr: IpAddr) -> Result<bool> {
+        let Some(mut info) = self.endpoint(addr)? else {
+            return Ok(false);
+        };
+        if info.flags & crate::abi::EP_KERNEL_ONLY != 0 {
+            return Ok(true);
+        }
+        info.flags |= crate::abi::EP_KERNEL_ONLY;
+        self.put_endpoint(addr, &info)
+            .map_err(|e| Error::map(format!("flagging endpoint {addr} kernel-only"), e))?;
+        Ok(true)
+    }
+
     /// Sets or clears [`EP_NO_NAT_PORTS`] on the record of `addr`, if any.
     fn set_no_nat(&mut self, addr: IpAddr, no_nat: bool) -> Result<()> {
         let Some(mut info) = self.endpoint(addr)? else {

@@ -11,7 +11,10 @@
 //!    not be put in force, holds every pod a policy selects instead (fail
 //!    closed) and says so in an Event on each policy involved;
 //! 4. tells the pod controller which pods' isolation changed (they become
-//!    kernel-only, or may take the fast path again).
+//!    kernel-only, or may take the fast path again), flagging newly isolated
+//!    ones kernel-only at once;
+//! 5. deletes the conntrack entries of pods isolated anew, once their fast
+//!    path traffic has drained (conntrack never saw what XDP carried).
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -38,9 +41,17 @@ use xdpcni_node::state::Record;
 use crate::{
     core::{Core, Shutdown},
     metrics::Stage,
-    netpol::model::{self, Cluster, LocalPod},
+    netpol::{
+        forget_connections,
+        model::{self, Cluster, LocalPod},
+    },
     node::{is_live, pod_key, PodKey},
 };
+
+/// How long a packet the fast path took before a pod became kernel-only may
+/// still be on its way (queued in a veth, a backlog, a cpumap): its
+/// conntrack entries are deleted after that.
+const FAST_PATH_DRAIN: Duration = Duration::from_millis(200);
 
 /// What the policy task needs.
 pub struct PolicyTask {
@@ -186,6 +197,35 @@ impl PolicyTask {
             if !matches!(flagged, Ok(Ok(_))) {
                 warn!("flagging newly isolated pods kernel-only failed; their reconcile retries");
                 core.metrics.error(Stage::Apply);
+            }
+        }
+        // 5. Pods isolated anew: once what the fast path carried for them
+        // has drained, their conntrack entries go (made anew by the next
+        // packet through the rules; see netpol::forget_connections).
+        if let Ok(a) = &applied {
+            let ips: Vec<std::net::IpAddr> = records
+                .iter()
+                .filter(|r| a.newly_isolated.contains(&pod_key(r)))
+                .flat_map(|r| r.ips.iter().copied())
+                .collect();
+            if !ips.is_empty() {
+                let core = Arc::clone(core);
+                tokio::spawn(async move {
+                    tokio::time::sleep(FAST_PATH_DRAIN).await;
+                    let ips2 = ips.clone();
+                    match tokio::task::spawn_blocking(move || forget_connections(&ips2)).await {
+                        Ok(Ok(n)) => info!(
+                            ?ips,
+                            deleted = n,
+                            "conntrack entries of newly isolated pods deleted"
+                        ),
+                        Ok(Err(e)) => {
+                            warn!(error = %e, "deleting the conntrack entries of newly isolated pods");
+                            core.metrics.error(Stage::Netpol);
+                        }
+                        Err(e) => warn!(error = %e, "the conntrack task failed"),
+                    }
+                });
             }
         }
         touched.extend(changed);

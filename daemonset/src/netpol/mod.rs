@@ -12,11 +12,12 @@ pub mod addrs;
 pub mod model;
 pub mod nft;
 
-use std::{collections::BTreeMap, process::Command, time::Instant};
+use std::{collections::BTreeMap, net::IpAddr, process::Command, time::Instant};
 
 use tracing::{debug, info};
 
 use self::{model::Enforcement, nft::Objects};
+use crate::node::PodKey;
 
 /// Failures applying or reading the ruleset.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,9 @@ pub enum NetpolError {
     /// `nft` failed or could not be run.
     #[error("nft: {0}")]
     Nft(#[from] nftables::helper::NftablesError),
+    /// `conntrack` failed or could not be run.
+    #[error("conntrack -D: {0}")]
+    Conntrack(String),
     /// `nft` printed something that is not the JSON it should.
     #[error("reading `nft -j {what}`: {why}")]
     Listing {
@@ -35,7 +39,7 @@ pub enum NetpolError {
 }
 
 /// What one [`Enforcer::apply`] did.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Applied {
     /// Whether a transaction ran (the ruleset in force was another).
     pub changed: bool,
@@ -43,6 +47,10 @@ pub struct Applied {
     pub rules: usize,
     /// How long the transaction took, in seconds (0 when unchanged).
     pub seconds: f64,
+    /// Pods isolated now that the ruleset before did not isolate at all:
+    /// their connections so far may have run on the fast path, unseen by
+    /// conntrack (see [`forget_connections`]).
+    pub newly_isolated: Vec<PodKey>,
 }
 
 /// Applies rulesets and remembers the one in force.
@@ -100,6 +108,7 @@ impl Enforcer {
                     changed: false,
                     rules: *rules,
                     seconds: 0.0,
+                    newly_isolated: Vec::new(),
                 });
             }
         }
@@ -134,12 +143,23 @@ impl Enforcer {
                     ms = seconds * 1e3,
                     "NetworkPolicy rules applied"
                 );
+                let newly_isolated = e
+                    .pods
+                    .keys()
+                    .filter(|k| {
+                        [model::Direction::Ingress, model::Direction::Egress]
+                            .into_iter()
+                            .all(|d| !before.chains.contains(&nft::chain_name(k, d, false)))
+                    })
+                    .cloned()
+                    .collect();
                 self.objects = Some(now);
                 self.in_force = Some((e.clone(), rules));
                 Ok(Applied {
                     changed: true,
                     rules,
                     seconds,
+                    newly_isolated,
                 })
             }
             Err(err) => {
@@ -166,4 +186,40 @@ impl Enforcer {
         debug!(present = listing.is_some(), "read the policy counters");
         Ok(listing.map(|l| nft::counters_of(&l)).unwrap_or_default())
     }
+}
+
+/// Deletes every conntrack entry of the node with one of `ips` at either
+/// end, before or after NAT (`conntrack -D`); how many went.
+///
+/// Called for a pod a policy has just isolated, once its fast-path traffic
+/// has drained: conntrack never saw what the fast path carried, so an entry
+/// made at the switch may take the pod's reply to a request it got over XDP
+/// for a connection the pod began (and let the other end's packets in as
+/// its replies). Deleted, each entry is made again by the next packet that
+/// passes the rules: a request, since the pod has nothing left to answer.
+/// TCP connections picked up again mid-stream must be allowed from both
+/// ends (see `nft`).
+pub fn forget_connections(ips: &[IpAddr]) -> Result<u64, NetpolError> {
+    let mut deleted = 0;
+    for ip in ips {
+        let family = if ip.is_ipv6() { "ipv6" } else { "ipv4" };
+        let ip = ip.to_string();
+        for end in ["--orig-src", "--orig-dst", "--reply-src", "--reply-dst"] {
+            let out = Command::new("conntrack")
+                .args(["-D", "-f", family, end, &ip])
+                .output()
+                .map_err(|e| NetpolError::Conntrack(format!("running conntrack: {e}")))?;
+            // "conntrack v1.4.7 (conntrack-tools): N flow entries have been
+            // deleted." on stderr, exit 1 when N is 0.
+            let err = String::from_utf8_lossy(&out.stderr);
+            let n = err
+                .split_whitespace()
+                .zip(err.split_whitespace().skip(1))
+                .find(|(_, w)| *w == "flow")
+                .and_then(|(n, _)| n.parse::<u64>().ok())
+                .ok_or_else(|| NetpolError::Conntrack(format!("{end} {ip}: {}", err.trim())))?;
+            deleted += n;
+        }
+    }
+    Ok(deleted)
 }

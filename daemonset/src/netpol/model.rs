@@ -563,7 +563,16 @@ fn pod_rules(
 }
 
 /// What the policies of `cluster` mean for `local`, the pods of this node.
+/// Policies are taken by namespace and name (a pod's rules in that order),
+/// whatever order the watch cache gives them in: the same cluster makes the
+/// same ruleset.
 pub fn compute(cluster: &Cluster<'_>, local: &[LocalPod]) -> Enforcement {
+    let mut policies = cluster.policies.to_vec();
+    policies.sort_by_key(|np| (np.namespace(), np.name_any()));
+    let cluster = &Cluster {
+        policies: &policies,
+        ..*cluster
+    };
     let mut out = Enforcement::default();
     for np in cluster.policies {
         if let Some(ns) = np.namespace() {

@@ -12,10 +12,16 @@
 //!   no policy covers it)
 //!   ct state invalid,untracked, to or from an isolated pod: drop
 //!   ct state related ICMP/ICMPv6 (errors about a tracked connection): accept
+//!   ct mark & 0xffff0000 == generation << 16: accept (allowed already, below,
+//!     by this very ruleset: its packets skip the pod chains)
 //!   original direction: client = ip saddr   vmap { pod: jump eg_<pod> }
 //!                       server = ip daddr   vmap { pod: jump in_<pod> }
 //!   reply direction:    client = ip daddr   vmap { pod: jump egr_<pod> }
 //!                       server = ip saddr   vmap { pod: jump inr_<pod> }
+//!   a TCP connection picked up mid-stream (new, not a SYN): the reply
+//!     direction's lookups too (allowed whichever end began it)
+//!   (the pod chains allowed it) to or from an isolated pod:
+//!     ct mark set ct mark & 0x0000ffff | generation << 16
 //! chain in_<ns>/<pod>, inr_..: each allow rule `return`s, then `counter drop`
 //! chain eg_<ns>/<pod>, egr_..: the same for egress
 //! set <direction>_<ns>/<policy>_<rule>_4|6: the peers of a rule (interval)
@@ -25,7 +31,11 @@
 //! Every packet of a connection, not only its first, is checked against
 //! the connection's own direction (its client, and its server and port
 //! after DNAT), so replies of an allowed connection pass, and a connection
-//! a new policy forbids stops at its next packet. The output hook has no
+//! a new policy forbids stops at its next packet. What a connection was
+//! allowed by is remembered in the top 16 bits of its conntrack mark: the
+//! generation of the ruleset (each transaction has a new one). Its packets
+//! under that same ruleset accept at once; after any change, its next
+//! packet is checked again (and marked again if still allowed). The output hook has no
 //! chain: what the node itself sends (the kubelet's probes, hostNetwork
 //! pods of this node) is always allowed in, and its replies with it.
 
@@ -55,6 +65,10 @@ pub use xdpcni_node::nftable::TABLE;
 const FAMILY: NfFamily = NfFamily::INet;
 /// The counter of packets conntrack calls invalid, to or from isolated pods.
 pub const DROP_INVALID: &str = "drop_invalid";
+/// The conntrack mark bits that hold the generation of the ruleset that
+/// allowed a connection (the rest of the mark is left to others).
+pub const MARK_MASK: u32 = 0xffff_0000;
+const MARK_SHIFT: u32 = 16;
 
 /// Which packet fields stand for the connection's client and server in a
 /// pod chain: the original direction's, or the reply's (swapped).
@@ -74,6 +88,13 @@ pub struct Objects {
     pub sets: BTreeSet<String>,
     /// Named counters.
     pub counters: BTreeSet<String>,
+    /// The ruleset's generation (what its conntrack marks say).
+    pub generation: u16,
+}
+
+/// The generation after `g`: never 0 (an unmarked connection's).
+pub fn next_generation(g: u16) -> u16 {
+    g.checked_add(1).unwrap_or(1).max(1)
 }
 
 /// A name nftables accepts (at most 255 bytes): long ones are cut and end
@@ -324,9 +345,11 @@ fn allow_rules(
 }
 
 /// The transaction that makes the table enforce `e`, deleting what `before`
-/// (the objects of the ruleset in force) has that `e` does not. Returns the
-/// commands and the objects of the new ruleset.
+/// (the objects of the ruleset in force) has that `e` does not, with the
+/// generation after `before`'s. Returns the commands and the objects of the
+/// new ruleset.
 pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Objects) {
+    let generation = next_generation(before.generation);
     let mut b = Batch::new();
     let table = || schema::Table {
         family: FAMILY,
@@ -396,7 +419,10 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
         }));
     }
 
-    let mut now = Objects::default();
+    let mut now = Objects {
+        generation,
+        ..Objects::default()
+    };
     now.counters.insert(DROP_INVALID.into());
     b.add(counter(DROP_INVALID));
     for (name, peers) in &e.peer_sets {
@@ -458,6 +484,33 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
         )
     };
     let direction_is = |d: &str| is(ct("direction"), s(d));
+    // `tcp flags & (syn | ack) != syn`: a TCP packet that opens nothing.
+    let mid_stream_tcp = Statement::Match(stmt::Match {
+        left: Expression::BinaryOperation(Box::new(expr::BinaryOperation::AND(
+            field("tcp", "flags"),
+            Expression::List(vec![s("syn"), s("ack")]),
+        ))),
+        right: s("syn"),
+        op: Operator::NEQ,
+    });
+    let mark_bits = Expression::Number(u32::from(generation) << MARK_SHIFT);
+    let marked = is(
+        Expression::BinaryOperation(Box::new(expr::BinaryOperation::AND(
+            ct("mark"),
+            Expression::Number(MARK_MASK),
+        ))),
+        mark_bits.clone(),
+    );
+    let set_mark = Statement::Mangle(stmt::Mangle {
+        key: ct("mark"),
+        value: Expression::BinaryOperation(Box::new(expr::BinaryOperation::OR(vec![
+            Expression::BinaryOperation(Box::new(expr::BinaryOperation::AND(
+                ct("mark"),
+                Expression::Number(!MARK_MASK),
+            ))),
+            mark_bits,
+        ]))),
+    });
     for base in ["forward", "input"] {
         // Neighbour discovery is what the node resolves pods with (the
         // IPv6 ARP); conntrack does not track it.
@@ -515,6 +568,8 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
                 Statement::Accept(None),
             ],
         ));
+        // Allowed already by this ruleset.
+        b.add(rule(base, vec![marked.clone(), Statement::Accept(None)]));
         for v6 in [false, true] {
             // Original direction: the client is the source, the server the
             // destination; reply direction the other way round. The node's
@@ -537,6 +592,43 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
                 b.add(rule(
                     base,
                     vec![direction_is(dir), vmap(addr(v6, src), items.clone())],
+                ));
+            }
+            // A TCP connection conntrack picks up in the middle (its first
+            // packet here is no SYN: it began on the fast path, or its
+            // entry was flushed) may have begun at either end: checked as a
+            // reply too, it must be allowed whichever side started it.
+            if base == "forward" {
+                for (direction, src) in [(Direction::Egress, false), (Direction::Ingress, true)] {
+                    let Some(items) = maps.get(&(direction, Flow::Reply, v6)) else {
+                        continue;
+                    };
+                    b.add(rule(
+                        base,
+                        vec![
+                            ct_state(&["new"]),
+                            mid_stream_tcp.clone(),
+                            vmap(addr(v6, src), items.clone()),
+                        ],
+                    ));
+                }
+            }
+        }
+        // Past the pod chains: allowed. Remembered on the connection.
+        for v6 in [false, true] {
+            let pods = &isolated[usize::from(v6)];
+            if pods.is_empty() {
+                continue;
+            }
+            let ends: &[bool] = if base == "forward" {
+                &[true, false]
+            } else {
+                &[true]
+            };
+            for &src in ends {
+                b.add(rule(
+                    base,
+                    vec![is(addr(v6, src), anon_set(pods.clone())), set_mark.clone()],
                 ));
             }
         }
@@ -589,6 +681,24 @@ pub fn objects_of(listing: &serde_json::Value) -> Objects {
             .and_then(|v| v["name"].as_str())
         {
             out.counters.insert(n.to_string());
+        }
+        // The generation, from `ct mark & MASK == g << 16` (nft lists it as
+        // a prefix match).
+        if let Some(r) = o
+            .get("rule")
+            .filter(|v| of_table(v) && v["chain"] == "forward")
+        {
+            let matches = r["expr"].as_array().into_iter().flatten();
+            for m in matches.filter_map(|e| e.get("match")) {
+                let left_is_mark =
+                    m["left"]["ct"]["key"] == "mark" || m["left"]["&"][0]["ct"]["key"] == "mark";
+                let value = m["right"]["prefix"]["addr"]
+                    .as_u64()
+                    .or_else(|| m["right"].as_u64());
+                if let (true, Some(v)) = (left_is_mark, value) {
+                    out.generation = u16::try_from(v >> MARK_SHIFT).unwrap_or(0);
+                }
+            }
         }
     }
     out
@@ -677,6 +787,18 @@ mod tests {
     #[test]
     fn both_directions_of_a_connection_are_checked_from_its_own_side() {
         let (cmds, now) = commands(&web_isolated(), &Objects::default());
+        // A connection allowed by this ruleset is marked with its
+        // generation, and its packets accept at once after that.
+        let forward = rules_of(&cmds, "forward");
+        let g = json!(1u32 << 16);
+        assert!(forward
+            .iter()
+            .any(|r| r[0]["match"]["right"] == g && r[1] == json!({ "accept": null })));
+        assert!(forward.iter().any(|r| r
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|st| st["mangle"]["key"]["ct"]["key"] == "mark")));
         // Original direction: the client is the source, the port the
         // destination port.
         assert_eq!(
@@ -757,10 +879,11 @@ mod tests {
             ]
         );
         assert_eq!(now.counters, [DROP_INVALID.to_string()].into());
-        // With nothing isolated the base chains have only the ND and ICMP
-        // rules.
-        assert_eq!(rules_of(&cmds, "forward").len(), 2);
-        assert_eq!(rules_of(&cmds, "input").len(), 2);
+        // With nothing isolated the base chains have only the ND, ICMP and
+        // allowed-already rules.
+        assert_eq!(rules_of(&cmds, "forward").len(), 3);
+        assert_eq!(rules_of(&cmds, "input").len(), 3);
+        assert_eq!((first.generation, now.generation), (1, 2));
     }
 
     #[test]
@@ -781,6 +904,10 @@ mod tests {
             { "set": { "family": "inet", "table": "xdpcni", "name": "ingress_x/p_0_4", "type": "ipv4_addr" } },
             { "chain": { "family": "inet", "table": "xdpcni", "name": "forward", "hook": "forward" } },
             { "chain": { "family": "inet", "table": "xdpcni", "name": "in_x/web" } },
+            { "rule": { "family": "inet", "table": "xdpcni", "chain": "forward", "expr": [
+                { "match": { "op": "==", "left": { "ct": { "key": "mark" } },
+                             "right": { "prefix": { "addr": 7u64 << 16, "len": 16 } } } },
+                { "accept": null } ] } },
             { "chain": { "family": "inet", "table": "other", "name": "mine" } },
         ] });
         let o = objects_of(&listing);
@@ -790,6 +917,13 @@ mod tests {
             "base chains stay"
         );
         assert_eq!(o.sets, ["ingress_x/p_0_4".to_string()].into());
+        assert_eq!(o.generation, 7, "read back as nft lists it");
+        assert_eq!(next_generation(o.generation), 8);
+        assert_eq!(
+            next_generation(u16::MAX),
+            1,
+            "never 0, an unmarked connection's"
+        );
         assert_eq!(
             counters_of(&listing).get("drop_in_x/web"),
             Some(&(5_000_000_000, 7)),
