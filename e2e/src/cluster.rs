@@ -214,6 +214,21 @@ impl KubeNode {
         })
     }
 
+    /// Sets annotations of a pod (`null` removes one).
+    pub fn annotate(&self, namespace: &str, pod: &str, annotations: Value) -> Result<()> {
+        let (namespace, pod) = (namespace.to_string(), pod.to_string());
+        self.client(|c| async move {
+            Api::<Pod>::namespaced(c, &namespace)
+                .patch(
+                    &pod,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "annotations": annotations } })),
+                )
+                .await?;
+            Ok(())
+        })
+    }
+
     /// Sets the labels of a namespace or a pod (`null` removes one).
     pub fn relabel(&self, namespace: &str, pod: Option<&str>, labels: Value) -> Result<()> {
         let (namespace, pod) = (namespace.to_string(), pod.map(str::to_string));

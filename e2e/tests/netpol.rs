@@ -1376,3 +1376,230 @@ fn netpol_rules_that_cannot_be_applied_hold_the_pods_they_select() {
         node.del_pod(p).unwrap();
     }
 }
+
+/// The node itself: what it sends to a pod is allowed in whatever the
+/// policies (the kubelet's probes, hostNetwork pods of the node), with its
+/// replies; a pod's own connections to the node are egress, checked like
+/// any other (here refused by a deny-all egress policy, then allowed by an
+/// ipBlock of the node's address).
+#[test]
+fn netpol_the_node_itself_is_allowed_in_and_checked_out() {
+    let node = KubeNode::start(json!({})).unwrap();
+    node.namespace("x", json!({})).unwrap();
+    let pod = node
+        .add_pod("x", "p", json!({ "app": "p" }), ports())
+        .unwrap();
+    node.create_policy(np(
+        "x",
+        "deny-all",
+        json!({ "podSelector": {}, "policyTypes": ["Ingress", "Egress"] }),
+    ))
+    .unwrap();
+    // A server on the node's own address (the test network's 10.99.0.1).
+    let listener = in_netns(&node.net.node, || {
+        Ok(std::net::TcpListener::bind(("10.99.0.1", 7070))?)
+    })
+    .unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let to_node = |pod: &TestPod| {
+        in_netns(&pod.netns, || {
+            Ok(TcpStream::connect_timeout(
+                &"10.99.0.1:7070".parse().unwrap(),
+                Duration::from_millis(500),
+            )
+            .is_ok())
+        })
+        .unwrap()
+    };
+    let tcp80 = Probe {
+        proto: Proto::Tcp,
+        port: 80,
+        v6: false,
+    };
+    let (ip, id) = (pod.ip(false), pod.id());
+    let start = Instant::now();
+    while to_node(&pod) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the pod still reaches the node: {}",
+            node.agent_log()
+        );
+    }
+    let from_node = in_netns(&node.net.node, || {
+        Ok(reach(ip, &id, tcp80, Duration::from_secs(1)))
+    })
+    .unwrap();
+    assert!(
+        from_node,
+        "the node reaches a pod a deny-all policy isolates"
+    );
+    node.create_policy(np(
+        "x",
+        "to-the-node",
+        json!({ "podSelector": {}, "policyTypes": ["Egress"],
+                "egress": [{ "to": [{ "ipBlock": { "cidr": "10.99.0.1/32" } }] }] }),
+    ))
+    .unwrap();
+    let start = Instant::now();
+    while !to_node(&pod) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{}",
+            node.agent_log()
+        );
+    }
+    drop(listener);
+    node.del_pod(pod).unwrap();
+}
+
+/// Flows that began on the fast path (unseen by conntrack) stop when a
+/// policy isolates their pod, whichever end speaks first after the switch:
+/// a UDP exchange (a asks, b answers, every millisecond) and a TCP
+/// connection whose server b pushes data to its client a. Without care
+/// conntrack would take b's first packet on the kernel path for the start
+/// of a connection b began (b's egress is open), and let a's in as its
+/// replies.
+#[test]
+fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
+    use std::sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    };
+    let node = KubeNode::start(json!({})).unwrap();
+    node.namespace("x", json!({})).unwrap();
+    let a = node
+        .add_pod("x", "a", json!({ "app": "a" }), ports())
+        .unwrap();
+    let b = node
+        .add_pod("x", "b", json!({ "app": "b" }), ports())
+        .unwrap();
+    for p in [&a, &b] {
+        xdpcni_e2e::agent::wait_mode(
+            &node.net.node,
+            &p.host,
+            "xdpgeneric",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    }
+    let started = Instant::now();
+    let now = move || started.elapsed().as_millis() as u64;
+    let (udp_last, tcp_last) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let b_ip = b.ip(false);
+    std::thread::scope(|s| {
+        // b pushes to whoever connects to its port 7071.
+        s.spawn(|| {
+            in_netns(&b.netns, || {
+                let l = std::net::TcpListener::bind((b_ip, 7071))?;
+                // Not blocking: the test ends even if a never connects.
+                l.set_nonblocking(true)?;
+                let mut c = loop {
+                    match l.accept() {
+                        Ok((c, _)) => break c,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            if stop.load(Ordering::Relaxed) {
+                                return Ok(());
+                            }
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                };
+                c.set_nonblocking(false)?;
+                c.set_write_timeout(Some(Duration::from_millis(200)))?;
+                let chunk = [0x5au8; 16384];
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = c.write(&chunk);
+                }
+                Ok(())
+            })
+            .unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        s.spawn(|| {
+            in_netns(&a.netns, || {
+                let mut c =
+                    TcpStream::connect_timeout(&(b_ip, 7071).into(), Duration::from_secs(2))?;
+                c.set_read_timeout(Some(Duration::from_millis(100)))?;
+                let mut buf = [0u8; 65536];
+                while !stop.load(Ordering::Relaxed) {
+                    if matches!(c.read(&mut buf), Ok(n) if n > 0) {
+                        tcp_last.store(now(), Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        });
+        s.spawn(|| {
+            in_netns(&a.netns, || {
+                let sock = UdpSocket::bind("0.0.0.0:0")?;
+                sock.set_read_timeout(Some(Duration::from_millis(1)))?;
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = sock.send_to(b"ping", (b_ip, 80));
+                    if sock.recv_from(&mut buf).is_ok() {
+                        udp_last.store(now(), Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        });
+        // Both flowing on the fast path.
+        std::thread::sleep(Duration::from_millis(1000));
+        let t = now();
+        assert!(
+            udp_last.load(Ordering::Relaxed) + 100 > t
+                && tcp_last.load(Ordering::Relaxed) + 100 > t,
+            "both flows run before the policy"
+        );
+        node.create_policy(np(
+            "x",
+            "b-closed",
+            json!({ "podSelector": { "matchLabels": { "app": "b" } }, "policyTypes": ["Ingress"] }),
+        ))
+        .unwrap();
+        // Both stop (no data for 2 s in a row) within 10 s.
+        let policy_at = now();
+        let mut stopped = None;
+        while now() < policy_at + 10_000 {
+            let quiet = now().saturating_sub(
+                udp_last
+                    .load(Ordering::Relaxed)
+                    .max(tcp_last.load(Ordering::Relaxed)),
+            );
+            if quiet > 2000 {
+                stopped = Some(
+                    udp_last
+                        .load(Ordering::Relaxed)
+                        .max(tcp_last.load(Ordering::Relaxed)),
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let (u, t) = (
+            udp_last.load(Ordering::Relaxed),
+            tcp_last.load(Ordering::Relaxed),
+        );
+        assert!(
+            stopped.is_some(),
+            "flows go on after the policy: last UDP echo {} ms, last TCP data {} ms after it\n{}\n{}",
+            u.saturating_sub(policy_at),
+            t.saturating_sub(policy_at),
+            node.net.node.exec(&["nft", "list", "table", "inet", "xdpcni"]).unwrap_or_default(),
+            node.agent_log()
+        );
+        eprintln!(
+            "netpol: after the policy, the last UDP echo came {} ms later, the last pushed TCP data {} ms later",
+            u.saturating_sub(policy_at),
+            t.saturating_sub(policy_at)
+        );
+    });
+    for p in [a, b] {
+        node.del_pod(p).unwrap();
+    }
+}
