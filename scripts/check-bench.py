@@ -32,6 +32,11 @@ ROWS = {
     "ADD to fast path p50 (agent)": ["native devmap"],
     "ADD to fast path p99 (agent)": ["native devmap"],
     "UDP 64-byte XDP-drop ceiling": ["sender -> XDP_DROP (native)", "sender -> XDP_DROP (generic)"],
+    "NetworkPolicy created -> enforced p50": ["agent (Kubernetes mode), pods on XDP"],
+    "NetworkPolicy created -> enforced p99": ["agent (Kubernetes mode), pods on XDP"],
+    "NetworkPolicy deleted -> allowed p50": ["agent (Kubernetes mode), pods on XDP"],
+    "NetworkPolicy deleted -> allowed p99": ["agent (Kubernetes mode), pods on XDP"],
+    "Forwarding 64-byte, kernel path, raw-table sink": ["kernel path, no policy", "kernel path, 100 policies"],
 }
 TARGETS = {
     "tcp_default": ">= 0.9",

@@ -396,11 +396,23 @@ fn link_mac(out: &str) -> Result<[u8; 6]> {
 /// A 64-byte UDP frame from pod 0 to pod 1 as pod 0's eth0 would put it on
 /// the wire: to the host veth's MAC (the pod's gateway), valid IPv4 header.
 fn fwd_frame(b: &Bench) -> Result<Vec<u8>> {
-    let (IpAddr::V4(src), IpAddr::V4(dst)) = (b.ips[0], b.ips[1]) else {
+    frame_between(&b.net.node, &b.hosts[0], &b.pods[0], b.ips[0], b.ips[1])
+}
+
+/// [`fwd_frame`] from the pod `from` (host veth `host` in `node`) at `src`
+/// to `dst`.
+fn frame_between(
+    node: &Netns,
+    host: &str,
+    from: &Netns,
+    src: IpAddr,
+    dst: IpAddr,
+) -> Result<Vec<u8>> {
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (src, dst) else {
         bail!("the forwarding workload is IPv4");
     };
-    let host_mac = link_mac(&b.net.node.ip(&["-j", "link", "show", &b.hosts[0]])?)?;
-    let pod_mac = link_mac(&b.pods[0].ip(&["-j", "link", "show", "eth0"])?)?;
+    let host_mac = link_mac(&node.ip(&["-j", "link", "show", host])?)?;
+    let pod_mac = link_mac(&from.ip(&["-j", "link", "show", "eth0"])?)?;
     let f = eth(
         host_mac,
         pod_mac,
@@ -454,6 +466,49 @@ struct Fwd {
     busy: Vec<f64>,
 }
 
+/// Frames per second of `frame` that reached an iptables raw-table DROP in
+/// `to` while `from`'s raw sender ran with one thread per entry of `cpus`.
+fn raw_sink_rate(
+    from: &Netns,
+    to: &Netns,
+    frame: &[u8],
+    cpus: &[Option<usize>],
+    dur: Duration,
+) -> Result<Fwd> {
+    let port = FWD_PORT.to_string();
+    let rule = [
+        "PREROUTING",
+        "-i",
+        "eth0",
+        "-p",
+        "udp",
+        "--dport",
+        &port,
+        "-j",
+        "DROP",
+    ];
+    let iptables = |op: &str| -> Result<String> {
+        let mut args = vec!["iptables", "-w", "-t", "raw", op];
+        args.extend(rule);
+        to.exec(&args)
+    };
+    iptables("-A")?;
+    let before = rx_packets(to);
+    let t0 = cpu_times()?;
+    let start = Instant::now();
+    let sent = raw_flood(from, "eth0", frame, cpus, dur);
+    let busy = busy_between(&t0, &cpu_times()?);
+    std::thread::sleep(Duration::from_millis(100));
+    let after = rx_packets(to);
+    let elapsed = start.elapsed();
+    iptables("-D")?;
+    sent?;
+    Ok(Fwd {
+        rate: (after? - before?) as f64 / elapsed.as_secs_f64(),
+        busy,
+    })
+}
+
 /// Frames per second that reached `sink` in pod 1 while pod 0's raw sender
 /// ran with one thread per entry of `cpus`.
 fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<Fwd> {
@@ -475,40 +530,7 @@ fn fwd(b: &Bench, sink: Sink, cpus: &[Option<usize>], dur: Duration) -> Result<F
             drop(sink);
             Fwd { rate, busy }
         }
-        Sink::RawTable => {
-            let port = FWD_PORT.to_string();
-            let rule = [
-                "PREROUTING",
-                "-i",
-                "eth0",
-                "-p",
-                "udp",
-                "--dport",
-                &port,
-                "-j",
-                "DROP",
-            ];
-            let iptables = |op: &str| -> Result<String> {
-                let mut args = vec!["iptables", "-w", "-t", "raw", op];
-                args.extend(rule);
-                b.pods[1].exec(&args)
-            };
-            iptables("-A")?;
-            let before = rx_packets(&b.pods[1]);
-            let t0 = cpu_times()?;
-            let start = Instant::now();
-            let sent = raw_flood(&b.pods[0], "eth0", &frame, cpus, dur);
-            let busy = busy_between(&t0, &cpu_times()?);
-            std::thread::sleep(Duration::from_millis(100));
-            let after = rx_packets(&b.pods[1]);
-            let elapsed = start.elapsed();
-            iptables("-D")?;
-            sent?;
-            Fwd {
-                rate: (after? - before?) as f64 / elapsed.as_secs_f64(),
-                busy,
-            }
-        }
+        Sink::RawTable => raw_sink_rate(&b.pods[0], &b.pods[1], &frame, cpus, dur)?,
     };
     ensure!(
         r.rate > 0.0,
@@ -858,6 +880,15 @@ const W_ADD_P99: &str = "CNI ADD p99";
 const W_ATTACH_P50: &str = "ADD to fast path p50 (agent)";
 const W_ATTACH_P99: &str = "ADD to fast path p99 (agent)";
 const W_CEILING: &str = "UDP 64-byte XDP-drop ceiling";
+const W_NP_APPLY_P50: &str = "NetworkPolicy created -> enforced p50";
+const W_NP_APPLY_P99: &str = "NetworkPolicy created -> enforced p99";
+const W_NP_REMOVE_P50: &str = "NetworkPolicy deleted -> allowed p50";
+const W_NP_REMOVE_P99: &str = "NetworkPolicy deleted -> allowed p99";
+const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
+/// The NetworkPolicy rows' paths.
+const NP_AGENT: &str = "agent (Kubernetes mode), pods on XDP";
+const NP_NONE: &str = "kernel path, no policy";
+const NP_100: &str = "kernel path, 100 policies";
 /// The ceiling rows: the UDP 64-byte sender into an XDP program that only
 /// drops, at the host veth, in each mode: no XDP path can deliver more.
 const CEILINGS: &[(&str, aya::programs::XdpMode)] = &[
@@ -886,6 +917,11 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_ATTACH_P50, "ms", false),
     (W_ATTACH_P99, "ms", false),
     (W_CEILING, "Mpps", true),
+    (W_NP_APPLY_P50, "ms", false),
+    (W_NP_APPLY_P99, "ms", false),
+    (W_NP_REMOVE_P50, "ms", false),
+    (W_NP_REMOVE_P99, "ms", false),
+    (W_NP_FWD, "Mpps", true),
 ];
 
 /// The XDP paths of the main table ("best XDP mode" picks among them).
@@ -1030,6 +1066,176 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
         },
     });
     out
+}
+
+/// The NetworkPolicy figures, on a node of its own with a kube-apiserver
+/// and the agent in Kubernetes mode, pods a and b made through the CNI:
+/// - created -> enforced: pods a and b on XDP (generic), a UDP echo from a
+///   to b every millisecond; a policy closing b is created: how long until
+///   the last echo; deleted: until the first again (`reps` each);
+/// - the kernel path's cost per packet: a's raw 64-byte sender into a
+///   raw-table sink in b, both pods on kernel routing (`off`), with no
+///   policy and with 100 policies selecting b (99 rules that do not match
+///   a, the one that allows it last in b's chain).
+fn netpol_bench(
+    reps: usize,
+    dur: Duration,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use std::sync::atomic::AtomicU64;
+    use xdpcni_e2e::cluster::KubeNode;
+    let node = KubeNode::start(json!({ "xdpMode": "off" }))?;
+    node.namespace("bench", json!({}))?;
+    let a = node.add_pod("bench", "a", json!({ "app": "a" }), json!([]))?;
+    let b = node.add_pod("bench", "b", json!({ "app": "b" }), json!([]))?;
+    let policies = |n: f64| -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let m = node.metrics()?;
+            if m.get("xdpcni_policy_policies").copied() == Some(n) {
+                return Ok(());
+            }
+            ensure!(
+                start.elapsed() < Duration::from_secs(30),
+                "{n} policies not in force"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // Created -> enforced, deleted -> allowed, with both pods on XDP.
+    for p in ["a", "b"] {
+        node.annotate("bench", p, json!({ "xdpcni.io/xdp-mode": "generic" }))?;
+    }
+    for h in [&a.host, &b.host] {
+        wait_mode(&node.net.node, h, "xdpgeneric", Duration::from_secs(10))?;
+    }
+    let base = Instant::now();
+    let last = std::sync::Arc::new(AtomicU64::new(0));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let echo = {
+        let (last, stop, to) = (
+            std::sync::Arc::clone(&last),
+            std::sync::Arc::clone(&stop),
+            SocketAddr::new(b.ip(false), 80),
+        );
+        let netns = a.netns.path();
+        std::thread::spawn(move || -> Result<()> {
+            let ns = std::fs::File::open(&netns)?;
+            // SAFETY: a valid namespace fd; only this thread changes namespace.
+            if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } != 0
+            {
+                bail!("setns: {}", std::io::Error::last_os_error());
+            }
+            let s = UdpSocket::bind("0.0.0.0:0")?;
+            s.set_read_timeout(Some(Duration::from_millis(1)))?;
+            let mut buf = [0u8; 64];
+            while !stop.load(Ordering::Relaxed) {
+                let _ = s.send_to(b"x", to);
+                if s.recv_from(&mut buf).is_ok() {
+                    last.store(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        })
+    };
+    let at = |t: Instant| t.duration_since(base).as_nanos() as u64;
+    let closing = np_json(
+        "close-b",
+        json!({ "podSelector": { "matchLabels": { "app": "b" } }, "policyTypes": ["Ingress"] }),
+    );
+    let (mut applied, mut removed) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        check_interrupt()?;
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        node.create_policy(closing.clone())?;
+        // Enforced once no echo comes back for 500 ms.
+        while last.load(Ordering::Relaxed) + 500_000_000 > at(Instant::now()) {
+            ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the policy is not enforced: {}\n{}",
+                node.net
+                    .node
+                    .exec(&["nft", "list", "table", "inet", "xdpcni"])
+                    .unwrap_or_default(),
+                node.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ms = (last.load(Ordering::Relaxed).saturating_sub(at(t0))) as f64 / 1e6;
+        applied.push(ms);
+        push(W_NP_APPLY_P50, NP_AGENT, rep, ms);
+        let t1 = Instant::now();
+        node.delete_policies()?;
+        while last.load(Ordering::Relaxed) < at(t1) {
+            ensure!(t1.elapsed() < Duration::from_secs(10), "not allowed again");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let ms = (last.load(Ordering::Relaxed) - at(t1)) as f64 / 1e6;
+        removed.push(ms);
+        push(W_NP_REMOVE_P50, NP_AGENT, rep, ms);
+    }
+    stop.store(true, Ordering::Relaxed);
+    echo.join()
+        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    push(W_NP_APPLY_P99, NP_AGENT, 0, percentile(&mut applied, 0.99));
+    push(W_NP_REMOVE_P99, NP_AGENT, 0, percentile(&mut removed, 0.99));
+
+    // The kernel path with 100 policies vs none.
+    for p in ["a", "b"] {
+        node.annotate("bench", p, json!({ "xdpcni.io/xdp-mode": null }))?;
+    }
+    for h in [&a.host, &b.host] {
+        wait_mode(&node.net.node, h, "none", Duration::from_secs(10))?;
+    }
+    let frame = frame_between(&node.net.node, &a.host, &a.netns, a.ip(false), b.ip(false))?;
+    let sender = vec![None; 1];
+    let mut none = Vec::new();
+    let mut hundred = Vec::new();
+    for rep in 0..reps {
+        check_interrupt()?;
+        let r = raw_sink_rate(&a.netns, &b.netns, &frame, &sender, dur)?.rate;
+        none.push(r);
+        push(W_NP_FWD, NP_NONE, rep, r / 1e6);
+        for i in 0..99 {
+            node.create_policy(np_json(
+                &format!("np-{i:03}"),
+                json!({ "podSelector": { "matchLabels": { "app": "b" } }, "ingress": [{
+                    "from": [{ "ipBlock": { "cidr": format!("172.16.{i}.0/24") } }],
+                    "ports": [{ "protocol": "UDP", "port": 1000 + i }] }] }),
+            ))?;
+        }
+        node.create_policy(np_json(
+            "zz-allow-a",
+            json!({ "podSelector": { "matchLabels": { "app": "b" } },
+                    "ingress": [{ "from": [{ "podSelector": { "matchLabels": { "app": "a" } } }] }] }),
+        ))?;
+        policies(100.0)?;
+        let r = raw_sink_rate(&a.netns, &b.netns, &frame, &sender, dur)?.rate;
+        hundred.push(r);
+        push(W_NP_FWD, NP_100, rep, r / 1e6);
+        node.delete_policies()?;
+        policies(0.0)?;
+    }
+    let (n, h) = (median(&mut none), median(&mut hundred));
+    extra.push(format!(
+        "kernel path, one sender thread, 64-byte frames: {:.3} Mpps with no policy, {:.3} Mpps with 100 policies selecting the receiver ({:.2}x; {:.0} ns more per packet, the rules of 100 policies walked)",
+        n / 1e6,
+        h / 1e6,
+        h / n,
+        (1e9 / h - 1e9 / n)
+    ));
+    for p in [a, b] {
+        node.del_pod(p)?;
+    }
+    Ok(())
+}
+
+/// A NetworkPolicy `name` in namespace `bench`.
+fn np_json(name: &str, spec: Value) -> Value {
+    json!({ "metadata": { "name": name, "namespace": "bench" }, "spec": spec })
 }
 
 fn main() -> Result<()> {
@@ -1234,6 +1440,10 @@ fn main() -> Result<()> {
             }
         }
     }
+    if o.full() || o.workload("NetworkPolicy") || o.workload(W_NP_FWD) {
+        eprintln!("bench: NetworkPolicy on a Kubernetes node (API server, agent)...");
+        netpol_bench(reps, dur, &mut push, &mut extra)?;
+    }
     extra.append(&mut profile_lines);
     // Make sure the XDP paths really redirected.
     for b in benches[2..]
@@ -1287,6 +1497,7 @@ fn main() -> Result<()> {
         paths.push(DIRECT.label.into());
         paths.push("native devmap, headroom 0".into());
         paths.extend(CEILINGS.iter().map(|c| c.0.to_string()));
+        paths.extend([NP_AGENT, NP_NONE, NP_100].map(String::from));
         for p in paths {
             let Some(v) = groups.get(&(w.to_string(), p.clone())) else {
                 continue;
