@@ -13,6 +13,9 @@ runs, and that Containerfile lays out the same files.
   /var/run/netns resolve to the chart's /run/netns mount);
 - iptables-save and ip6tables-save (the agent's FORWARD rule check) with the
   xtables extensions, and Containerfile installs iptables;
+- nft with its libraries and /etc/protocols (the agent's NetworkPolicy
+  rules) and conntrack with its libraries, and Containerfile installs
+  nftables, netbase and conntrack;
 - Containerfile puts the same files in the same directory.
 Prints what it checked; exits 1 naming the first difference.
 """
@@ -73,6 +76,26 @@ def main() -> None:
         fail("the xtables extensions are not in the image")
     if not re.search(r"apt-get install[^\n]*\biptables\b", containerfile := open(sys.argv[3]).read()):
         fail("Containerfile does not install iptables")
+    # The agent's NetworkPolicy rules: nft, its libraries, protocol names.
+    m = files.get("usr/sbin/nft")
+    if m is None or not m.isreg() or not m.mode & 0o111:
+        fail("/usr/sbin/nft is not an executable file in the image")
+    for lib in ["libnftables.so.1", "libjansson.so.4", "libnftnl.so.11", "libmnl.so.0"]:
+        if not any(n.endswith("/" + lib) for n in files):
+            fail(f"nft's {lib} is not in the image")
+    if "etc/protocols" not in files:
+        fail("/etc/protocols (nft's protocol names) is not in the image")
+    if not re.search(r"apt-get install[^\n]*\bnftables\b[^\n]*\bnetbase\b", containerfile):
+        fail("Containerfile does not install nftables and netbase")
+    # A newly isolated pod's connections are forgotten with conntrack -D.
+    m = files.get("usr/sbin/conntrack")
+    if m is None or not m.isreg() or not m.mode & 0o111:
+        fail("/usr/sbin/conntrack is not an executable file in the image")
+    for lib in ["libnetfilter_conntrack.so.3", "libnfnetlink.so.0"]:
+        if not any(n.endswith("/" + lib) for n in files):
+            fail(f"conntrack's {lib} is not in the image")
+    if not re.search(r"apt-get install[^\n]*\bconntrack\b", containerfile):
+        fail("Containerfile does not install conntrack")
     run = files.get("var/run")
     if run is None or not run.issym() or run.linkname.rstrip("/") not in ("../run", "/run"):
         fail("/var/run is not a link to /run")

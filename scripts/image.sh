@@ -14,7 +14,7 @@ OUT=${OUT:-target/images}
 TAG=${XDPCNI_IMAGE_TAG:-dev}
 import=""
 [ "${1:-}" = "--import" ] && import=${2:?--import needs the containerd socket}
-apt_install busybox-static containernetworking-plugins gcc libc6-dev
+apt_install busybox-static containernetworking-plugins gcc libc6-dev nftables netbase conntrack
 
 step "cargo build --release (agent, plugin, podtool)"
 cargo build --release --locked -q -p xdpcni-agent -p xdpcni-plugin -p xdpcni-e2e --bin xdpcni-agent --bin xdpcni --bin podtool
@@ -55,6 +55,21 @@ fi
 put /usr/sbin/xtables-nft-multi /usr/sbin/xtables-nft-multi "$r"
 for l in iptables-save ip6tables-save; do ln -s xtables-nft-multi "$r/usr/sbin/$l"; done
 for so in "$xt"/*.so; do put "$so" "$so" "$r"; done
+# nft (and the protocol names it resolves with getprotobyname): the agent
+# applies its NetworkPolicy rules with `nft -j -f -`.
+if [ ! -x /usr/sbin/nft ] || [ ! -f /etc/protocols ]; then
+	echo "image.sh: nft or /etc/protocols is missing: scripts/setup.sh installs nftables and netbase" >&2
+	exit 1
+fi
+put /usr/sbin/nft /usr/sbin/nft "$r"
+install -D -m 0644 /etc/protocols "$r/etc/protocols"
+# conntrack: the agent forgets a newly isolated pod's connections with
+# `conntrack -D` (see daemonset/src/netpol/mod.rs).
+if [ ! -x /usr/sbin/conntrack ]; then
+	echo "image.sh: /usr/sbin/conntrack is missing: scripts/setup.sh installs conntrack" >&2
+	exit 1
+fi
+put /usr/sbin/conntrack /usr/sbin/conntrack "$r"
 python3 scripts/oci-image.py "$r" "localhost/xdpcni:$TAG" "$OUT/xdpcni.tar" \
 	--entrypoint /usr/local/bin/xdpcni-agent >/dev/null
 

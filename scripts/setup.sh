@@ -14,6 +14,7 @@ fi
 apt_install \
 	clang llvm clang-format libbpf-dev linux-libc-dev libc6-dev gcc `# BPF build` \
 	iproute2 ethtool iputils-ping procps iptables netcat-openbsd `# datapath and CNI tests` \
+	nftables netbase `# NetworkPolicy rules (the agent's nft, its protocol names)` \
 	iperf3 containernetworking-plugins `# benchmark, baseline CNI` \
 	openssl `# test API server keys` \
 	containerd runc conntrack busybox-static util-linux `# the real node (e2e/k8s)`
