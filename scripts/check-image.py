@@ -14,8 +14,7 @@ runs, and that Containerfile lays out the same files.
 - iptables-save and ip6tables-save (the agent's FORWARD rule check) with the
   xtables extensions, and Containerfile installs iptables;
 - nft with its libraries and /etc/protocols (the agent's NetworkPolicy
-  rules) and conntrack with its libraries, and Containerfile installs
-  nftables, netbase and conntrack;
+  rules), and Containerfile installs nftables and netbase;
 - Containerfile puts the same files in the same directory.
 Prints what it checked; exits 1 naming the first difference.
 """
@@ -87,15 +86,6 @@ def main() -> None:
         fail("/etc/protocols (nft's protocol names) is not in the image")
     if not re.search(r"apt-get install[^\n]*\bnftables\b[^\n]*\bnetbase\b", containerfile):
         fail("Containerfile does not install nftables and netbase")
-    # A newly isolated pod's connections are forgotten with conntrack -D.
-    m = files.get("usr/sbin/conntrack")
-    if m is None or not m.isreg() or not m.mode & 0o111:
-        fail("/usr/sbin/conntrack is not an executable file in the image")
-    for lib in ["libnetfilter_conntrack.so.3", "libnfnetlink.so.0"]:
-        if not any(n.endswith("/" + lib) for n in files):
-            fail(f"conntrack's {lib} is not in the image")
-    if not re.search(r"apt-get install[^\n]*\bconntrack\b", containerfile):
-        fail("Containerfile does not install conntrack")
     run = files.get("var/run")
     if run is None or not run.issym() or run.linkname.rstrip("/") not in ("../run", "/run"):
         fail("/var/run is not a link to /run")

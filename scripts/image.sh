@@ -14,7 +14,7 @@ OUT=${OUT:-target/images}
 TAG=${XDPCNI_IMAGE_TAG:-dev}
 import=""
 [ "${1:-}" = "--import" ] && import=${2:?--import needs the containerd socket}
-apt_install busybox-static containernetworking-plugins gcc libc6-dev nftables netbase conntrack
+apt_install busybox-static containernetworking-plugins gcc libc6-dev nftables netbase
 
 step "cargo build --release (agent, plugin, podtool)"
 cargo build --release --locked -q -p xdpcni-agent -p xdpcni-plugin -p xdpcni-e2e --bin xdpcni-agent --bin xdpcni --bin podtool
@@ -63,13 +63,6 @@ if [ ! -x /usr/sbin/nft ] || [ ! -f /etc/protocols ]; then
 fi
 put /usr/sbin/nft /usr/sbin/nft "$r"
 install -D -m 0644 /etc/protocols "$r/etc/protocols"
-# conntrack: the agent forgets a newly isolated pod's connections with
-# `conntrack -D` (see daemonset/src/netpol/mod.rs).
-if [ ! -x /usr/sbin/conntrack ]; then
-	echo "image.sh: /usr/sbin/conntrack is missing: scripts/setup.sh installs conntrack" >&2
-	exit 1
-fi
-put /usr/sbin/conntrack /usr/sbin/conntrack "$r"
 python3 scripts/oci-image.py "$r" "localhost/xdpcni:$TAG" "$OUT/xdpcni.tar" \
 	--entrypoint /usr/local/bin/xdpcni-agent >/dev/null
 

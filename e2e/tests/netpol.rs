@@ -1482,6 +1482,42 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
         )
         .unwrap();
     }
+    // b's own connection to the node, tracked from its first packet: kept
+    // through the isolation (neither cut nor made again).
+    let listener = in_netns(&node.net.node, || {
+        Ok(std::net::TcpListener::bind(("10.99.0.1", 7073))?)
+    })
+    .unwrap();
+    let mut b_to_node = in_netns(&b.netns, || {
+        Ok(TcpStream::connect_timeout(
+            &"10.99.0.1:7073".parse().unwrap(),
+            Duration::from_secs(2),
+        )?)
+    })
+    .unwrap();
+    let (mut node_to_b, _) = listener.accept().unwrap();
+    let entry_id = || {
+        let out = node
+            .net
+            .node
+            .exec(&[
+                "conntrack",
+                "-L",
+                "-p",
+                "tcp",
+                "--orig-src",
+                &b.ip(false).to_string(),
+                "--dport",
+                "7073",
+                "-o",
+                "id",
+            ])
+            .unwrap_or_default();
+        out.split_whitespace()
+            .find_map(|w| w.strip_prefix("id="))
+            .map(str::to_string)
+    };
+    let id_before = entry_id().expect("b's connection to the node is tracked");
     let started = Instant::now();
     let now = move || started.elapsed().as_millis() as u64;
     let (udp_last, tcp_last) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -1599,6 +1635,21 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
             t.saturating_sub(policy_at)
         );
     });
+    assert_eq!(
+        entry_id().as_deref(),
+        Some(id_before.as_str()),
+        "b's connection to the node kept its conntrack entry"
+    );
+    node_to_b.write_all(b"still here").unwrap();
+    b_to_node
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut got = [0u8; 10];
+    b_to_node.read_exact(&mut got).unwrap();
+    assert_eq!(
+        &got, b"still here",
+        "b's connection to the node carries data"
+    );
     for p in [a, b] {
         node.del_pod(p).unwrap();
     }

@@ -12,14 +12,17 @@
 //! - [`source_check`]: the kernel path's check that pods send from their own
 //!   addresses (what the datapath's `drop_spoofed` is on the fast path).
 //! - [`nftable`]: the product's nftables table (NetworkPolicy rules) and
-//!   its removal.
+//!   its removal; [`conntrack`]: listing and deleting connection tracking
+//!   entries; both over [`netfilter`] netlink.
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
 //! - [`hook`]: the named crash points the tests stop a process at.
 
+pub mod conntrack;
 pub mod ethtool;
 pub mod gate;
 pub mod hook;
 pub mod install;
+pub mod netfilter;
 pub mod netns;
 pub mod nftable;
 pub mod pod;

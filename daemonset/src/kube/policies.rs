@@ -203,21 +203,25 @@ impl PolicyTask {
         // has drained, their conntrack entries go (made anew by the next
         // packet through the rules; see netpol::forget_connections).
         if let Ok(a) = &applied {
-            let ips: Vec<std::net::IpAddr> = records
+            let ips: BTreeSet<std::net::IpAddr> = records
                 .iter()
                 .filter(|r| a.newly_isolated.contains(&pod_key(r)))
                 .flat_map(|r| r.ips.iter().copied())
                 .collect();
             if !ips.is_empty() {
+                let local: BTreeSet<std::net::IpAddr> =
+                    records.iter().flat_map(|r| r.ips.iter().copied()).collect();
                 let core = Arc::clone(core);
                 tokio::spawn(async move {
                     tokio::time::sleep(FAST_PATH_DRAIN).await;
                     let ips2 = ips.clone();
-                    match tokio::task::spawn_blocking(move || forget_connections(&ips2)).await {
+                    match tokio::task::spawn_blocking(move || forget_connections(&ips2, &local))
+                        .await
+                    {
                         Ok(Ok(n)) => info!(
                             ?ips,
                             deleted = n,
-                            "conntrack entries of newly isolated pods deleted"
+                            "conntrack entries the fast path left for newly isolated pods deleted"
                         ),
                         Ok(Err(e)) => {
                             warn!(error = %e, "deleting the conntrack entries of newly isolated pods");

@@ -12,9 +12,16 @@ pub mod addrs;
 pub mod model;
 pub mod nft;
 
-use std::{collections::BTreeMap, net::IpAddr, process::Command, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    process::Command,
+    time::Instant,
+};
 
 use tracing::{debug, info};
+
+use xdpcni_node::conntrack::{self, Entry};
 
 use self::{model::Enforcement, nft::Objects};
 use crate::node::PodKey;
@@ -25,9 +32,9 @@ pub enum NetpolError {
     /// `nft` failed or could not be run.
     #[error("nft: {0}")]
     Nft(#[from] nftables::helper::NftablesError),
-    /// `conntrack` failed or could not be run.
-    #[error("conntrack -D: {0}")]
-    Conntrack(String),
+    /// The conntrack table could not be listed or changed.
+    #[error("conntrack netlink: {0}")]
+    Conntrack(std::io::Error),
     /// `nft` printed something that is not the JSON it should.
     #[error("reading `nft -j {what}`: {why}")]
     Listing {
@@ -188,38 +195,112 @@ impl Enforcer {
     }
 }
 
-/// Deletes every conntrack entry of the node with one of `ips` at either
-/// end, before or after NAT (`conntrack -D`); how many went.
+/// The conntrack entries the fast path may have left wrong for pods just
+/// isolated: of a connection between two pods of this node (the only
+/// traffic the fast path carries), untranslated (the fast path translates
+/// nothing: a Service's connections were tracked from their first packet),
+/// with an end in `isolated`.
 ///
-/// Called for a pod a policy has just isolated, once its fast-path traffic
-/// has drained: conntrack never saw what the fast path carried, so an entry
-/// made at the switch may take the pod's reply to a request it got over XDP
-/// for a connection the pod began (and let the other end's packets in as
-/// its replies). Deleted, each entry is made again by the next packet that
-/// passes the rules: a request, since the pod has nothing left to answer.
-/// TCP connections picked up again mid-stream must be allowed from both
-/// ends (see `nft`).
-pub fn forget_connections(ips: &[IpAddr]) -> Result<u64, NetpolError> {
+/// conntrack never saw what the fast path carried, so an entry made at the
+/// switch to the kernel path may have been made by the pod's reply to a
+/// request it got over XDP, and take the other end for the server (letting
+/// its packets in as replies). Deleted, each entry is made again by the next
+/// packet that passes the rules. Entries of the pods' other connections (to
+/// the node, other nodes, the world, through NAT) are kept: they were
+/// tracked right from their first packet, and a NATed one would not survive.
+pub fn fast_path_entries<'a>(
+    entries: &'a [Entry],
+    isolated: &BTreeSet<IpAddr>,
+    local: &BTreeSet<IpAddr>,
+) -> Vec<&'a Entry> {
+    entries
+        .iter()
+        .filter(|e| {
+            let (a, b) = e.orig;
+            e.untranslated()
+                && local.contains(&a)
+                && local.contains(&b)
+                && (isolated.contains(&a) || isolated.contains(&b))
+        })
+        .collect()
+}
+
+/// Deletes the [`fast_path_entries`] of `isolated` among the pods `local`
+/// of this node, over ctnetlink; how many went. Called for pods a policy
+/// has just isolated, once their fast-path traffic has drained. TCP
+/// connections picked up again mid-stream must be allowed from both ends
+/// (see `nft`).
+pub fn forget_connections(
+    isolated: &BTreeSet<IpAddr>,
+    local: &BTreeSet<IpAddr>,
+) -> Result<u64, NetpolError> {
     let mut deleted = 0;
-    for ip in ips {
-        let family = if ip.is_ipv6() { "ipv6" } else { "ipv4" };
-        let ip = ip.to_string();
-        for end in ["--orig-src", "--orig-dst", "--reply-src", "--reply-dst"] {
-            let out = Command::new("conntrack")
-                .args(["-D", "-f", family, end, &ip])
-                .output()
-                .map_err(|e| NetpolError::Conntrack(format!("running conntrack: {e}")))?;
-            // "conntrack v1.4.7 (conntrack-tools): N flow entries have been
-            // deleted." on stderr, exit 1 when N is 0.
-            let err = String::from_utf8_lossy(&out.stderr);
-            let n = err
-                .split_whitespace()
-                .zip(err.split_whitespace().skip(1))
-                .find(|(_, w)| *w == "flow")
-                .and_then(|(n, _)| n.parse::<u64>().ok())
-                .ok_or_else(|| NetpolError::Conntrack(format!("{end} {ip}: {}", err.trim())))?;
-            deleted += n;
+    for v6 in [false, true] {
+        if !isolated.iter().any(|ip| ip.is_ipv6() == v6) {
+            continue;
         }
+        let all = conntrack::entries(v6).map_err(NetpolError::Conntrack)?;
+        let gone = fast_path_entries(&all, isolated, local);
+        deleted += conntrack::delete(&gone).map_err(NetpolError::Conntrack)?;
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A connection from `c` to `s` as conntrack has it, the server
+    /// answering from `server` to `client`.
+    fn entry(c: &str, s: &str, server: &str, client: &str) -> Entry {
+        Entry::new((ip(c), ip(s)), (ip(server), ip(client)))
+    }
+
+    #[test]
+    fn only_untranslated_entries_between_local_pods_with_an_isolated_end_go() {
+        let local: BTreeSet<IpAddr> = [
+            "10.244.0.2",
+            "10.244.0.3",
+            "10.244.0.4",
+            "fd00::2",
+            "fd00::3",
+        ]
+        .iter()
+        .map(|s| ip(s))
+        .collect();
+        let isolated: BTreeSet<IpAddr> = [ip("10.244.0.2"), ip("fd00::2")].into();
+        let entries = vec![
+            // Pod to pod with the isolated pod at either end: go.
+            entry("10.244.0.2", "10.244.0.3", "10.244.0.3", "10.244.0.2"),
+            entry("10.244.0.4", "10.244.0.2", "10.244.0.2", "10.244.0.4"),
+            entry("fd00::3", "fd00::2", "fd00::2", "fd00::3"),
+            // Pod to pod, neither isolated: stays.
+            entry("10.244.0.3", "10.244.0.4", "10.244.0.4", "10.244.0.3"),
+            // Through a Service (DNAT to the isolated pod): tracked from its
+            // first packet, stays.
+            entry("10.244.0.3", "10.96.0.10", "10.244.0.2", "10.244.0.3"),
+            // To the world, masqueraded: stays.
+            entry("10.244.0.2", "1.1.1.1", "1.1.1.1", "192.168.1.5"),
+            // To the node, to another node's pod: stay.
+            entry("10.244.0.2", "192.168.1.5", "192.168.1.5", "10.244.0.2"),
+            entry("10.244.1.7", "10.244.0.2", "10.244.0.2", "10.244.1.7"),
+        ];
+        let gone: Vec<(IpAddr, IpAddr)> = fast_path_entries(&entries, &isolated, &local)
+            .iter()
+            .map(|e| e.orig)
+            .collect();
+        assert_eq!(
+            gone,
+            vec![
+                (ip("10.244.0.2"), ip("10.244.0.3")),
+                (ip("10.244.0.4"), ip("10.244.0.2")),
+                (ip("fd00::3"), ip("fd00::2")),
+            ]
+        );
+        assert!(fast_path_entries(&entries, &BTreeSet::new(), &local).is_empty());
+    }
 }

@@ -1,0 +1,161 @@
+//! The kernel's connection tracking table over ctnetlink
+//! (netlink-packet-netfilter): list its entries, delete some. The agent
+//! deletes the entries a pod's fast-path traffic left behind when a policy
+//! isolates it (see the agent's `netpol::fast_path_entries`).
+
+use std::{io, net::IpAddr};
+
+use netlink_packet_core::{NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_netfilter::{
+    conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple},
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+
+use crate::netfilter::{errno, message, Nfnl};
+
+/// `CTA_ZONE`: kept from a listed entry so that its delete names the same
+/// zone.
+const CTA_ZONE: u16 = 18;
+
+/// Deletes sent before their acknowledgements are read.
+const DELETE_BATCH: usize = 64;
+
+/// One entry of the table: its two directions' addresses, and what a
+/// delete names it by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The original direction: source (the client) and destination (what
+    /// it sent to, before DNAT).
+    pub orig: (IpAddr, IpAddr),
+    /// The reply direction: source (the server, after DNAT) and
+    /// destination (the client, before SNAT).
+    pub reply: (IpAddr, IpAddr),
+    key: Vec<ConntrackAttribute>,
+}
+
+impl Entry {
+    /// An entry with these addresses (for tests of what is selected).
+    pub fn new(orig: (IpAddr, IpAddr), reply: (IpAddr, IpAddr)) -> Self {
+        Self {
+            orig,
+            reply,
+            key: Vec::new(),
+        }
+    }
+
+    /// Whether no address was translated either way (no DNAT, no SNAT).
+    pub fn untranslated(&self) -> bool {
+        self.orig == (self.reply.1, self.reply.0)
+    }
+
+    fn parse(attrs: Vec<ConntrackAttribute>) -> Option<Self> {
+        let ends = |tuple: &[Tuple]| {
+            let ip = tuple.iter().find_map(|t| match t {
+                Tuple::Ip(ip) => Some(ip),
+                _ => None,
+            })?;
+            let src = ip.iter().find_map(|a| match a {
+                IPTuple::SourceAddress(a) => Some(*a),
+                _ => None,
+            })?;
+            let dst = ip.iter().find_map(|a| match a {
+                IPTuple::DestinationAddress(a) => Some(*a),
+                _ => None,
+            })?;
+            Some((src, dst))
+        };
+        let mut orig = None;
+        let mut reply = None;
+        let mut key = Vec::new();
+        for a in attrs {
+            match &a {
+                ConntrackAttribute::CtaTupleOrig(t) => {
+                    orig = ends(t);
+                    key.push(a);
+                }
+                ConntrackAttribute::CtaTupleReply(t) => reply = ends(t),
+                ConntrackAttribute::Other(o) if o.kind() == CTA_ZONE => key.push(a),
+                _ => {}
+            }
+        }
+        Some(Self {
+            orig: orig?,
+            reply: reply?,
+            key,
+        })
+    }
+}
+
+fn family(v6: bool) -> NetfilterHeader {
+    let f = if v6 {
+        NetfilterProtoFamily::IPv6
+    } else {
+        NetfilterProtoFamily::IPv4
+    };
+    NetfilterHeader::new(f, 0, 0)
+}
+
+fn error(c: i32) -> io::Error {
+    io::Error::from_raw_os_error(c)
+}
+
+/// Every entry of one family in the calling thread's network namespace.
+pub fn entries(v6: bool) -> io::Result<Vec<Entry>> {
+    let dump = message(
+        NLM_F_REQUEST | NLM_F_DUMP,
+        1,
+        family(v6),
+        ConntrackMessage::Get(Vec::new()),
+    );
+    let mut out = Vec::new();
+    Nfnl::open()?.exchange(&[dump], |m| match m.payload {
+        NetlinkPayload::Done(_) => Some(Ok(())),
+        NetlinkPayload::Error(e) => Some(match errno(&e) {
+            None => Ok(()),
+            Some(c) => Err(error(c)),
+        }),
+        NetlinkPayload::InnerMessage(NetfilterMessage {
+            inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
+            ..
+        }) => {
+            out.extend(Entry::parse(attrs));
+            None
+        }
+        _ => None,
+    })?;
+    Ok(out)
+}
+
+/// Deletes `entries` (listed by [`entries`]); how many went. One already
+/// gone is not counted and is no error.
+pub fn delete(entries: &[&Entry]) -> io::Result<u64> {
+    let mut socket = Nfnl::open()?;
+    let mut deleted = 0;
+    for chunk in entries.chunks(DELETE_BATCH) {
+        let msgs: Vec<_> = chunk
+            .iter()
+            .zip(1u32..)
+            .map(|(e, seq)| {
+                message(
+                    NLM_F_REQUEST | NLM_F_ACK,
+                    seq,
+                    family(e.orig.0.is_ipv6()),
+                    ConntrackMessage::Delete(e.key.clone()),
+                )
+            })
+            .collect();
+        let mut answered = 0;
+        socket.exchange(&msgs, |m| {
+            if let NetlinkPayload::Error(e) = m.payload {
+                answered += 1;
+                match errno(&e) {
+                    None => deleted += 1,
+                    Some(libc::ENOENT) => {}
+                    Some(c) => return Some(Err(error(c))),
+                }
+            }
+            (answered == msgs.len()).then_some(Ok(()))
+        })?;
+    }
+    Ok(deleted)
+}
