@@ -18,7 +18,7 @@ use netlink_packet_core::{
 };
 use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage},
-    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, State},
     neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
     AddressFamily, RouteNetlinkMessage,
@@ -88,6 +88,10 @@ pub struct Link {
     pub mtu: u32,
     /// Administratively up.
     pub up: bool,
+    /// Operationally up (`IFLA_OPERSTATE`): the kernel's link watch has
+    /// seen its carrier, and with it given the device its queueing
+    /// discipline (until then it drops what it is asked to send).
+    pub oper_up: bool,
     /// `IFLA_HEADROOM` as reported by the kernel, if it reports it.
     pub headroom: Option<u16>,
     /// Link kind (`veth`, ...), if any.
@@ -478,6 +482,7 @@ fn parse_link(l: &LinkMessage) -> Link {
         mac: [0; 6],
         mtu: 0,
         up: l.header.flags.contains(LinkFlags::Up),
+        oper_up: false,
         headroom: None,
         kind: None,
         peer_index: None,
@@ -487,6 +492,7 @@ fn parse_link(l: &LinkMessage) -> Link {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Address(m) if m.len() == 6 => link.mac.copy_from_slice(m),
             LinkAttribute::Mtu(m) => link.mtu = *m,
+            LinkAttribute::OperState(st) => link.oper_up = *st == State::Up,
             LinkAttribute::Link(p) => link.peer_index = Some(*p),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
