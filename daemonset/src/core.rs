@@ -153,15 +153,20 @@ impl Core {
     }
 
     /// Puts `e` in force (one nftables transaction, on a blocking thread),
-    /// timed and counted; the policy metrics follow what is in force.
-    pub async fn enforce(self: &Arc<Self>, e: Enforcement) -> Result<Applied, NetpolError> {
+    /// timed and counted; `local` are the addresses of the node's pods. The
+    /// policy metrics follow what is in force.
+    pub async fn enforce(
+        self: &Arc<Self>,
+        e: Enforcement,
+        local: BTreeSet<IpAddr>,
+    ) -> Result<Applied, NetpolError> {
         let core = Arc::clone(self);
         let done = tokio::task::spawn_blocking(move || {
             let applied = core
                 .enforcer
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .apply(&e);
+                .apply(&e, &local);
             if let Ok(a) = &applied {
                 if a.changed {
                     core.metrics.policy_apply.observe(a.seconds);

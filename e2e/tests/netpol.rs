@@ -1092,7 +1092,7 @@ fn netpol_uninstall_removes_the_table_over_netlink() {
                 ..Default::default()
             },
         );
-        Enforcer::new().apply(&e)?;
+        Enforcer::new().apply(&e, &Default::default())?;
         Ok(())
     })
     .unwrap();
@@ -1454,7 +1454,7 @@ fn netpol_the_node_itself_is_allowed_in_and_checked_out() {
 
 /// Flows that began on the fast path (unseen by conntrack) stop when a
 /// policy isolates their pod, whichever end speaks first after the switch:
-/// a UDP exchange (a asks, b answers, every millisecond) and a TCP
+/// eight UDP exchanges (a asks, b answers, at once) and a TCP
 /// connection whose server b pushes data to its client a. Without care
 /// conntrack would take b's first packet on the kernel path for the start
 /// of a connection b began (b's egress is open), and let a's in as its
@@ -1568,21 +1568,25 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
             })
             .unwrap();
         });
-        s.spawn(|| {
-            in_netns(&a.netns, || {
-                let sock = UdpSocket::bind("0.0.0.0:0")?;
-                sock.set_read_timeout(Some(Duration::from_millis(1)))?;
-                let mut buf = [0u8; 64];
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = sock.send_to(b"ping", (b_ip, 80));
-                    if sock.recv_from(&mut buf).is_ok() {
-                        udp_last.store(now(), Ordering::Relaxed);
+        // Eight UDP exchanges: whichever packet of each the kernel path
+        // sees first, none may go on.
+        for _ in 0..8 {
+            s.spawn(|| {
+                in_netns(&a.netns, || {
+                    let sock = UdpSocket::bind("0.0.0.0:0")?;
+                    sock.set_read_timeout(Some(Duration::from_millis(1)))?;
+                    let mut buf = [0u8; 64];
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = sock.send_to(b"ping", (b_ip, 80));
+                        if sock.recv_from(&mut buf).is_ok() {
+                            udp_last.store(now(), Ordering::Relaxed);
+                        }
                     }
-                }
-                Ok(())
-            })
-            .unwrap();
-        });
+                    Ok(())
+                })
+                .unwrap();
+            });
+        }
         // Both flowing on the fast path.
         std::thread::sleep(Duration::from_millis(1000));
         let t = now();

@@ -125,7 +125,9 @@ impl PolicyTask {
         // 1. New ADDs in these namespaces are held from here on.
         let _ = core.write_gate(e.namespaces.clone()).await;
         // 2. The rules.
-        let applied = core.enforce(e.clone()).await;
+        let local_ips: BTreeSet<std::net::IpAddr> =
+            records.iter().flat_map(|r| r.ips.iter().copied()).collect();
+        let applied = core.enforce(e.clone(), local_ips.clone()).await;
         let isolated: BTreeSet<PodKey> = e.pods.keys().cloned().collect();
         let mut touched: BTreeSet<PodKey> = BTreeSet::new();
         match &applied {
@@ -209,8 +211,7 @@ impl PolicyTask {
                 .flat_map(|r| r.ips.iter().copied())
                 .collect();
             if !ips.is_empty() {
-                let local: BTreeSet<std::net::IpAddr> =
-                    records.iter().flat_map(|r| r.ips.iter().copied()).collect();
+                let local = local_ips;
                 let core = Arc::clone(core);
                 tokio::spawn(async move {
                     tokio::time::sleep(FAST_PATH_DRAIN).await;

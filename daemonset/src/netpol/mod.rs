@@ -16,14 +16,17 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     process::Command,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tracing::{debug, info};
 
 use xdpcni_node::conntrack::{self, Entry};
 
-use self::{model::Enforcement, nft::Objects};
+use self::{
+    model::Enforcement,
+    nft::{Objects, Switching},
+};
 use crate::node::PodKey;
 
 /// Failures applying or reading the ruleset.
@@ -60,14 +63,21 @@ pub struct Applied {
     pub newly_isolated: Vec<PodKey>,
 }
 
+/// How long a newly isolated pod's window stays open (see
+/// [`nft::Switching`]): longer than a UDP server takes to answer a request
+/// the fast path delivered just before the switch.
+pub const SWITCH_WINDOW: Duration = Duration::from_secs(2);
+
 /// Applies rulesets and remembers the one in force.
 #[derive(Debug, Default)]
 pub struct Enforcer {
     /// The objects of the ruleset in force; `None`: read them from the
     /// kernel first (after a start, or a failed transaction).
     objects: Option<Objects>,
-    /// The enforcement in force, and its rule count.
-    in_force: Option<(Enforcement, usize)>,
+    /// The enforcement in force, its windows, and its rule count.
+    in_force: Option<(Enforcement, Switching, usize)>,
+    /// Addresses of newly isolated pods, and when their window closes.
+    windows: BTreeMap<IpAddr, Instant>,
 }
 
 /// Runs `nft -j <args>` and parses its JSON; `Ok(None)` when the table
@@ -106,26 +116,63 @@ impl Enforcer {
         Self::default()
     }
 
-    /// Makes the table enforce `e`, in one transaction; nothing runs when
-    /// `e` is what is in force already.
-    pub fn apply(&mut self, e: &Enforcement) -> Result<Applied, NetpolError> {
-        if let Some((have, rules)) = &self.in_force {
-            if have == e {
-                return Ok(Applied {
-                    changed: false,
-                    rules: *rules,
-                    seconds: 0.0,
-                    newly_isolated: Vec::new(),
-                });
-            }
-        }
+    /// Makes the table enforce `e`, in one transaction; `local` are the
+    /// addresses of every pod of the node. Nothing runs when `e` is what is
+    /// in force already and no window opened or closed.
+    pub fn apply(
+        &mut self,
+        e: &Enforcement,
+        local: &BTreeSet<IpAddr>,
+    ) -> Result<Applied, NetpolError> {
         let before = match &self.objects {
             Some(o) => o.clone(),
             None => list(&["list", "table", "inet", nft::TABLE], "list table")?
                 .map(|l| nft::objects_of(&l))
                 .unwrap_or_default(),
         };
-        let (batch, now) = nft::transaction(e, &before);
+        // Pods isolated now that the ruleset in force does not isolate at
+        // all: their flows so far may have run on the fast path.
+        let newly_isolated: Vec<PodKey> = e
+            .pods
+            .iter()
+            .filter(|(k, _)| {
+                [model::Direction::Ingress, model::Direction::Egress]
+                    .into_iter()
+                    .all(|d| !before.chains.contains(&nft::chain_name(k, d, false)))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let now = Instant::now();
+        self.windows.retain(|_, until| *until > now);
+        for k in &newly_isolated {
+            for ip in e
+                .pods
+                .get(k)
+                .map(|p| p.addrs.as_slice())
+                .unwrap_or_default()
+            {
+                self.windows.entry(*ip).or_insert(now + SWITCH_WINDOW);
+            }
+        }
+        let switching = if self.windows.is_empty() {
+            Switching::default()
+        } else {
+            Switching {
+                pods: self.windows.keys().copied().collect(),
+                local: local.clone(),
+            }
+        };
+        if let Some((have, open, rules)) = &self.in_force {
+            if have == e && *open == switching {
+                return Ok(Applied {
+                    changed: false,
+                    rules: *rules,
+                    seconds: 0.0,
+                    newly_isolated,
+                });
+            }
+        }
+        let (batch, objects) = nft::transaction(e, &switching, &before);
         let doc = batch.to_nftables();
         let rules = doc
             .objects
@@ -150,18 +197,8 @@ impl Enforcer {
                     ms = seconds * 1e3,
                     "NetworkPolicy rules applied"
                 );
-                let newly_isolated = e
-                    .pods
-                    .keys()
-                    .filter(|k| {
-                        [model::Direction::Ingress, model::Direction::Egress]
-                            .into_iter()
-                            .all(|d| !before.chains.contains(&nft::chain_name(k, d, false)))
-                    })
-                    .cloned()
-                    .collect();
-                self.objects = Some(now);
-                self.in_force = Some((e.clone(), rules));
+                self.objects = Some(objects);
+                self.in_force = Some((e.clone(), switching, rules));
                 Ok(Applied {
                     changed: true,
                     rules,
@@ -171,7 +208,8 @@ impl Enforcer {
             }
             Err(err) => {
                 // What is in the kernel is not known for sure now: read it
-                // again before the next transaction.
+                // again before the next transaction. The windows stay: the
+                // next transaction opens them.
                 self.objects = None;
                 self.in_force = None;
                 Err(err.into())
@@ -181,7 +219,7 @@ impl Enforcer {
 
     /// The enforcement in force, if a transaction has succeeded.
     pub fn in_force(&self) -> Option<&Enforcement> {
-        self.in_force.as_ref().map(|(e, _)| e)
+        self.in_force.as_ref().map(|(e, _, _)| e)
     }
 
     /// The named counters of the table: name -> (packets, bytes).

@@ -20,6 +20,10 @@
 //!                       server = ip saddr   vmap { pod: jump inr_<pod> }
 //!   a TCP connection picked up mid-stream (new, not a SYN): the reply
 //!     direction's lookups too (allowed whichever end began it)
+//!   a new UDP flow, untranslated, between a pod isolated in the last
+//!     2 s (its window, [`Switching`]) and another pod of the node:
+//!     the reply direction's lookups too (it may answer a request the fast
+//!     path carried)
 //!   (the pod chains allowed it) to or from an isolated pod:
 //!     ct mark set ct mark & 0x0000ffff | generation << 16
 //! chain in_<ns>/<pod>, inr_..: each allow rule `return`s, then `counter drop`
@@ -35,13 +39,15 @@
 //! allowed by is remembered in the top 16 bits of its conntrack mark: the
 //! generation of the ruleset (each transaction has a new one). Its packets
 //! under that same ruleset accept at once; after any change, its next
-//! packet is checked again (and marked again if still allowed). The output hook has no
-//! chain: what the node itself sends (the kubelet's probes, hostNetwork
-//! pods of this node) is always allowed in, and its replies with it.
+//! packet is checked again (and marked again if still allowed). The output
+//! hook has no chain: what the node itself sends (the kubelet's probes,
+//! hostNetwork pods of this node) is always allowed in, and its replies
+//! with it.
 
 use std::{
     borrow::Cow,
     collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
 };
 
 use nftables::{
@@ -90,6 +96,20 @@ pub struct Objects {
     pub counters: BTreeSet<String>,
     /// The ruleset's generation (what its conntrack marks say).
     pub generation: u16,
+}
+
+/// Pods isolated moments ago, whose flows may have run on the fast path
+/// unseen by conntrack, and the node's pods (the only other ends the fast
+/// path reaches). Until a pod's window ends, a new UDP flow between it and
+/// another pod of the node (untranslated: the fast path translates
+/// nothing) may be a reply to a request XDP carried, whichever end it
+/// comes from, so it is checked from both ends.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Switching {
+    /// Addresses of the pods whose window is open.
+    pub pods: BTreeSet<IpAddr>,
+    /// Addresses of every pod of the node.
+    pub local: BTreeSet<IpAddr>,
 }
 
 /// The generation after `g`: never 0 (an unmarked connection's).
@@ -344,11 +364,15 @@ fn allow_rules(
     out
 }
 
-/// The transaction that makes the table enforce `e`, deleting what `before`
-/// (the objects of the ruleset in force) has that `e` does not, with the
-/// generation after `before`'s. Returns the commands and the objects of the
-/// new ruleset.
-pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Objects) {
+/// The transaction that makes the table enforce `e`, with the windows of
+/// `switching` open, deleting what `before` (the objects of the ruleset in
+/// force) has that `e` does not, with the generation after `before`'s.
+/// Returns the commands and the objects of the new ruleset.
+pub fn transaction(
+    e: &Enforcement,
+    switching: &Switching,
+    before: &Objects,
+) -> (Batch<'static>, Objects) {
     let generation = next_generation(before.generation);
     let mut b = Batch::new();
     let table = || schema::Table {
@@ -493,6 +517,15 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
         right: s("syn"),
         op: Operator::NEQ,
     });
+    // `ct status & dnat == 0`: no Service (or hostPort) in between.
+    let not_dnat = Statement::Match(stmt::Match {
+        left: Expression::BinaryOperation(Box::new(expr::BinaryOperation::AND(
+            ct("status"),
+            s("dnat"),
+        ))),
+        right: Expression::Number(0),
+        op: Operator::EQ,
+    });
     let mark_bits = Expression::Number(u32::from(generation) << MARK_SHIFT);
     let marked = is(
         Expression::BinaryOperation(Box::new(expr::BinaryOperation::AND(
@@ -535,27 +568,32 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
                 Statement::Accept(None),
             ],
         ));
-        for v6 in [false, true] {
-            let pods = &isolated[usize::from(v6)];
-            if pods.is_empty() {
-                continue;
-            }
-            let ends: &[bool] = if base == "forward" {
-                &[true, false]
-            } else {
-                &[true]
-            };
-            for &src in ends {
-                b.add(rule(
-                    base,
-                    vec![
-                        ct_state(&["invalid", "untracked"]),
-                        is(addr(v6, src), anon_set(pods.clone())),
-                        named_counter(DROP_INVALID),
-                        Statement::Drop(None),
-                    ],
-                ));
-            }
+        // `ip saddr|daddr { isolated pods }`, per family: the input hook
+        // sees pods only as sources.
+        let an_isolated_end: Vec<Statement<'static>> = [false, true]
+            .into_iter()
+            .filter(|v6| !isolated[usize::from(*v6)].is_empty())
+            .flat_map(|v6| {
+                let ends: &[bool] = if base == "forward" {
+                    &[true, false]
+                } else {
+                    &[true]
+                };
+                ends.iter()
+                    .map(|&src| is(addr(v6, src), anon_set(isolated[usize::from(v6)].clone())))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for end in &an_isolated_end {
+            b.add(rule(
+                base,
+                vec![
+                    ct_state(&["invalid", "untracked"]),
+                    end.clone(),
+                    named_counter(DROP_INVALID),
+                    Statement::Drop(None),
+                ],
+            ));
         }
         b.add(rule(
             base,
@@ -611,26 +649,41 @@ pub fn transaction(e: &Enforcement, before: &Objects) -> (Batch<'static>, Object
                             vmap(addr(v6, src), items.clone()),
                         ],
                     ));
+                    // UDP has no SYN to tell: a new flow between a pod
+                    // whose window is open and another pod of the node,
+                    // from either end, is checked as a reply too.
+                    let of = |set: &BTreeSet<IpAddr>| -> Vec<Expression<'static>> {
+                        set.iter()
+                            .filter(|ip| ip.is_ipv6() == v6)
+                            .map(|ip| s(&ip.to_string()))
+                            .collect()
+                    };
+                    let (open, local) = (of(&switching.pods), of(&switching.local));
+                    if open.is_empty() || local.is_empty() {
+                        continue;
+                    }
+                    for switching_end in [true, false] {
+                        b.add(rule(
+                            base,
+                            vec![
+                                ct_state(&["new"]),
+                                is(
+                                    meta(expr::MetaKey::L4proto),
+                                    anon_set(vec![s("udp"), s("udplite")]),
+                                ),
+                                not_dnat.clone(),
+                                is(addr(v6, switching_end), anon_set(open.clone())),
+                                is(addr(v6, !switching_end), anon_set(local.clone())),
+                                vmap(addr(v6, src), items.clone()),
+                            ],
+                        ));
+                    }
                 }
             }
         }
         // Past the pod chains: allowed. Remembered on the connection.
-        for v6 in [false, true] {
-            let pods = &isolated[usize::from(v6)];
-            if pods.is_empty() {
-                continue;
-            }
-            let ends: &[bool] = if base == "forward" {
-                &[true, false]
-            } else {
-                &[true]
-            };
-            for &src in ends {
-                b.add(rule(
-                    base,
-                    vec![is(addr(v6, src), anon_set(pods.clone())), set_mark.clone()],
-                ));
-            }
+        for end in an_isolated_end {
+            b.add(rule(base, vec![end, set_mark.clone()]));
         }
     }
 
@@ -738,7 +791,7 @@ mod tests {
 
     /// The commands of a transaction as JSON values.
     fn commands(e: &Enforcement, before: &Objects) -> (Vec<Value>, Objects) {
-        let (b, now) = transaction(e, before);
+        let (b, now) = transaction(e, &Switching::default(), before);
         let doc = serde_json::to_value(b.to_nftables()).unwrap();
         (doc["nftables"].as_array().unwrap().clone(), now)
     }
@@ -847,6 +900,56 @@ mod tests {
             now.counters,
             [DROP_INVALID.to_string(), "drop_in_x/web".to_string()].into()
         );
+    }
+
+    #[test]
+    fn an_open_window_checks_new_udp_between_local_pods_as_a_reply_too() {
+        let window = |sw: &Switching| {
+            let (b, _) = transaction(&web_isolated(), sw, &Objects::default());
+            let doc = serde_json::to_value(b.to_nftables()).unwrap();
+            rules_of(doc["nftables"].as_array().unwrap(), "forward")
+                .into_iter()
+                .filter(|r| serde_json::to_string(r).unwrap().contains("udplite"))
+                .collect::<Vec<_>>()
+        };
+        assert!(window(&Switching::default()).is_empty(), "no window open");
+        let sw = Switching {
+            pods: ["10.0.0.2".parse().unwrap()].into(),
+            local: ["10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap()].into(),
+        };
+        let rules = window(&sw);
+        // From the pod, and to it; each through the reply-direction chain
+        // (web is isolated for ingress only: inr, by source).
+        assert_eq!(rules.len(), 2, "{rules:#?}");
+        for (r, (open_end, other_end)) in rules.iter().zip([("saddr", "daddr"), ("daddr", "saddr")])
+        {
+            let r = r.as_array().unwrap();
+            assert_eq!(r[0]["match"]["right"], json!(["new"]));
+            assert_eq!(r[1]["match"]["right"], json!({ "set": ["udp", "udplite"] }));
+            // Not through a Service: `ct status & dnat == 0`.
+            assert_eq!(
+                r[2]["match"],
+                json!({ "op": "==", "left": { "&": [{ "ct": { "key": "status" } }, "dnat"] }, "right": 0 })
+            );
+            assert_eq!(r[3]["match"]["left"]["payload"]["field"], open_end);
+            assert_eq!(r[3]["match"]["right"], json!({ "set": ["10.0.0.2"] }));
+            assert_eq!(r[4]["match"]["left"]["payload"]["field"], other_end);
+            assert_eq!(
+                r[4]["match"]["right"],
+                json!({ "set": ["10.0.0.2", "10.0.0.3"] })
+            );
+            assert_eq!(r[5]["vmap"]["key"]["payload"]["field"], "saddr");
+            assert_eq!(
+                r[5]["vmap"]["data"]["set"][0][1],
+                json!({ "jump": { "target": "inr_x/web" } })
+            );
+        }
+        // A window of IPv6 pods only adds nothing to IPv4 rules.
+        let v6 = Switching {
+            pods: ["fd00::2".parse().unwrap()].into(),
+            local: ["fd00::2".parse().unwrap()].into(),
+        };
+        assert!(window(&v6).is_empty());
     }
 
     #[test]

@@ -1155,10 +1155,14 @@ fn netpol_bench(
         while last.load(Ordering::Relaxed) + 500_000_000 > at(Instant::now()) {
             ensure!(
                 t0.elapsed() < Duration::from_secs(10),
-                "the policy is not enforced: {}\n{}",
+                "the policy is not enforced: {}\nconntrack:\n{}\n{}",
                 node.net
                     .node
                     .exec(&["nft", "list", "table", "inet", "xdpcni"])
+                    .unwrap_or_default(),
+                node.net
+                    .node
+                    .exec(&["conntrack", "-L", "-o", "id,extended"])
                     .unwrap_or_default(),
                 node.agent_log()
             );
