@@ -25,11 +25,14 @@ use xdpcni_e2e::{
 };
 use xdpcni_ebpf::Maps;
 
+/// Fields drop in this order: the agent first (a running agent would load
+/// the datapath again into the pin directory once it is removed), the pin
+/// directory last.
 struct Pods {
-    pins: PinDir,
-    net: Network,
-    pods: Vec<(Netns, Value)>,
     _agent: StandaloneAgent,
+    pods: Vec<(Netns, Value)>,
+    net: Network,
+    pins: PinDir,
 }
 
 /// A node with the agent running and `n` pods ADDed and attached by it in
@@ -53,10 +56,10 @@ fn node(n: usize) -> Pods {
         })
         .collect();
     Pods {
-        pins,
-        net,
-        pods,
         _agent: agent,
+        pods,
+        net,
+        pins,
     }
 }
 

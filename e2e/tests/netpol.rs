@@ -1402,14 +1402,18 @@ fn netpol_the_node_itself_is_allowed_in_and_checked_out() {
     .unwrap();
     listener.set_nonblocking(true).unwrap();
     let to_node = |pod: &TestPod| {
-        in_netns(&pod.netns, || {
+        let connected = in_netns(&pod.netns, || {
             Ok(TcpStream::connect_timeout(
                 &"10.99.0.1:7070".parse().unwrap(),
                 Duration::from_millis(500),
             )
             .is_ok())
         })
-        .unwrap()
+        .unwrap();
+        // Accepted and closed: a full accept queue would refuse the next
+        // connection whatever the policies say.
+        while listener.accept().is_ok() {}
+        connected
     };
     let tcp80 = Probe {
         proto: Proto::Tcp,
