@@ -83,6 +83,10 @@ int main(void)
 	OFF(nat_port_key, addr);
 	SIZE(policy_ns_key);
 	OFF(policy_ns_key, name);
+	SIZE(datapath_meta);
+	OFF(datapath_meta, layout);
+	OFF(datapath_meta, state);
+	OFF(datapath_meta, build);
 	SIZE(policy_gate);
 	OFF(policy_gate, complete);
 	OFF(policy_gate, pad);
@@ -97,6 +101,10 @@ int main(void)
 	VAL(XDPCNI_MAX_SLOTS);
 	VAL(XDPCNI_STATS_ROWS);
 	VAL(XDPCNI_MAX_POLICY_NS);
+	VAL(XDPCNI_LAYOUT);
+	VAL(XDPCNI_META_FILLING);
+	VAL(XDPCNI_META_COMPLETE);
+	VAL(XDPCNI_BUILD_LEN);
 	VAL(XDPCNI_NS_NAME_LEN);
 	VAL(XDPCNI_FAMILY_IPV4);
 	VAL(XDPCNI_FAMILY_IPV6);

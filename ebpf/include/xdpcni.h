@@ -12,6 +12,35 @@
 
 #include <linux/types.h>
 
+/*
+ * The layout of the pinned datapath: the names, types, keys, values and
+ * capacities of its maps. Any change to one of them bumps it. Each layout pins
+ * its maps and programs in a directory of its own, layout-<N> under the pin
+ * directory (layout 1, before this number existed, pinned them in the pin
+ * directory itself), so binaries of two layouts never open each other's maps.
+ * The links directory is shared: a pod's link moves from one layout's program
+ * to the next one's (bpf_link_update). An agent that finds an older layout
+ * fills its own from it, moves every link, then removes the older one
+ * (docs/upgrades.md).
+ */
+#define XDPCNI_LAYOUT 2
+
+/* datapath_meta.state */
+#define XDPCNI_META_FILLING  0 /* new, or being filled from an older layout: not in use yet */
+#define XDPCNI_META_COMPLETE 1 /* complete: the CNI plugin may use it */
+#define XDPCNI_BUILD_LEN     48
+
+/*
+ * meta[0]: what a pinned datapath is, readable without loading anything (the
+ * CNI plugin, `xdpcni-agent status`, the agent's xdpcni_datapath_info metric).
+ * Written by the agent only; no program reads it.
+ */
+struct datapath_meta {
+	__u32 layout;		      /* XDPCNI_LAYOUT of the agent that created it */
+	__u32 state;		      /* XDPCNI_META_* */
+	__u8 build[XDPCNI_BUILD_LEN]; /* its programs' build, NUL-padded: "<version>+<tag>" */
+};
+
 /* Capacities of the pinned maps. */
 #define XDPCNI_MAX_ENDPOINTS 65536 /* pod addresses, per family */
 #define XDPCNI_MAX_TX_PORTS  16384 /* host veths that can be redirect targets */

@@ -306,6 +306,58 @@ pub struct PolicyGate {
     pub generation: u64,
 }
 
+/// The pinned datapath's layout this build reads and writes (`XDPCNI_LAYOUT`).
+pub const LAYOUT: u32 = c_layout::XDPCNI_LAYOUT;
+/// [`DatapathMeta::state`]: new, or being filled from an older layout.
+pub const META_FILLING: u32 = c_layout::XDPCNI_META_FILLING;
+/// [`DatapathMeta::state`]: complete, in use.
+pub const META_COMPLETE: u32 = c_layout::XDPCNI_META_COMPLETE;
+/// Bytes of [`DatapathMeta::build`].
+pub const BUILD_LEN: usize = c_layout::XDPCNI_BUILD_LEN as usize;
+
+/// `struct datapath_meta`: what a pinned datapath is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatapathMeta {
+    /// The layout of the agent that created it.
+    pub layout: u32,
+    /// [`META_FILLING`] or [`META_COMPLETE`].
+    pub state: u32,
+    /// Its programs' build, NUL-padded.
+    pub build: [u8; BUILD_LEN],
+}
+
+impl Default for DatapathMeta {
+    fn default() -> Self {
+        Self {
+            layout: 0,
+            state: META_FILLING,
+            build: [0; BUILD_LEN],
+        }
+    }
+}
+
+impl DatapathMeta {
+    /// A meta of this build's layout in `state`, naming `build` (cut to fit).
+    pub fn new(state: u32, build: &str) -> Self {
+        let mut m = Self {
+            layout: LAYOUT,
+            state,
+            build: [0; BUILD_LEN],
+        };
+        let b = build.as_bytes();
+        let n = b.len().min(BUILD_LEN - 1);
+        m.build[..n].copy_from_slice(&b[..n]);
+        m
+    }
+
+    /// The build, as text.
+    pub fn build(&self) -> String {
+        let end = self.build.iter().position(|b| *b == 0).unwrap_or(BUILD_LEN);
+        String::from_utf8_lossy(&self.build[..end]).into_owned()
+    }
+}
+
 // SAFETY: all of them are repr(C), made of integers and byte arrays, with every
 // padding byte written out as a field (checked below), so any bit pattern is
 // valid and none is uninitialised.
@@ -320,6 +372,8 @@ unsafe impl aya::Pod for StatsValue {}
 unsafe impl aya::Pod for PolicyNsKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for PolicyGate {}
+// SAFETY: as above.
+unsafe impl aya::Pod for DatapathMeta {}
 
 /// Capacity of the cpumap, and the number of bits of `cpu_mask`.
 pub const MAX_CPUS: u32 = c_layout::XDPCNI_MAX_CPUS;
@@ -350,6 +404,10 @@ mod layout_checks {
 
     const _: () = assert!(size_of::<PolicyNsKey>() == c::SIZEOF_policy_ns_key);
     const _: () = assert!(offset_of!(PolicyNsKey, name) == c::OFFSETOF_policy_ns_key_name);
+    const _: () = assert!(size_of::<DatapathMeta>() == c::SIZEOF_datapath_meta);
+    const _: () = assert!(offset_of!(DatapathMeta, layout) == c::OFFSETOF_datapath_meta_layout);
+    const _: () = assert!(offset_of!(DatapathMeta, state) == c::OFFSETOF_datapath_meta_state);
+    const _: () = assert!(offset_of!(DatapathMeta, build) == c::OFFSETOF_datapath_meta_build);
     const _: () = assert!(size_of::<PolicyGate>() == c::SIZEOF_policy_gate);
     const _: () = assert!(offset_of!(PolicyGate, complete) == c::OFFSETOF_policy_gate_complete);
     const _: () = assert!(offset_of!(PolicyGate, pad) == c::OFFSETOF_policy_gate_pad);

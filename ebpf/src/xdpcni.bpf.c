@@ -85,6 +85,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } slot_owners SEC(".maps");
 
+/* What this pinned datapath is: its layout, state and build (xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct datapath_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} meta SEC(".maps");
+
 /* Namespaces with NetworkPolicies, for the CNI's hold decision (xdpcni.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
