@@ -3,15 +3,23 @@
 //! Pin layout under a directory on bpffs (default `/sys/fs/bpf/xdpcni`):
 //!
 //! ```text
-//! endpoints4 endpoints6 tx_ports cpu_map nat_ports   maps, pinned by name by aya
-//! counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
-//! progs/xdpcni_from_pod progs/xdpcni_cpumap    the programs in use
-//! policy_namespaces policy_gate                      what the CNI reads to hold a new pod
-//! progs/xdpcni_hold                            the tc program of a held pod
-//! links/<ifindex>_native | _generic            one XDP bpf_link per host veth
-//!                                              (bpffs refuses names with dots)
+//! layout-2/                                    this build's layout (XDPCNI_LAYOUT)
+//!   meta                                       layout, state (filling/complete), build
+//!   endpoints4 endpoints6 tx_ports cpu_map nat_ports   maps, pinned by name by aya
+//!   counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
+//!   policy_namespaces policy_gate                      what the CNI reads to hold a new pod
+//!   progs/xdpcni_from_pod progs/xdpcni_cpumap  the programs in use
+//!   progs/xdpcni_hold                          the tc program of a held pod
+//! links/<ifindex>_native | _generic            one XDP bpf_link per host veth, shared by
+//!                                              every layout (bpffs refuses names with dots)
 //! links/<ifindex>_hold_ingress | _hold_egress  the two tcx links of a held pod
 //! ```
+//!
+//! Layout 1 (before layouts had a number) pinned the maps and `progs/` in the
+//! pin directory itself. Each layout has its own directory so that binaries
+//! of two layouts never share a map: [`Datapath::open`] migrates an older
+//! layout it finds into its own (`crate::migrate`), and a binary that finds
+//! only a layout it does not know leaves it alone.
 //!
 //! Everything that carries traffic is pinned, so the process that loaded it
 //! can exit (or crash) without detaching anything, and the next one reopens
@@ -39,9 +47,9 @@ use tracing::{debug, info, warn};
 
 use crate::{
     abi::{
-        family_addr, ip_of, ipv4_key, ipv4_of_key, Endpoint6Key, EndpointInfo, NatPortKey,
-        PolicyGate, PolicyNsKey, StatsValue, Verdict, VerdictKind, EP_NO_NAT_PORTS, MAX_CPUS,
-        MAX_SLOTS,
+        family_addr, ip_of, ipv4_key, ipv4_of_key, DatapathMeta, Endpoint6Key, EndpointInfo,
+        NatPortKey, PolicyGate, PolicyNsKey, StatsValue, Verdict, VerdictKind, EP_NO_NAT_PORTS,
+        MAX_CPUS, MAX_SLOTS,
     },
     sys, Error, Result, DATAPATH_OBJECT,
 };
@@ -57,8 +65,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdpcni";
 
 const MAP_ENDPOINTS4: &str = "endpoints4";
 const MAP_ENDPOINTS6: &str = "endpoints6";
-/// A map every datapath pins: its pin says the datapath is there.
-pub const PRESENCE_MAP: &str = MAP_ENDPOINTS4;
+const MAP_META: &str = "meta";
 const MAP_TX_PORTS: &str = "tx_ports";
 const MAP_CPU_MAP: &str = "cpu_map";
 const MAP_NAT_PORTS: &str = "nat_ports";
@@ -68,7 +75,8 @@ const MAP_SLOT_OWNERS: &str = "slot_owners";
 const MAP_POLICY_NAMESPACES: &str = "policy_namespaces";
 const MAP_POLICY_GATE: &str = "policy_gate";
 /// Every map of the datapath, as pinned.
-const MAPS: [&str; 10] = [
+const MAPS: [&str; 11] = [
+    MAP_META,
     MAP_ENDPOINTS4,
     MAP_ENDPOINTS6,
     MAP_TX_PORTS,
@@ -80,6 +88,27 @@ const MAPS: [&str; 10] = [
     MAP_POLICY_NAMESPACES,
     MAP_POLICY_GATE,
 ];
+/// The maps of layout 1, pinned in the pin directory itself: the same
+/// names, types, keys and values as this layout's, less `meta`.
+pub(crate) const LAYOUT1_MAPS: [&str; 10] = [
+    MAP_ENDPOINTS4,
+    MAP_ENDPOINTS6,
+    MAP_TX_PORTS,
+    MAP_CPU_MAP,
+    MAP_NAT_PORTS,
+    MAP_COUNTERS,
+    MAP_PORT_SLOTS,
+    MAP_SLOT_OWNERS,
+    MAP_POLICY_NAMESPACES,
+    MAP_POLICY_GATE,
+];
+
+/// The directory of this build's layout under `pin_dir`: its maps and
+/// `progs/` (the links stay in `pin_dir/links`, shared by every layout).
+pub fn layout_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join(format!("layout-{}", crate::abi::LAYOUT))
+}
+
 /// `BPF_NOEXIST`: insert only if the key is absent.
 const NOEXIST: u64 = 1;
 
@@ -163,7 +192,7 @@ impl HoldHook {
 
 /// What a link pinned under `links/` is: `<ifindex>_<suffix>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum LinkKind {
+pub(crate) enum LinkKind {
     /// The datapath's XDP program in this mode.
     Xdp(AttachMode),
     /// The hold program on this tc hook.
@@ -191,7 +220,7 @@ impl LinkKind {
     }
 
     /// The kernel's view of the link pinned at `pin`.
-    fn state(self, pin: &Path) -> std::io::Result<sys::LinkState> {
+    pub(crate) fn state(self, pin: &Path) -> std::io::Result<sys::LinkState> {
         match self {
             Self::Xdp(_) => sys::pinned_xdp_link(pin),
             Self::Hold(_) => sys::pinned_tcx_link(pin),
@@ -335,6 +364,7 @@ fn ensure_bpffs(dir: &Path) -> Result<()> {
 /// The pinned maps alone: what a short-lived process (the CNI plugin) needs to
 /// register endpoints without loading programs.
 pub struct Maps {
+    meta: Option<Array<MapData, DatapathMeta>>,
     endpoints4: HashMap<MapData, u32, EndpointInfo>,
     endpoints6: HashMap<MapData, Endpoint6Key, EndpointInfo>,
     tx_ports: DevMapHash<MapData>,
@@ -353,16 +383,36 @@ fn typed<T: TryFrom<Map, Error = MapError>>(name: &'static str, map: Option<Map>
 }
 
 impl Maps {
-    /// Opens the maps pinned under `pin_dir` by a [`Datapath`].
+    /// Opens the maps of this build's layout pinned under `pin_dir` by a
+    /// [`Datapath`], whatever their state (see [`Maps::meta`]).
     pub fn open_pinned(pin_dir: &Path) -> Result<Self> {
+        Self::open_dir(&layout_dir(pin_dir), true)
+    }
+
+    /// Opens the maps pinned in `dir`: a layout directory (`with_meta`), or
+    /// the pin directory of layout 1, whose maps have this layout's
+    /// definitions but no `meta`.
+    /// Opens the maps of layout 1 (pinned in `pin_dir` itself), to read
+    /// them: the CNI plugin reads its policy gate while the agent has not
+    /// migrated it. Nothing but a migration writes into another layout.
+    pub fn open_layout1(pin_dir: &Path) -> Result<Self> {
+        Self::open_dir(pin_dir, false)
+    }
+
+    pub(crate) fn open_dir(dir: &Path, with_meta: bool) -> Result<Self> {
         let open = |name: &'static str| -> Result<Option<Map>> {
-            let data = MapData::from_pin(pin_dir.join(name))
+            let data = MapData::from_pin(dir.join(name))
                 .map_err(|e| Error::map(format!("opening pinned map {name}"), e))?;
             Map::from_map_data(data)
                 .map(Some)
                 .map_err(|e| Error::map(format!("map {name}"), e))
         };
         Ok(Self {
+            meta: if with_meta {
+                Some(typed(MAP_META, open(MAP_META)?)?)
+            } else {
+                None
+            },
             endpoints4: typed(MAP_ENDPOINTS4, open(MAP_ENDPOINTS4)?)?,
             endpoints6: typed(MAP_ENDPOINTS6, open(MAP_ENDPOINTS6)?)?,
             tx_ports: typed(MAP_TX_PORTS, open(MAP_TX_PORTS)?)?,
@@ -378,6 +428,7 @@ impl Maps {
 
     fn take(ebpf: &mut Ebpf) -> Result<Self> {
         Ok(Self {
+            meta: Some(typed(MAP_META, ebpf.take_map(MAP_META))?),
             endpoints4: typed(MAP_ENDPOINTS4, ebpf.take_map(MAP_ENDPOINTS4))?,
             endpoints6: typed(MAP_ENDPOINTS6, ebpf.take_map(MAP_ENDPOINTS6))?,
             tx_ports: typed(MAP_TX_PORTS, ebpf.take_map(MAP_TX_PORTS))?,
@@ -389,6 +440,30 @@ impl Maps {
             policy_namespaces: typed(MAP_POLICY_NAMESPACES, ebpf.take_map(MAP_POLICY_NAMESPACES))?,
             policy_gate: typed(MAP_POLICY_GATE, ebpf.take_map(MAP_POLICY_GATE))?,
         })
+    }
+
+    /// What this datapath is (layout, state, build); `None` for layout 1,
+    /// which has no `meta`.
+    pub fn meta(&self) -> Result<Option<DatapathMeta>> {
+        match &self.meta {
+            Some(m) => m
+                .get(&0, 0)
+                .map(Some)
+                .map_err(|e| Error::map("reading the datapath's meta", e)),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) fn set_meta(&mut self, meta: DatapathMeta) -> Result<()> {
+        match &mut self.meta {
+            Some(m) => m
+                .set(0, meta, 0)
+                .map_err(|e| Error::map("writing the datapath's meta", e)),
+            None => Err(Error::Invalid {
+                what: "datapath",
+                why: "layout 1 has no meta".into(),
+            }),
+        }
     }
 
     /// The policy gate: whether `policy_namespaces` is complete.
@@ -854,6 +929,159 @@ impl Maps {
     }
 }
 
+/// What [`Maps::fill_from`] copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Filled {
+    /// Endpoint records (addresses), both families.
+    pub endpoints: usize,
+    /// Redirect targets (devmap entries).
+    pub tx_ports: usize,
+    /// NAT'd ports.
+    pub nat_ports: usize,
+    /// Counter slots claimed, with every row of their values.
+    pub slots: usize,
+    /// Namespaces of the policy gate.
+    pub policy_namespaces: usize,
+}
+
+impl Maps {
+    /// Makes these maps (a layout being filled) say what `src` (layout 1,
+    /// same definitions) says, for the maps named in `only` (those of `src`
+    /// that are other objects than these: a map pinned under both names is
+    /// left alone). Every entry of each, but `cpu_map`'s (whose entries carry
+    /// a program: `migrate::converge` writes them). Entries of an earlier,
+    /// abandoned fill go first, so the call can be repeated after a crash.
+    pub(crate) fn fill_from(&mut self, src: &Maps, only: &[&str]) -> Result<Filled> {
+        let op = |what: &str| format!("migrating {what}");
+        let copy = |name: &str| only.contains(&name);
+        let mut filled = Filled::default();
+
+        if copy(MAP_POLICY_NAMESPACES) {
+            drain(&mut self.policy_namespaces, MAP_POLICY_NAMESPACES)?;
+            for (ns, n) in src.policy_namespaces()? {
+                if let Some(key) = PolicyNsKey::of(&ns) {
+                    self.policy_namespaces
+                        .insert(key, n, 0)
+                        .map_err(|e| Error::map(op("a policy namespace"), e))?;
+                    filled.policy_namespaces += 1;
+                }
+            }
+        }
+        if copy(MAP_POLICY_GATE) {
+            self.policy_gate
+                .set(0, src.policy_gate()?, 0)
+                .map_err(|e| Error::map(op("the policy gate"), e))?;
+        }
+
+        // Counter slots: owners, each veth's slot, every row of their values.
+        let owners = src.slot_owner_list()?;
+        filled.slots = owners.len();
+        if copy(MAP_COUNTERS) {
+            // The slots this layout claimed: zeroed unless src claims them.
+            let mut slots: std::collections::BTreeSet<u32> = self
+                .slot_owner_list()?
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect();
+            let claimed: std::collections::BTreeSet<u32> =
+                owners.iter().map(|(s, _)| *s).chain([0]).collect();
+            slots.extend(claimed.iter().copied());
+            let nr_cpus = aya::util::nr_cpus().map_err(|(_, e)| {
+                Error::io("counting CPUs", "/sys/devices/system/cpu/possible", e)
+            })?;
+            let per_slot = crate::abi::c_layout::XDPCNI_V_MAX;
+            for slot in slots {
+                for r in slot * per_slot..(slot + 1) * per_slot {
+                    let values = if claimed.contains(&slot) {
+                        src.counters
+                            .get(&r, 0)
+                            .map_err(|e| Error::map(op("counters"), e))?
+                    } else {
+                        PerCpuValues::try_from(vec![StatsValue::default(); nr_cpus]).map_err(
+                            |e| Error::Invalid {
+                                what: "counters",
+                                why: e.to_string(),
+                            },
+                        )?
+                    };
+                    self.counters
+                        .set(r, values, 0)
+                        .map_err(|e| Error::map(op("counters"), e))?;
+                }
+            }
+        }
+        if copy(MAP_SLOT_OWNERS) {
+            drain(&mut self.slot_owners, MAP_SLOT_OWNERS)?;
+            for (slot, ifindex) in &owners {
+                self.slot_owners
+                    .insert(slot, ifindex, 0)
+                    .map_err(|e| Error::map(op("a counter slot"), e))?;
+            }
+        }
+        if copy(MAP_PORT_SLOTS) {
+            drain(&mut self.port_slots, MAP_PORT_SLOTS)?;
+            for kv in src.port_slots.iter() {
+                let (ifindex, slot) = kv.map_err(|e| Error::map(op("port slots"), e))?;
+                self.port_slots
+                    .insert(ifindex, slot, 0)
+                    .map_err(|e| Error::map(op("a port slot"), e))?;
+            }
+        }
+        if copy(MAP_NAT_PORTS) {
+            drain(&mut self.nat_ports, MAP_NAT_PORTS)?;
+            for k in src.nat_ports.keys() {
+                let k = k.map_err(|e| Error::map(op("NAT ports"), e))?;
+                self.nat_ports
+                    .insert(k, 1, 0)
+                    .map_err(|e| Error::map(op("a NAT port"), e))?;
+                filled.nat_ports += 1;
+            }
+        }
+        if copy(MAP_ENDPOINTS4) {
+            drain(&mut self.endpoints4, MAP_ENDPOINTS4)?;
+            for kv in src.endpoints4.iter() {
+                let (k, v) = kv.map_err(|e| Error::map(op("endpoints4"), e))?;
+                self.endpoints4
+                    .insert(k, v, 0)
+                    .map_err(|e| Error::map(op("an IPv4 endpoint"), e))?;
+                filled.endpoints += 1;
+            }
+        }
+        if copy(MAP_ENDPOINTS6) {
+            drain(&mut self.endpoints6, MAP_ENDPOINTS6)?;
+            for kv in src.endpoints6.iter() {
+                let (k, v) = kv.map_err(|e| Error::map(op("endpoints6"), e))?;
+                self.endpoints6
+                    .insert(k, v, 0)
+                    .map_err(|e| Error::map(op("an IPv6 endpoint"), e))?;
+                filled.endpoints += 1;
+            }
+        }
+        if copy(MAP_TX_PORTS) {
+            for ifindex in self.tx_port_list()? {
+                self.remove_tx_port(ifindex)?;
+            }
+            for ifindex in src.tx_port_list()? {
+                self.add_tx_port(ifindex)?;
+                filled.tx_ports += 1;
+            }
+        }
+        Ok(filled)
+    }
+}
+
+/// Empties hash map `m` (named `what`).
+fn drain<K: aya::Pod, V: aya::Pod>(m: &mut HashMap<MapData, K, V>, what: &str) -> Result<()> {
+    let keys: Vec<K> = m
+        .keys()
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::map(format!("listing {what}"), e))?;
+    for k in keys {
+        removed(m.remove(&k), || format!("clearing {what}"))?;
+    }
+    Ok(())
+}
+
 /// The `counters` row of (slot, verdict), as the C side computes it.
 const fn row(slot: u32, verdict: Verdict) -> u32 {
     slot * crate::abi::c_layout::XDPCNI_V_MAX + verdict as u32
@@ -871,12 +1099,13 @@ fn nat_key(addr: IpAddr, proto: L4Proto, port: u16) -> NatPortKey {
 
 /// The loaded datapath: programs, pinned links and maps.
 pub struct Datapath {
-    pin_dir: PathBuf,
+    pub(crate) pin_dir: PathBuf,
     from_pod: Xdp,
     cpumap: Xdp,
-    hold: SchedClassifier,
-    maps: Maps,
+    pub(crate) hold: SchedClassifier,
+    pub(crate) maps: Maps,
     upgraded: bool,
+    migration: Option<crate::migrate::Migration>,
 }
 
 impl Datapath {
@@ -890,14 +1119,25 @@ impl Datapath {
         Self::open_object(pin_dir, DATAPATH_OBJECT)
     }
 
-    /// [`Datapath::open`] with another build of the datapath object (an
-    /// upgrade, or a rollback). Its maps must have the same definitions.
+    /// [`Datapath::open`] with another build of the datapath object of this
+    /// layout (an upgrade, or a rollback).
     pub fn open_object(pin_dir: &Path, object: &[u8]) -> Result<Self> {
+        Self::open_with(pin_dir, object, &mut |_| {})
+    }
+
+    /// [`Datapath::open_object`], calling `step` with the name of each step
+    /// of a migration from an older layout as it is reached
+    /// (`migrate:started`, `migrate:filled`, `migrate:swapping`,
+    /// `migrate:swapped`, `migrate:complete`, `migrate:removed`): the
+    /// agent's crash points.
+    pub fn open_with(pin_dir: &Path, object: &[u8], step: &mut dyn FnMut(&str)) -> Result<Self> {
         ensure_bpffs(pin_dir)?;
+        let layout = layout_dir(pin_dir);
         for dir in [
             pin_dir.to_path_buf(),
-            pin_dir.join("progs"),
             pin_dir.join("links"),
+            layout.clone(),
+            layout.join("progs"),
         ] {
             fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
             // Root's alone, whatever the umask: whoever can add a pin here
@@ -908,16 +1148,16 @@ impl Datapath {
         }
         ensure_bpffs(pin_dir)?;
         let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
+            .default_map_pin_directory(&layout)
             .load(object)
             .map_err(|e| Error::Load(Box::new(e)))?;
         let maps = Maps::take(&mut ebpf)?;
-        let (from_pod, a) = Self::adopt_program(&mut ebpf, pin_dir, FROM_POD_PROGRAM)?;
-        let (cpumap, b) = Self::adopt_program(&mut ebpf, pin_dir, CPUMAP_PROGRAM)?;
-        // A held pod's links keep the program they were made with: it drops
-        // alike in every build, and the agent removes them once it has
-        // classified the pod.
-        let hold = Self::adopt_hold_program(&mut ebpf, pin_dir)?;
+        let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;
+        let (cpumap, b) = Self::adopt_program(&mut ebpf, &layout, CPUMAP_PROGRAM)?;
+        // A held pod's links keep the program they were made with within a
+        // layout: it drops alike in every build, and the agent removes them
+        // once it has classified the pod (a migration moves them).
+        let hold = Self::adopt_hold_program(&mut ebpf, &layout)?;
         let mut dp = Self {
             pin_dir: pin_dir.to_path_buf(),
             from_pod,
@@ -925,7 +1165,10 @@ impl Datapath {
             hold,
             maps,
             upgraded: a || b,
+            migration: None,
         };
+        // An older layout first: its links move to this build's programs.
+        dp.migration = crate::migrate::converge(&mut dp, step)?;
         if dp.upgraded {
             dp.swap_all_links()?;
             dp.refresh_cpumap_programs()?;
@@ -934,12 +1177,21 @@ impl Datapath {
     }
 
     /// Opens the datapath pinned in `pin_dir` without loading anything: the
-    /// pinned maps and programs as they are (what the CNI plugin uses; it
-    /// never replaces programs). Fails if nothing is pinned there.
+    /// pinned maps and programs of this build's layout as they are (what the
+    /// CNI plugin uses; it never replaces programs). Fails if they are not
+    /// pinned there or not complete ([`crate::Pinned::ready`]).
     pub fn open_existing(pin_dir: &Path) -> Result<Self> {
         let maps = Maps::open_pinned(pin_dir)?;
+        let meta = maps.meta()?.unwrap_or_default();
+        if meta.state != crate::abi::META_COMPLETE {
+            return Err(Error::NotReady(format!(
+                "{} is being filled (from an older layout, or by an agent starting)",
+                layout_dir(pin_dir).display()
+            )));
+        }
+        let layout = layout_dir(pin_dir);
         let prog = |name: &'static str, attach_type| {
-            let pin = pin_dir.join("progs").join(name);
+            let pin = layout.join("progs").join(name);
             Xdp::from_pin(&pin, attach_type)
                 .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
         };
@@ -951,20 +1203,22 @@ impl Datapath {
             )?,
             cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
             hold: {
-                let pin = pin_dir.join("progs").join(HOLD_PROGRAM);
+                let pin = layout.join("progs").join(HOLD_PROGRAM);
                 SchedClassifier::from_pin(&pin)
                     .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?
             },
             maps,
             upgraded: false,
+            migration: None,
         })
     }
 
     /// Loads the hold program and returns the one to use: the pinned one
-    /// if it has the same tag, else the new one (now pinned).
-    fn adopt_hold_program(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<SchedClassifier> {
+    /// (in the layout directory `layout`) if it has the same tag, else the
+    /// new one (now pinned).
+    fn adopt_hold_program(ebpf: &mut Ebpf, layout: &Path) -> Result<SchedClassifier> {
         let name = HOLD_PROGRAM;
-        let pin = pin_dir.join("progs").join(name);
+        let pin = layout.join("progs").join(name);
         let prog: &mut SchedClassifier = ebpf
             .program_mut(name)
             .ok_or(Error::Missing {
@@ -1001,9 +1255,10 @@ impl Datapath {
     }
 
     /// Loads `name` from the object and returns the program to use: the
-    /// pinned one if it has the same tag, else the new one (now pinned).
-    fn adopt_program(ebpf: &mut Ebpf, pin_dir: &Path, name: &'static str) -> Result<(Xdp, bool)> {
-        let pin = pin_dir.join("progs").join(name);
+    /// pinned one (in the layout directory `layout`) if it has the same tag,
+    /// else the new one (now pinned).
+    fn adopt_program(ebpf: &mut Ebpf, layout: &Path, name: &'static str) -> Result<(Xdp, bool)> {
+        let pin = layout.join("progs").join(name);
         let prog: &mut Xdp = ebpf
             .program_mut(name)
             .ok_or(Error::Missing {
@@ -1057,6 +1312,36 @@ impl Datapath {
     /// Whether [`Datapath::open`] replaced pinned programs with new code.
     pub fn upgraded(&self) -> bool {
         self.upgraded
+    }
+
+    /// The migration from an older layout [`Datapath::open`] carried out,
+    /// if it found one.
+    pub fn migration(&self) -> Option<&crate::migrate::Migration> {
+        self.migration.as_ref()
+    }
+
+    /// This build of the programs: `<crate version>+<tag of the program on
+    /// host veths>`, as written in the datapath's meta.
+    pub fn build(&self) -> Result<String> {
+        let tag = self
+            .from_pod
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .tag();
+        Ok(format!("{}+{tag:016x}", env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Kernel id of the hold program.
+    pub(crate) fn hold_program_id(&self) -> Result<u32> {
+        Ok(self
+            .hold
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .id())
+    }
+
+    pub(crate) fn swap_pinned_link(&mut self, pin: &Path) -> Result<()> {
+        self.swap_link(pin)
     }
 
     /// The maps.
@@ -1130,6 +1415,13 @@ impl Datapath {
             changed = true;
         }
         Ok(changed)
+    }
+
+    /// Detaches whatever links of host veth `ifindex` are pinned under
+    /// `pin_dir` (XDP and hold), without opening any layout's maps: what a
+    /// DEL does where this build's layout is not ready.
+    pub fn unlink(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+        Ok(detach_pins(pin_dir, ifindex)? | release_pins(pin_dir, ifindex)?)
     }
 
     /// Ends the hold of host veth `ifindex`; whether there was one.
@@ -1338,12 +1630,13 @@ impl Datapath {
     /// The pins of a complete datapath missing under `pin_dir` (maps,
     /// programs, the links directory): empty when nothing is.
     pub fn missing_pins(pin_dir: &Path) -> Vec<PathBuf> {
+        let layout = layout_dir(pin_dir);
         MAPS.iter()
-            .map(|m| pin_dir.join(m))
+            .map(|m| layout.join(m))
             .chain(
                 [FROM_POD_PROGRAM, CPUMAP_PROGRAM, HOLD_PROGRAM]
                     .iter()
-                    .map(|p| pin_dir.join("progs").join(p)),
+                    .map(|p| layout.join("progs").join(p)),
             )
             .chain([pin_dir.join("links")])
             .filter(|p| !p.exists())
@@ -1383,7 +1676,7 @@ fn unpin_link(pin: &Path) -> Result<bool> {
     }
 }
 
-fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, LinkKind, PathBuf)>> {
+pub(crate) fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, LinkKind, PathBuf)>> {
     let dir = pin_dir.join("links");
     let mut out = Vec::new();
     let entries = match fs::read_dir(&dir) {

@@ -73,6 +73,18 @@ pub enum Error {
         /// Why.
         message: String,
     },
+    /// This build's layout is pinned but not complete: being created, or
+    /// filled from an older layout by the agent.
+    #[error("the datapath is not ready: {0}")]
+    NotReady(String),
+    /// A migration from an older layout could not go on.
+    #[error("migrating the datapath from layout {from}: {why}")]
+    Migration {
+        /// The older layout.
+        from: u32,
+        /// Why.
+        why: String,
+    },
     /// A value given by the caller is out of range.
     #[error("invalid {what}: {why}")]
     Invalid {

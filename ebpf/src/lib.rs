@@ -4,22 +4,32 @@
 //! constant through `include/xdpcni.h`; `build.rs` compiles them with clang
 //! and this crate embeds the object ([`DATAPATH_OBJECT`]). [`abi`] holds the
 //! `#[repr(C)]` twins of the shared structs, [`Datapath`] loads, pins and
-//! attaches the programs, and [`Maps`] opens the pinned maps alone.
+//! attaches the programs, and [`Maps`] opens the pinned maps alone;
+//! [`Pinned`] says what is pinned without opening it for writing, and
+//! `migrate` moves an older layout into this build's.
 
 mod bpffs;
 mod datapath;
 mod error;
+mod migrate;
 mod sys;
 
 pub mod abi;
 
 pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::{
-    is_held, AttachMode, Attachment, Counters, Datapath, HoldHook, L4Proto, Maps, CPUMAP_PROGRAM,
-    DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM, PRESENCE_MAP,
+    is_held, layout_dir, AttachMode, Attachment, Counters, Datapath, Filled, HoldHook, L4Proto,
+    Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM,
 };
 pub use error::{Error, Result};
+pub use migrate::{Migration, Pinned};
 pub use sys::LinkState;
+
+/// What the kernel holds, by id: how the tests show that a migration left
+/// no map or program behind.
+pub mod objects {
+    pub use crate::sys::{object_exists, pinned_id};
+}
 
 /// The compiled datapath object (BPF ELF with BTF), as built by `build.rs`.
 pub static DATAPATH_OBJECT: &[u8] =

@@ -105,3 +105,72 @@ fn pinned_link(path: &Path, want_type: u32, what: &str) -> io::Result<LinkState>
         ifindex: word(16),
     })
 }
+
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// Moves the link pinned at `path` to the program `prog` (BPF_LINK_UPDATE):
+/// atomically, whatever the link's type (XDP, tcx).
+pub fn update_pinned_link(path: &Path, prog: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    let fd = open_pin(path)?;
+    // struct { u32 link_fd; u32 new_prog_fd; u32 flags; u32 old_prog_fd; }
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&prog) as u32).to_ne_bytes());
+    bpf(BPF_LINK_UPDATE, &mut attr)?;
+    Ok(())
+}
+
+const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
+
+/// The kernel id of the program or map pinned at `path` (both info structs
+/// begin with `u32 type; u32 id;`).
+pub fn pinned_id(path: &Path) -> io::Result<u32> {
+    let fd = open_pin(path)?;
+    let mut info = [0u8; 8];
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
+    attr[4..8].copy_from_slice(&(info.len() as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(info.as_mut_ptr() as u64).to_ne_bytes());
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)?;
+    Ok(u32::from_ne_bytes([info[4], info[5], info[6], info[7]]))
+}
+
+/// Whether the kernel still has the program (`map` false) or map (`map`
+/// true) of this id: what was freed once nothing referenced it.
+pub fn object_exists(id: u32, map: bool) -> io::Result<bool> {
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&id.to_ne_bytes());
+    let cmd = if map {
+        BPF_MAP_GET_FD_BY_ID
+    } else {
+        BPF_PROG_GET_FD_BY_ID
+    };
+    match bpf(cmd, &mut attr) {
+        Ok(fd) => {
+            let fd =
+                i32::try_from(fd).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            // SAFETY: the call returned a new descriptor that nothing else owns.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            Ok(true)
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+const BPF_OBJ_PIN: libc::c_long = 6;
+
+/// Pins the object pinned at `from` at `to` as well (BPF_OBJ_PIN of a
+/// descriptor of it): one map or program, two names.
+pub fn pin_again(from: &Path, to: &Path) -> io::Result<()> {
+    let fd = open_pin(from)?;
+    let cpath = CString::new(to.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // struct { u64 pathname; u32 bpf_fd; u32 file_flags; }
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..8].copy_from_slice(&(cpath.as_ptr() as u64).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
+    bpf(BPF_OBJ_PIN, &mut attr)?;
+    Ok(())
+}
