@@ -162,9 +162,15 @@ impl NetConf {
         })
     }
 
-    /// Whether the datapath's pinned maps exist.
+    /// What is pinned at the pin directory (read without writing anything).
+    pub fn pinned(&self) -> xdpcni_ebpf::Result<xdpcni_ebpf::Pinned> {
+        xdpcni_ebpf::Pinned::read(&self.pin_dir)
+    }
+
+    /// Whether the datapath of this build's layout is pinned and complete:
+    /// the only one this plugin writes into.
     pub fn datapath_present(&self) -> bool {
-        self.pin_dir.join(xdpcni_ebpf::PRESENCE_MAP).exists()
+        self.pinned().is_ok_and(|p| p.ready())
     }
 }
 

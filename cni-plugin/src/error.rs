@@ -145,6 +145,7 @@ impl Error {
             Self::HostInterfaceExists(_) => codes::HOST_INTERFACE_EXISTS,
             Self::Netlink(_) | Self::Injected(_) => codes::SETUP_FAILED,
             Self::Datapath(xdpcni_ebpf::Error::MapFull { .. }) => 11,
+            Self::Datapath(xdpcni_ebpf::Error::NotReady(_)) => 11,
             Self::Datapath(_) => codes::DATAPATH,
             Self::CheckFailed(_) => codes::CHECK_FAILED,
             Self::Many(errors) => errors.first().map_or(codes::SETUP_FAILED, Self::code),

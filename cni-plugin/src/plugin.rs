@@ -213,19 +213,26 @@ impl Add<'_> {
     /// agent has loaded it.
     fn gate(&mut self, host: &crate::netlink::Link) -> Result<()> {
         let conf = self.conf;
-        if !conf.datapath_present() {
-            return Err(Error::TryAgain(format!(
-                "the datapath is not pinned at {}: the xdpcni agent has not loaded it on this \
-                 node, and no pod is admitted before it could be held for its NetworkPolicies",
-                conf.pin_dir.display()
-            )));
-        }
-        let mut dp = Datapath::open_existing(&conf.pin_dir)?;
         let namespace = self
             .env
             .args
             .get("K8S_POD_NAMESPACE")
             .map_or("", String::as_str);
+        let pinned = conf.pinned()?;
+        if !pinned.ready() {
+            if pinned.layout1 {
+                return self.gate_older(namespace, &pinned);
+            }
+            return Err(Error::TryAgain(format!(
+                "the datapath at {} is {}: the xdpcni agent has not loaded (or not finished \
+                 migrating) this plugin's layout {} on this node, and no pod is admitted before \
+                 it could be held for its NetworkPolicies",
+                conf.pin_dir.display(),
+                pinned.describe(),
+                xdpcni_ebpf::abi::LAYOUT
+            )));
+        }
+        let mut dp = Datapath::open_existing(&conf.pin_dir)?;
         let Some(why) = gate::hold_reason(dp.maps(), namespace)? else {
             return Ok(());
         };
@@ -240,6 +247,32 @@ impl Add<'_> {
             host.name
         ));
         Ok(())
+    }
+
+    /// Step 3 on a node whose agent has not migrated the datapath from
+    /// layout 1 yet (an upgrade rolling out: this binary is installed
+    /// before the new agent starts). This plugin never writes into a layout
+    /// that is not its own, so it cannot hold a pod: it reads layout 1's
+    /// policy gate, admits a pod no policy may select on kernel routing (the
+    /// agent attaches it once it has migrated), and refuses the others for
+    /// the runtime to retry.
+    fn gate_older(&mut self, namespace: &str, pinned: &xdpcni_ebpf::Pinned) -> Result<()> {
+        let older = xdpcni_ebpf::Maps::open_layout1(&self.conf.pin_dir)?;
+        match gate::hold_reason(&older, namespace)? {
+            None => {
+                self.log.info(&format!(
+                    "the datapath is {}: admitted on kernel routing until the agent has migrated it",
+                    pinned.describe()
+                ));
+                Ok(())
+            }
+            Some(why) => Err(Error::TryAgain(format!(
+                "the pod must be held ({why}), and the datapath is {}: this plugin holds pods \
+                 only in its own layout {}, which the xdpcni agent has not migrated to yet",
+                pinned.describe(),
+                xdpcni_ebpf::abi::LAYOUT
+            ))),
+        }
     }
 
     /// Step 4, inside the pod: addresses, the gateway's permanent neighbour
@@ -549,8 +582,8 @@ fn cleanup(
         (None, None) => None,
     };
 
-    if conf.datapath_present() {
-        if let Some((index, owns)) = ifindex {
+    if let Some((index, owns)) = ifindex {
+        if conf.datapath_present() {
             match Datapath::open_existing(&conf.pin_dir) {
                 Ok(mut dp) => {
                     if let Err(e) = forget_endpoint(&mut dp, index, &ips, owns) {
@@ -558,6 +591,13 @@ fn cleanup(
                     }
                 }
                 Err(e) => errors.push(e.into()),
+            }
+        } else if owns {
+            // Another layout (or one being filled): this plugin writes
+            // none of its maps, but the links are every layout's; the
+            // agent forgets the records of the vanished veth.
+            if let Err(e) = Datapath::unlink(&conf.pin_dir, index) {
+                errors.push(e.into());
             }
         }
     }
@@ -714,10 +754,13 @@ pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
 /// STATUS: unavailable while the datapath is not pinned or the agent not ready.
 pub fn status(conf: &NetConf) -> Result<()> {
     require_version(conf, "1.1.0", "STATUS")?;
-    if !conf.datapath_present() {
+    let pinned = conf.pinned()?;
+    if !pinned.ready() {
         return Err(Error::Unavailable(format!(
-            "the XDP datapath is not pinned at {}",
-            conf.pin_dir.display()
+            "the XDP datapath of layout {} is not ready at {}: {} is pinned there",
+            xdpcni_ebpf::abi::LAYOUT,
+            conf.pin_dir.display(),
+            pinned.describe()
         )));
     }
     if let Some(ready) = &conf.agent_ready_file {

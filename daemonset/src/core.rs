@@ -124,11 +124,19 @@ impl Core {
     fn open_blocking(cfg: Config) -> Result<Arc<Self>> {
         let online = online_cpus();
         let defaults = cfg.defaults(online)?;
-        let dp = Datapath::open(&cfg.pin_dir)
-            .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
+        let dp = Datapath::open_with(
+            &cfg.pin_dir,
+            xdpcni_ebpf::DATAPATH_OBJECT,
+            &mut xdpcni_node::hook::stop_point,
+        )
+        .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
+        let build = dp.build().unwrap_or_default();
         info!(
             pin_dir = %cfg.pin_dir.display(),
+            layout = xdpcni_ebpf::abi::LAYOUT,
+            build,
             upgraded = dp.upgraded(),
+            migrated_from = dp.migration().map(|m| m.from),
             program = dp.from_pod_program_id().unwrap_or(0),
             "datapath ready"
         );
@@ -140,6 +148,10 @@ impl Core {
             Box::new(move |ifindex| maps.counters(ifindex).unwrap_or_default()),
             Box::new(|| Enforcer::counters().unwrap_or_default()),
         );
+        metrics.set_datapath(xdpcni_ebpf::abi::LAYOUT, &build);
+        if let Some(m) = dp.migration() {
+            metrics.migration.set(m.duration.as_secs_f64());
+        }
         Ok(Arc::new(Self {
             cfg,
             reconciler: Mutex::new(Reconciler::new(dp, defaults, online)),

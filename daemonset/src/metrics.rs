@@ -380,6 +380,10 @@ pub struct Metrics {
     pub forward_rule_pods: Gauge,
     /// `xdpcni_datapath_reloads_total`.
     pub reloads: Counter,
+    /// `xdpcni_datapath_info{layout, build}`.
+    datapath: Family<Vec<(String, String)>, Gauge>,
+    /// `xdpcni_datapath_migration_seconds`.
+    pub migration: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -432,6 +436,18 @@ impl Metrics {
             "Times the agent re-created and re-pinned a datapath whose pins were removed",
             reloads.clone(),
         );
+        let datapath = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "xdpcni_datapath_info",
+            "1 for the pinned datapath in use: its layout (map definitions) and build (programs)",
+            datapath.clone(),
+        );
+        let migration = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "xdpcni_datapath_migration_seconds",
+            "How long this agent's start took to migrate the datapath from an older layout (0: none)",
+            migration.clone(),
+        );
         let pods = std::sync::Arc::new(PodsCollector {
             source,
             pods: Mutex::new(BTreeMap::new()),
@@ -459,7 +475,20 @@ impl Metrics {
             ready,
             forward_rule_pods,
             reloads,
+            datapath,
+            migration,
         }
+    }
+
+    /// Says which datapath is in use (`xdpcni_datapath_info`).
+    pub fn set_datapath(&self, layout: u32, build: &str) {
+        self.datapath.clear();
+        self.datapath
+            .get_or_create(&vec![
+                ("layout".to_string(), layout.to_string()),
+                ("build".to_string(), build.to_string()),
+            ])
+            .set(1);
     }
 
     /// Counts an error at `stage`.
