@@ -65,8 +65,10 @@ agent.listenAddress=10.0.0.1 /agent/listenAddress
 cni.binDir=relative/bin /cni/binDir
 cni.netnsDir=/var/run/netns /cni/netnsDir
 image.pullPolicy=Sometimes /image/pullPolicy
+update.maxUnavailable=0 /update/maxUnavailable
+update.maxUnavailable=half /update/maxUnavailable
 BAD
-for value in datapath.mtu=70000 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1; do
+for value in datapath.mtu=70000 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then
 		echo "chart accepted --set $value" >&2
 		false
@@ -88,6 +90,9 @@ echo "chart schema: $schema_pass passed, 0 failed" | tee -a "$log"
 step "image: built without a registry, holds what the chart runs (scripts/image.sh)"
 bash scripts/image.sh >/dev/null
 python3 scripts/check-image.py target/images/xdpcni.tar target/chart.yaml Containerfile
+
+step "the previous release, built from git (scripts/previous-release.sh; the migration tests run it)"
+bash scripts/previous-release.sh >/dev/null
 
 step "cargo test"
 # Every test binary runs even when one fails; the closing line counts them.

@@ -38,6 +38,12 @@ impl StandaloneAgent {
     /// agent's own defaults, generic and devmap), and waits until it is
     /// ready.
     pub fn start(net: &Network, pins: &Path, extra: Value) -> Result<Self> {
+        Self::start_binary(&agent_binary()?, net, pins, extra)
+    }
+
+    /// [`StandaloneAgent::start`] with the agent binary `bin` (another
+    /// release's).
+    pub fn start_binary(bin: &Path, net: &Network, pins: &Path, extra: Value) -> Result<Self> {
         let pods_file = net.dir.path().join("pods.json");
         if !pods_file.exists() {
             std::fs::write(&pods_file, "{}")?;
@@ -59,7 +65,7 @@ impl StandaloneAgent {
         let log = net.dir.path().join(crate::unique_name("agent-") + ".log");
         let process = NodeProcess::spawn(
             &net.node,
-            &agent_binary()?,
+            bin,
             &["standalone", "--config", &config.to_string_lossy()],
             &log,
         )?;

@@ -23,3 +23,24 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
 }
+
+/// The directory of the previous release's binaries (`xdpcni`,
+/// `xdpcni-agent`), built from this repository's history on first use by
+/// `scripts/previous-release.sh` (the commit in `e2e/k8s/PREVIOUS_RELEASE`).
+pub fn previous_release() -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context as _;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/previous-release.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running scripts/previous-release.sh")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "scripts/previous-release.sh failed: {}",
+        out.status
+    );
+    Ok(std::path::PathBuf::from(
+        String::from_utf8(out.stdout)?.trim(),
+    ))
+}

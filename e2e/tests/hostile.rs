@@ -214,7 +214,7 @@ fn hostile_unprivileged_user_cannot_read_or_change_the_pins() {
     // The control: nobody can run a shell and write where anyone may.
     let (ok, err) = as_nobody("test -w /tmp && : > /dev/null");
     assert_eq!(ok, 0, "setpriv works: {err}");
-    let endpoints = dir.join("endpoints4");
+    let endpoints = xdpcni_ebpf::layout_dir(dir).join("endpoints4");
     for (what, script) in [
         ("list the pin directory", format!("ls {}", dir.display())),
         ("add a pin", format!(": > {}/evil", dir.display())),

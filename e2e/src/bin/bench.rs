@@ -761,8 +761,7 @@ impl Drop for BpfStats {
 /// per delivered packet of the whole path (2 CPUs busy / delivered rate).
 fn profile(b: &Bench, dur: Duration) -> Result<(String, f64)> {
     let prog = aya::programs::Xdp::from_pin(
-        b._pins
-            .path()
+        xdpcni_ebpf::layout_dir(b._pins.path())
             .join("progs")
             .join(xdpcni_ebpf::FROM_POD_PROGRAM),
         aya_obj::programs::XdpAttachType::Interface,
@@ -885,6 +884,8 @@ const W_NP_APPLY_P99: &str = "NetworkPolicy created -> enforced p99";
 const W_NP_REMOVE_P50: &str = "NetworkPolicy deleted -> allowed p50";
 const W_NP_REMOVE_P99: &str = "NetworkPolicy deleted -> allowed p99";
 const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
+const W_MIGRATE: &str = "Datapath migration from the previous release";
+const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
 /// The NetworkPolicy rows' paths.
 const NP_AGENT: &str = "agent (Kubernetes mode), pods on XDP";
 const NP_NONE: &str = "kernel path, no policy";
@@ -922,6 +923,8 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_NP_REMOVE_P50, "ms", false),
     (W_NP_REMOVE_P99, "ms", false),
     (W_NP_FWD, "Mpps", true),
+    (W_MIGRATE, "ms", false),
+    (W_MIGRATE_READY, "ms", false),
 ];
 
 /// The XDP paths of the main table ("best XDP mode" picks among them).
@@ -1268,6 +1271,73 @@ fn netpol_bench(
     Ok(())
 }
 
+/// The migration of a datapath the previous release pinned (layout 1)
+/// with `n` pods attached (generic devmap) to this build's layout: this
+/// build's agent started over it; how long its migration took
+/// (`xdpcni_datapath_migration_seconds`) and its start to ready. Fresh
+/// node each repetition.
+fn migration_bench(
+    reps: usize,
+    n: usize,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+) -> Result<String> {
+    let previous = xdpcni_e2e::previous_release()?;
+    let path = format!("{n} pods, this build's agent");
+    for rep in 0..reps {
+        check_interrupt()?;
+        let pins = PinDir::new("xg")?;
+        let mut net = Network::new(pins.path(), "1.1.0", json!([[{"subnet": "10.76.0.0/16"}]]))?;
+        let this_plugin = std::mem::replace(&mut net.plugin, previous.join("xdpcni"));
+        let old = StandaloneAgent::start_binary(
+            &previous.join("xdpcni-agent"),
+            &net,
+            pins.path(),
+            json!({}),
+        )?;
+        let pods: Vec<Netns> = (0..n).map(|_| Netns::new("xp")).collect::<Result<_>>()?;
+        let mut hosts = Vec::new();
+        for (i, pod) in pods.iter().enumerate() {
+            let out = net.call(
+                &Call::new("ADD", &format!("mig{i}"), Some(&pod.path())),
+                &json!({}),
+            )?;
+            ensure!(out.status == 0, "previous release ADD: {}", out.json);
+            hosts.push(
+                out.json["interfaces"][0]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+        }
+        for h in &hosts {
+            wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(10))?;
+        }
+        old.stop(libc::SIGTERM)?;
+        net.plugin = this_plugin;
+        let t = Instant::now();
+        let agent = StandaloneAgent::start(&net, pins.path(), json!({}))?;
+        let ready = t.elapsed().as_secs_f64() * 1e3;
+        let (_, body) =
+            xdpcni_e2e::cni::http_get(&net.node, xdpcni_e2e::agent::LISTEN, "/metrics")?;
+        let secs: f64 = body
+            .lines()
+            .find_map(|l| l.strip_prefix("xdpcni_datapath_migration_seconds "))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no xdpcni_datapath_migration_seconds")?;
+        ensure!(secs > 0.0, "the agent did not migrate: {}", agent.log());
+        push(W_MIGRATE, &path, rep, secs * 1e3);
+        push(W_MIGRATE_READY, &path, rep, ready);
+        for (i, pod) in pods.iter().enumerate() {
+            let _ = net.call(
+                &Call::new("DEL", &format!("mig{i}"), Some(&pod.path())),
+                &json!({}),
+            );
+        }
+        drop(agent);
+    }
+    Ok(path)
+}
+
 /// A NetworkPolicy `name` in namespace `bench`.
 fn np_json(name: &str, spec: Value) -> Value {
     json!({ "metadata": { "name": name, "namespace": "bench" }, "spec": spec })
@@ -1479,6 +1549,19 @@ fn main() -> Result<()> {
         eprintln!("bench: NetworkPolicy on a Kubernetes node (API server, agent)...");
         netpol_bench(reps, dur, &mut push, &mut extra)?;
     }
+    if o.full() || o.workload(W_MIGRATE) {
+        eprintln!("bench: datapath migration from the previous release...");
+        let path = migration_bench(reps, pods_for_add, &mut push)?;
+        extra.push(format!(
+            "migration: the previous release ({}) pinned layout 1 with {path}; each repetition a fresh node",
+            std::fs::read_to_string("e2e/k8s/PREVIOUS_RELEASE")
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .collect::<String>()
+                .trim()
+        ));
+    }
     extra.append(&mut profile_lines);
     // Make sure the XDP paths really redirected.
     for b in benches[2..]
@@ -1533,6 +1616,13 @@ fn main() -> Result<()> {
         paths.push("native devmap, headroom 0".into());
         paths.extend(CEILINGS.iter().map(|c| c.0.to_string()));
         paths.extend([NP_AGENT, NP_NONE, NP_100].map(String::from));
+        // Paths named at run time (the migration's pod count).
+        let named: Vec<String> = groups
+            .keys()
+            .filter(|(gw, gp)| gw == w && !paths.contains(gp))
+            .map(|(_, gp)| gp.clone())
+            .collect();
+        paths.extend(named);
         for p in paths {
             let Some(v) = groups.get(&(w.to_string(), p.clone())) else {
                 continue;
