@@ -410,6 +410,107 @@ c_rollout() {
 	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping during the rollout: sent/received $s"
 	echo "helm upgrade rolled the agent; 10 ms ping: $recv/$sent received"
 }
+# --- the previous release and back (docs/upgrades.md) -------------------------
+# The layout of the datapath in use, from the agent's xdpcni_datapath_info
+# (the previous release has no such metric: "1" then).
+layout_in_use() {
+	local l
+	l=$(metrics | sed -n 's/^xdpcni_datapath_info{.*layout="\([0-9]*\)".*} 1$/\1/p' | head -1)
+	echo "${l:-1}"
+}
+# A pod created while the agent is being replaced ($1: its name) must get
+# its network: Ready, reached from web pod a.
+roll_pod() {
+	sed "s/name: victim/name: $1/" "$M/victim.yaml" | kc apply -f - >/dev/null
+}
+roll_pod_reached() {
+	local a ip
+	kc wait -n "$NS" --for=condition=Ready "pod/$1" --timeout=90s >/dev/null || fail "pod $1, created during the roll, not Ready"
+	read -r a _ <<<"$(pods_of web)"
+	ip=$(pod_ip "$1")
+	x "$a" podtool greet "$ip" 8080 3 >/dev/null || fail "pod $1, created during the roll, not reached"
+	kc delete -n "$NS" pod "$1" --wait=true --timeout=60s >/dev/null
+}
+# helm upgrade to chart $1 with image tag $2 (values reset to the chart's
+# defaults but the image), a pod created during the roll; $3: the layout
+# the new agent must report.
+to_release() {
+	local old=$(agent_pod)
+	helm_ upgrade xdpcni "$1" --namespace kube-system --reset-values --set image.repository=localhost/xdpcni \
+		--set image.tag="$2" --set image.pullPolicy=Never >/dev/null || fail "helm upgrade to $1 ($2)"
+	roll_pod "roll-$2-$3"
+	kc rollout status -n kube-system ds/xdpcni-agent --timeout=180s >/dev/null || fail "rollout to $2"
+	[ "$(agent_pod)" != "$old" ] || fail "the agent pod was not replaced"
+	[ "$(layout_in_use)" = "$3" ] || fail "after the roll to $2: datapath layout $(layout_in_use), wanted $3"
+	roll_pod_reached "roll-$2-$3"
+}
+# Installs the previous release from scratch (uninstalled first: its agent
+# pins a datapath of its own layout), and remakes the web pods through its
+# plugin, attached by its agent.
+install_previous() {
+	helm_ uninstall xdpcni --namespace kube-system --wait >/dev/null || fail "helm uninstall"
+	for _ in $(seq 1 100); do
+		[ -z "$(kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o name)" ] && break
+		sleep 0.3
+	done
+	in_node /opt/cni/bin/xdpcni uninstall >/dev/null 2>&1 || fail "xdpcni uninstall"
+	helm_ install xdpcni "$PREV_SRC/charts/xdpcni" --namespace kube-system --set image.repository=localhost/xdpcni \
+		--set image.tag=previous --set image.pullPolicy=Never >/dev/null || fail "helm install of the previous release"
+	kc rollout status -n kube-system ds/xdpcni-agent --timeout=180s >/dev/null || fail "the previous release's agent"
+	kc rollout restart -n "$NS" deployment/web >/dev/null
+	kc rollout status -n "$NS" deployment/web --timeout=180s >/dev/null || fail "web pods remade by the previous release"
+	for _ in $(seq 1 200); do # the old ones gone
+		[ "$(pods_of web | wc -w)" = 2 ] && break
+		sleep 0.3
+	done
+	[ "$(pods_of web | wc -w)" = 2 ] || fail "web pods: $(pods_of web)"
+	local p
+	for p in $(pods_of web); do wait_mode "$p" "$DEFAULT_MODE" || return 1; done
+	[ "$(layout_in_use)" = 1 ] || fail "the previous release runs layout $(layout_in_use)"
+	[ -e "$PIN_DIR/endpoints4" ] && [ ! -e "$PIN_DIR/layout-2" ] || fail "no layout 1 datapath of its own: $(ls "$PIN_DIR")"
+}
+across_releases() {
+	local before
+	before=$(web_modes)
+	to_release "$REPO/charts/xdpcni" dev 2
+	[ -e "$PIN_DIR/layout-2/meta" ] || fail "no layout 2 after the upgrade"
+	[ "$(web_modes)" = "$before" ] || fail "modes changed across the upgrade: $before -> $(web_modes)"
+	# helm rollback: to the previous revision, the previous release.
+	local old=$(agent_pod)
+	helm_ rollback xdpcni --namespace kube-system >/dev/null || fail "helm rollback"
+	roll_pod roll-rollback
+	kc rollout status -n kube-system ds/xdpcni-agent --timeout=180s >/dev/null || fail "rollout of the rollback"
+	[ "$(agent_pod)" != "$old" ] || fail "the rollback did not replace the agent pod"
+	[ "$(layout_in_use)" = 1 ] || fail "after the rollback: layout $(layout_in_use)"
+	roll_pod_reached roll-rollback
+	[ "$(web_modes)" = "$before" ] || fail "modes changed across the rollback: $before -> $(web_modes)"
+	to_release "$REPO/charts/xdpcni" dev 2
+	[ "$(web_modes)" = "$before" ] || fail "modes changed across the second upgrade: $before -> $(web_modes)"
+}
+web_modes() { local p; for p in $(pods_of web); do printf '%s=%s ' "$p" "$(mode_of "$p")"; done; }
+c_previous_release() {
+	local a b ip s sent recv
+	[ -n "${PREV_SRC:-}" ] && [ -d "$PREV_SRC/charts/xdpcni" ] || fail "no previous release tree (up.sh writes PREV_SRC)"
+	install_previous || return 1
+	read -r a b <<<"$(pods_of web)"
+	ip=$(pod_ip "$b")
+	# A TCP stream and a 10 ms ping from a to b through all four rolls.
+	x "$a" podtool stream "$ip" 9090 120 >"$W/stream.out" 2>&1 &
+	local stream_pid=$!
+	ping_stats "$a" "$ip" 12000 0.01 >"$W/ping-prev.out" 2>&1 &
+	local ping_pid=$!
+	sleep 1
+	local t0=$SECONDS
+	across_releases || { kill "$stream_pid" "$ping_pid" 2>/dev/null; return 1; }
+	# Both must have outlasted the four rolls, or they proved less.
+	[ $((SECONDS - t0)) -lt 115 ] || fail "the rolls took $((SECONDS - t0)) s, longer than the ping and the stream"
+	wait "$ping_pid"
+	read -r sent recv <"$W/ping-prev.out"
+	wait "$stream_pid" || fail "the TCP stream broke: $(cat "$W/stream.out")"
+	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping across the releases: sent/received $sent $recv"
+	echo "helm install of the previous release ($(grep -v '^#' "$REPO/e2e/k8s/PREVIOUS_RELEASE"), layout 1) -> helm upgrade to this (layout 2, migrated) -> helm rollback -> upgrade again: 10 ms ping $recv/$sent, TCP stream $(tr '\n' ' ' <"$W/stream.out"), rolls $((SECONDS - t0)) s, modes $(web_modes), a pod created in each roll reached"
+}
+
 xdp_ids() { in_node ip -o link show | grep -oE '^[0-9]+: [^:@]+|prog/xdp id [0-9]+' | paste -sd' '; }
 kill_agent() {
 	local pid restarts
@@ -476,6 +577,7 @@ check "a NetworkPolicy closes a hostPort pod, portmap's DNAT included" c_netpol_
 check "a FORWARD rule naming a pod makes it kernel-only, with an Event" c_forward_rule
 check "deleting a pod removes its veth, IP, record, pin and metrics" c_delete
 check "helm upgrade rolls the agent with no lost 10 ms ping" c_rollout
+check "helm install of the previous release, upgrade to this one, rollback, upgrade again: no lost 10 ms ping, the TCP stream alive" c_previous_release
 check "a killed agent: traffic flows, the kubelet restarts it, nothing changes" c_kill_agent
 check "helm uninstall and xdpcni uninstall leave nothing on the node (the policy table included)" c_uninstall
 echo "checks: $passed passed, $failed failed"

@@ -142,6 +142,10 @@ wait_for 30 ctr_ version
 
 step "images (scripts/image.sh, imported into containerd)"
 bash "$REPO/scripts/image.sh" --import "$SOCK" >/dev/null
+step "the previous release's image (scripts/previous-release.sh --image), for the upgrade check"
+prev_images=$(bash "$REPO/scripts/previous-release.sh" --image)
+ctr_ images import "$prev_images/xdpcni.tar" >/dev/null
+echo "PREV_SRC=$(dirname "$prev_images")/src" >>"$W/env"
 
 step "kubelet and kube-proxy"
 cat >"$W/kubelet.yaml" <<EOF
