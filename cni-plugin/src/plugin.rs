@@ -223,13 +223,17 @@ impl Add<'_> {
             if pinned.layout1 {
                 return self.gate_older(namespace, &pinned);
             }
+            let what = if pinned == xdpcni_ebpf::Pinned::default() {
+                "not pinned".to_string()
+            } else {
+                format!("not ready ({} is pinned)", pinned.describe())
+            };
             return Err(Error::TryAgain(format!(
-                "the datapath at {} is {}: the xdpcni agent has not loaded (or not finished \
-                 migrating) this plugin's layout {} on this node, and no pod is admitted before \
-                 it could be held for its NetworkPolicies",
+                "the datapath of layout {} at {} is {what}: the xdpcni agent has not loaded (or \
+                 not finished migrating) it on this node, and no pod is admitted before it could \
+                 be held for its NetworkPolicies",
+                xdpcni_ebpf::abi::LAYOUT,
                 conf.pin_dir.display(),
-                pinned.describe(),
-                xdpcni_ebpf::abi::LAYOUT
             )));
         }
         let mut dp = Datapath::open_existing(&conf.pin_dir)?;
