@@ -1136,6 +1136,8 @@ impl Datapath {
         for dir in [
             pin_dir.to_path_buf(),
             pin_dir.join("links"),
+            // Layout 1's names for the programs (aliases: migrate.rs).
+            pin_dir.join("progs"),
             layout.clone(),
             layout.join("progs"),
         ] {
