@@ -494,7 +494,7 @@ c_previous_release() {
 	install_previous || return 1
 	read -r a b <<<"$(pods_of web)"
 	ip=$(pod_ip "$b")
-	# A TCP stream and a 10 ms ping from a to b through all four rolls.
+	# A TCP stream and a 10 ms ping from a to b through the three rolls.
 	x "$a" podtool stream "$ip" 9090 120 >"$W/stream.out" 2>&1 &
 	local stream_pid=$!
 	ping_stats "$a" "$ip" 12000 0.01 >"$W/ping-prev.out" 2>&1 &
@@ -502,13 +502,14 @@ c_previous_release() {
 	sleep 1
 	local t0=$SECONDS
 	across_releases || { kill "$stream_pid" "$ping_pid" 2>/dev/null; return 1; }
-	# Both must have outlasted the four rolls, or they proved less.
-	[ $((SECONDS - t0)) -lt 115 ] || fail "the rolls took $((SECONDS - t0)) s, longer than the ping and the stream"
+	# Both must have outlasted the rolls, or they proved less.
+	local rolls=$((SECONDS - t0))
+	[ "$rolls" -lt 115 ] || fail "the rolls took $rolls s, longer than the ping and the stream"
 	wait "$ping_pid"
 	read -r sent recv <"$W/ping-prev.out"
 	wait "$stream_pid" || fail "the TCP stream broke: $(cat "$W/stream.out")"
 	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping across the releases: sent/received $sent $recv"
-	echo "helm install of the previous release ($(grep -v '^#' "$REPO/e2e/k8s/PREVIOUS_RELEASE"), layout 1) -> helm upgrade to this (layout 2, migrated) -> helm rollback -> upgrade again: 10 ms ping $recv/$sent, TCP stream $(tr '\n' ' ' <"$W/stream.out"), rolls $((SECONDS - t0)) s, modes $(web_modes), a pod created in each roll reached"
+	echo "helm install of the previous release ($(grep -v '^#' "$REPO/e2e/k8s/PREVIOUS_RELEASE"), layout 1) -> helm upgrade to this (layout 2, migrated) -> helm rollback -> upgrade again: 10 ms ping $recv/$sent, TCP stream $(tr '\n' ' ' <"$W/stream.out"), three rolls in $rolls s, modes $(web_modes), a pod created in each roll reached"
 }
 
 xdp_ids() { in_node ip -o link show | grep -oE '^[0-9]+: [^:@]+|prog/xdp id [0-9]+' | paste -sd' '; }
