@@ -261,7 +261,14 @@ impl Add<'_> {
     /// agent attaches it once it has migrated), and refuses the others for
     /// the runtime to retry.
     fn gate_older(&mut self, namespace: &str, pinned: &xdpcni_ebpf::Pinned) -> Result<()> {
-        let older = xdpcni_ebpf::Maps::open_layout1(&self.conf.pin_dir)?;
+        let older = xdpcni_ebpf::Maps::open_layout1(&self.conf.pin_dir).map_err(|e| {
+            Error::TryAgain(format!(
+                "the datapath is {}, and its older maps are not the previous release's layout 1 \
+                 ({e}): this plugin cannot tell whether the pod must be held; the agent of this \
+                 release cannot migrate them either (docs/upgrades.md)",
+                pinned.describe()
+            ))
+        })?;
         match gate::hold_reason(&older, namespace)? {
             None => {
                 self.log.info(&format!(

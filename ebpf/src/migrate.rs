@@ -276,7 +276,12 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
 
     let src = Maps::open_dir(&pin_dir, false).map_err(|e| Error::Migration {
         from: 1,
-        why: format!("opening its maps: {e}"),
+        why: format!(
+            "opening its maps: {e}: the pins in {} are not the previous release's layout 1, the \
+             only one this build migrates from (an older release's?); the pods keep forwarding on \
+             what is attached: upgrade through the previous release, or uninstall (docs/upgrades.md)",
+            pin_dir.display()
+        ),
     })?;
     let filled = dp.maps.fill_from(&src, &separate)?;
     for cpu in 0..MAX_CPUS {
