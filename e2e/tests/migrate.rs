@@ -195,21 +195,10 @@ impl Node {
     /// Every map and program layout 1 pins, by kernel id.
     fn layout1_ids(&self) -> (BTreeSet<u32>, BTreeSet<u32>) {
         let dir = self.pins.path();
-        let maps = [
-            "endpoints4",
-            "endpoints6",
-            "tx_ports",
-            "cpu_map",
-            "nat_ports",
-            "counters",
-            "port_slots",
-            "slot_owners",
-            "policy_namespaces",
-            "policy_gate",
-        ]
-        .iter()
-        .map(|m| objects::pinned_id(&dir.join(m)).unwrap())
-        .collect();
+        let maps = LAYOUT1_MAPS
+            .iter()
+            .map(|m| objects::pinned_id(&dir.join(m)).unwrap())
+            .collect();
         let progs = std::fs::read_dir(dir.join("progs"))
             .unwrap()
             .map(|e| objects::pinned_id(&e.unwrap().path()).unwrap())

@@ -957,15 +957,11 @@ impl Maps {
         let mut filled = Filled::default();
 
         if copy(MAP_POLICY_NAMESPACES) {
-            drain(&mut self.policy_namespaces, MAP_POLICY_NAMESPACES)?;
-            for (ns, n) in src.policy_namespaces()? {
-                if let Some(key) = PolicyNsKey::of(&ns) {
-                    self.policy_namespaces
-                        .insert(key, n, 0)
-                        .map_err(|e| Error::map(op("a policy namespace"), e))?;
-                    filled.policy_namespaces += 1;
-                }
-            }
+            filled.policy_namespaces = replace_all(
+                &mut self.policy_namespaces,
+                &src.policy_namespaces,
+                MAP_POLICY_NAMESPACES,
+            )?;
         }
         if copy(MAP_POLICY_GATE) {
             self.policy_gate
@@ -1011,51 +1007,19 @@ impl Maps {
             }
         }
         if copy(MAP_SLOT_OWNERS) {
-            drain(&mut self.slot_owners, MAP_SLOT_OWNERS)?;
-            for (slot, ifindex) in &owners {
-                self.slot_owners
-                    .insert(slot, ifindex, 0)
-                    .map_err(|e| Error::map(op("a counter slot"), e))?;
-            }
+            replace_all(&mut self.slot_owners, &src.slot_owners, MAP_SLOT_OWNERS)?;
         }
         if copy(MAP_PORT_SLOTS) {
-            drain(&mut self.port_slots, MAP_PORT_SLOTS)?;
-            for kv in src.port_slots.iter() {
-                let (ifindex, slot) = kv.map_err(|e| Error::map(op("port slots"), e))?;
-                self.port_slots
-                    .insert(ifindex, slot, 0)
-                    .map_err(|e| Error::map(op("a port slot"), e))?;
-            }
+            replace_all(&mut self.port_slots, &src.port_slots, MAP_PORT_SLOTS)?;
         }
         if copy(MAP_NAT_PORTS) {
-            drain(&mut self.nat_ports, MAP_NAT_PORTS)?;
-            for k in src.nat_ports.keys() {
-                let k = k.map_err(|e| Error::map(op("NAT ports"), e))?;
-                self.nat_ports
-                    .insert(k, 1, 0)
-                    .map_err(|e| Error::map(op("a NAT port"), e))?;
-                filled.nat_ports += 1;
-            }
+            filled.nat_ports = replace_all(&mut self.nat_ports, &src.nat_ports, MAP_NAT_PORTS)?;
         }
         if copy(MAP_ENDPOINTS4) {
-            drain(&mut self.endpoints4, MAP_ENDPOINTS4)?;
-            for kv in src.endpoints4.iter() {
-                let (k, v) = kv.map_err(|e| Error::map(op("endpoints4"), e))?;
-                self.endpoints4
-                    .insert(k, v, 0)
-                    .map_err(|e| Error::map(op("an IPv4 endpoint"), e))?;
-                filled.endpoints += 1;
-            }
+            filled.endpoints += replace_all(&mut self.endpoints4, &src.endpoints4, MAP_ENDPOINTS4)?;
         }
         if copy(MAP_ENDPOINTS6) {
-            drain(&mut self.endpoints6, MAP_ENDPOINTS6)?;
-            for kv in src.endpoints6.iter() {
-                let (k, v) = kv.map_err(|e| Error::map(op("endpoints6"), e))?;
-                self.endpoints6
-                    .insert(k, v, 0)
-                    .map_err(|e| Error::map(op("an IPv6 endpoint"), e))?;
-                filled.endpoints += 1;
-            }
+            filled.endpoints += replace_all(&mut self.endpoints6, &src.endpoints6, MAP_ENDPOINTS6)?;
         }
         if copy(MAP_TX_PORTS) {
             for ifindex in self.tx_port_list()? {
@@ -1068,6 +1032,24 @@ impl Maps {
         }
         Ok(filled)
     }
+}
+
+/// Makes hash map `dst` (named `what`) hold exactly the entries of `src`;
+/// how many.
+fn replace_all<K: aya::Pod, V: aya::Pod>(
+    dst: &mut HashMap<MapData, K, V>,
+    src: &HashMap<MapData, K, V>,
+    what: &str,
+) -> Result<usize> {
+    drain(dst, what)?;
+    let mut n = 0;
+    for kv in src.iter() {
+        let (k, v) = kv.map_err(|e| Error::map(format!("migrating {what}"), e))?;
+        dst.insert(k, v, 0)
+            .map_err(|e| Error::map(format!("migrating an entry of {what}"), e))?;
+        n += 1;
+    }
+    Ok(n)
 }
 
 /// Empties hash map `m` (named `what`).
