@@ -395,6 +395,46 @@ pub fn packet_socket(ifname: &str, usage: PacketUse) -> Result<std::os::fd::Owne
     Ok(sock)
 }
 
+/// Sends each of `frames` once out of `ifname` in `from` (AF_PACKET,
+/// past the qdisc, paced), retrying a frame the driver refused for want of
+/// room.
+/// Returns frames sent: all of them, or an error.
+pub fn send_frames(from: &Netns, ifname: &str, frames: &[Vec<u8>]) -> Result<usize> {
+    in_netns(from, || {
+        let sock = packet_socket(ifname, PacketUse::Flood)?;
+        for (i, f) in frames.iter().enumerate() {
+            // Paced: a burst would overflow the veth's 256-frame ring, and
+            // the point is that every frame arrives.
+            if i % 32 == 31 {
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            let mut tries = 0;
+            loop {
+                // SAFETY: `f` outlives the call; the socket is bound.
+                let n = unsafe {
+                    libc::send(
+                        std::os::fd::AsRawFd::as_raw_fd(&sock),
+                        f.as_ptr().cast(),
+                        f.len(),
+                        0,
+                    )
+                };
+                if n == f.len() as isize {
+                    break;
+                }
+                let e = std::io::Error::last_os_error();
+                tries += 1;
+                ensure!(
+                    tries < 1000 && e.raw_os_error() == Some(libc::ENOBUFS),
+                    "sending frame {i}: {e}"
+                );
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        Ok(frames.len())
+    })
+}
+
 /// Sends `payload` from `from` as fast as `sendmmsg` batches of 64 go, from
 /// one thread per entry of `cpus` (`Some(n)`: pinned to CPU n), each on its
 /// own socket from `open` (called inside the namespace), for `dur`. Returns

@@ -126,8 +126,11 @@ struct policy_gate {
 
 /*
  * The verdict list, written once: X(NAME, value, kind, "when"). kind is
- * FORWARD (the fast path delivered it), KERNEL (passed to the kernel stack)
- * or DROP. build/layout.c turns this list into the Rust twin (enum Verdict,
+ * FORWARD (the sender's program redirected it: one count per delivery),
+ * KERNEL (passed to the kernel stack), DROP, or one of the two kinds that
+ * count a delivery again further along, never summed with FORWARD:
+ * CPUMAP_STAGE (the cpumap's second stage sent it on) and RECEIVED (counted
+ * on the destination's host veth). build/layout.c turns this list into the Rust twin (enum Verdict,
  * its labels, kinds and descriptions), from which the agent's metric labels
  * and the README's verdict table (checked by a test) follow. Values are the
  * counters map's row offsets: append, never renumber.
@@ -138,7 +141,7 @@ struct policy_gate {
 	  "decremented (RFC 1624 incremental IPv4 checksum), sent to its host veth")               \
 	X(REDIRECT_CPUMAP, 1, FORWARD,                                                             \
 	  "same, queued to a CPU picked by flow hash among the destination's allowed CPUs")        \
-	X(CPUMAP_DELIVERED, 2, FORWARD,                                                            \
+	X(CPUMAP_DELIVERED, 2, CPUMAP_STAGE,                                                       \
 	  "the cpumap's second stage, on the picked CPU, sent it on to the destination veth")      \
 	X(PASS_NOT_IP, 3, KERNEL, "ARP and other ethertypes")                                      \
 	X(PASS_MULTICAST, 4, KERNEL,                                                               \
@@ -168,7 +171,7 @@ struct policy_gate {
 	  "source address is not an address of the endpoint on the ingress veth (what rp_filter "  \
 	  "does on the kernel path)")                                                              \
 	X(DROP_CPUMAP_LOST, 15, DROP, "the destination vanished between the two cpumap stages")    \
-	X(RX_FASTPATH, 16, FORWARD,                                                                \
+	X(RX_FASTPATH, 16, RECEIVED,                                                               \
 	  "counted on the destination's host veth for each frame the fast path delivered to it")   \
 	X(PASS_GSO, 17, KERNEL,                                                                    \
 	  "L3 length above the sender's MTU: a GSO super-packet (generic mode keeps the pod's "    \
@@ -207,15 +210,19 @@ enum xdpcni_verdict {
 };
 
 /* Verdict kinds, and the verdicts of each kind as a bit mask (bit = value). */
-#define XDPCNI_KIND_FORWARD 0
-#define XDPCNI_KIND_KERNEL  1
-#define XDPCNI_KIND_DROP    2
+#define XDPCNI_KIND_FORWARD	 0
+#define XDPCNI_KIND_KERNEL	 1
+#define XDPCNI_KIND_DROP	 2
+#define XDPCNI_KIND_CPUMAP_STAGE 3
+#define XDPCNI_KIND_RECEIVED	 4
 #define XDPCNI_VERDICT_BIT(want, kind, value)                                                      \
 	((XDPCNI_KIND_##kind == XDPCNI_KIND_##want) ? (1u << (value)) : 0u)
-#define XDPCNI_FORWARD_BIT(name, value, kind, when) | XDPCNI_VERDICT_BIT(FORWARD, kind, value)
-#define XDPCNI_DROP_BIT(name, value, kind, when)    | XDPCNI_VERDICT_BIT(DROP, kind, value)
-#define XDPCNI_FORWARD_VERDICTS			    (0u XDPCNI_VERDICTS(XDPCNI_FORWARD_BIT))
-#define XDPCNI_DROP_VERDICTS			    (0u XDPCNI_VERDICTS(XDPCNI_DROP_BIT))
+/* The verdicts a program returns XDP_REDIRECT for: the sender's and the cpumap stage's. */
+#define XDPCNI_REDIRECT_BIT(name, value, kind, when)                                               \
+	| XDPCNI_VERDICT_BIT(FORWARD, kind, value) | XDPCNI_VERDICT_BIT(CPUMAP_STAGE, kind, value)
+#define XDPCNI_DROP_BIT(name, value, kind, when) | XDPCNI_VERDICT_BIT(DROP, kind, value)
+#define XDPCNI_REDIRECT_VERDICTS		 (0u XDPCNI_VERDICTS(XDPCNI_REDIRECT_BIT))
+#define XDPCNI_DROP_VERDICTS			 (0u XDPCNI_VERDICTS(XDPCNI_DROP_BIT))
 
 /* Per-CPU value of the counters map. */
 struct stats_value {

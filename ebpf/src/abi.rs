@@ -9,25 +9,47 @@ use std::net::IpAddr;
 /// What a kind of verdict does with the frame (`kind` in `XDPCNI_VERDICTS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum VerdictKind {
-    /// The fast path delivered it (`XDP_REDIRECT`).
+    /// The sender's program redirected it (`XDP_REDIRECT`): each fast-path
+    /// delivery is counted once here, on the sender's host veth.
     Forward,
     /// Passed to the kernel stack (`XDP_PASS`).
     Kernel,
     /// Dropped (`XDP_DROP`).
     Drop,
+    /// A cpumap-redirected frame counted again by the cpumap's second
+    /// stage: not a delivery of its own.
+    CpumapStage,
+    /// A delivered frame counted again on the destination's host veth: the
+    /// receive side of a `Forward`.
+    Received,
 }
 
 impl VerdictKind {
     /// Every kind.
-    pub const ALL: [VerdictKind; 3] = [Self::Forward, Self::Kernel, Self::Drop];
+    pub const ALL: [VerdictKind; 5] = [
+        Self::Forward,
+        Self::Kernel,
+        Self::Drop,
+        Self::CpumapStage,
+        Self::Received,
+    ];
 
-    /// The snake_case name used in metric family names and the README.
+    /// The snake_case name used in metric family names and the docs.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Forward => "forward",
             Self::Kernel => "kernel",
             Self::Drop => "drop",
+            Self::CpumapStage => "cpumap_stage",
+            Self::Received => "received",
         }
+    }
+
+    /// Whether one frame counted with this kind is one frame the sender's
+    /// host veth saw (forward, kernel, drop: they add up to what the pods
+    /// sent); the other kinds count a delivery again.
+    pub const fn is_decision(self) -> bool {
+        matches!(self, Self::Forward | Self::Kernel | Self::Drop)
     }
 }
 
@@ -470,6 +492,8 @@ mod tests {
             let want = match v.label() {
                 l if l.starts_with("drop_") => VerdictKind::Drop,
                 l if l.starts_with("pass_") => VerdictKind::Kernel,
+                l if l.starts_with("rx_") => VerdictKind::Received,
+                l if l.starts_with("cpumap_") => VerdictKind::CpumapStage,
                 _ => VerdictKind::Forward,
             };
             assert_eq!(v.kind(), want, "{}", v.label());
@@ -481,13 +505,18 @@ mod tests {
         assert_eq!(labels.len(), Verdict::ALL.len());
     }
 
-    /// The README's verdict table is the header's list: same rows, order,
-    /// kinds and text.
+    /// The verdict table of docs/architecture.md is the header's list: same
+    /// rows, order, kinds and text.
     #[test]
-    fn readme_verdict_table_is_the_header_list() {
-        let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+    fn docs_verdict_table_is_the_header_list() {
+        let readme = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/architecture.md"
+        ));
         let head = "| verdict (counter label) | kind | when |";
-        let start = readme.find(head).expect("the README has the verdict table");
+        let start = readme
+            .find(head)
+            .expect("docs/architecture.md has the verdict table");
         let rows: Vec<&str> = readme[start..]
             .lines()
             .skip(2)
@@ -497,7 +526,10 @@ mod tests {
             .iter()
             .map(|v| format!("| `{}` | {} | {} |", v.label(), v.kind().as_str(), v.when()))
             .collect();
-        assert_eq!(rows, want, "README verdict table != XDPCNI_VERDICTS");
+        assert_eq!(
+            rows, want,
+            "docs/architecture.md verdict table != XDPCNI_VERDICTS"
+        );
     }
 
     #[test]

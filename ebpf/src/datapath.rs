@@ -35,7 +35,10 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, CpuMap, DevMapHash, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{
+        Array, CpuMap, DevMapHash, HashMap, IterableMap, Map, MapData, MapError, PerCpuArray,
+        PerCpuValues,
+    },
     programs::{
         links::{FdLink, PinnedLink},
         tc::TcAttachOptions,
@@ -286,10 +289,16 @@ impl Counters {
         self.of_kind(VerdictKind::Kernel)
     }
 
-    /// Packets delivered by the fast path (redirected by this veth's
-    /// program, or received through it).
+    /// Packets this veth's program redirected to another pod (each
+    /// delivery once, on the sender's side).
     pub fn forwarded(&self) -> u64 {
         self.of_kind(VerdictKind::Forward)
+    }
+
+    /// Packets the fast path delivered to this veth's pod (the receive
+    /// side of another veth's `forwarded`).
+    pub fn received(&self) -> u64 {
+        self.of_kind(VerdictKind::Received)
     }
 
     /// Packets counted with any verdict of `kind`.
@@ -876,6 +885,45 @@ impl Maps {
         Ok(out)
     }
 
+    /// How full each map that can fill is: its entries against its size
+    /// (`cpu_map` and the arrays have fixed rows and are left out; the
+    /// counter slots in use are `slot_owners`).
+    pub fn fill(&self) -> Result<Vec<MapFill>> {
+        fn of<K: aya::Pod, V, M: IterableMap<K, V>>(
+            name: &'static str,
+            map: &M,
+            keys: impl Iterator<Item = std::result::Result<K, MapError>>,
+        ) -> Result<MapFill> {
+            let capacity = map
+                .map()
+                .info()
+                .map_err(|e| Error::map(format!("map {name} info"), e))?
+                .max_entries();
+            let mut entries = 0;
+            for k in keys {
+                k.map_err(|e| Error::map(format!("counting {name}"), e))?;
+                entries += 1;
+            }
+            Ok(MapFill {
+                name,
+                entries,
+                capacity,
+            })
+        }
+        Ok(vec![
+            of(MAP_ENDPOINTS4, &self.endpoints4, self.endpoints4.keys())?,
+            of(MAP_ENDPOINTS6, &self.endpoints6, self.endpoints6.keys())?,
+            of(MAP_TX_PORTS, &self.tx_ports, self.tx_ports.keys())?,
+            of(MAP_NAT_PORTS, &self.nat_ports, self.nat_ports.keys())?,
+            of(MAP_SLOT_OWNERS, &self.slot_owners, self.slot_owners.keys())?,
+            of(
+                MAP_POLICY_NAMESPACES,
+                &self.policy_namespaces,
+                self.policy_namespaces.keys(),
+            )?,
+        ])
+    }
+
     /// Counters of host veth `ifindex` (nothing if it has no counter slot).
     pub fn counters(&self, ifindex: u32) -> Result<Counters> {
         let Some(slot) = self.slot(ifindex)? else {
@@ -1077,6 +1125,17 @@ fn nat_key(addr: IpAddr, proto: L4Proto, port: u16) -> NatPortKey {
         port: port.to_be(),
         addr,
     }
+}
+
+/// How full one map is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapFill {
+    /// The map's pinned name.
+    pub name: &'static str,
+    /// Entries in it now.
+    pub entries: u32,
+    /// Its `max_entries`.
+    pub capacity: u32,
 }
 
 /// The loaded datapath: programs, pinned links and maps.
@@ -1313,6 +1372,20 @@ impl Datapath {
             .map_err(|e| Error::program("program info", e))?
             .tag();
         Ok(format!("{}+{tag:016x}", env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Each program's name and kernel id.
+    pub fn program_ids(&self) -> Result<Vec<(&'static str, u32)>> {
+        let id =
+            |info: std::result::Result<aya::programs::ProgramInfo, aya::programs::ProgramError>| {
+                info.map(|i| i.id())
+                    .map_err(|e| Error::program("program info", e))
+            };
+        Ok(vec![
+            (FROM_POD_PROGRAM, id(self.from_pod.info())?),
+            (CPUMAP_PROGRAM, id(self.cpumap.info())?),
+            (HOLD_PROGRAM, id(self.hold.info())?),
+        ])
     }
 
     /// Kernel id of the hold program.
@@ -1569,8 +1642,12 @@ impl Datapath {
         let mut removed = Vec::new();
         for (ifindex, kind, pin) in self.link_pins()? {
             if !kind.is_live(&pin, ifindex) {
-                fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
-                removed.push(ifindex);
+                match fs::remove_file(&pin) {
+                    Ok(()) => removed.push(ifindex),
+                    // The veth's DEL unpinned it first.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io("unpinning", &pin, e)),
+                }
             }
         }
         Ok(removed)

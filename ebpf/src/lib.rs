@@ -19,7 +19,7 @@ pub mod abi;
 pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::{
     is_held, layout_dir, AttachMode, Attachment, Counters, Datapath, Filled, HoldHook, L4Proto,
-    Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM,
+    MapFill, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM,
 };
 pub use error::{Error, Result};
 pub use migrate::{Migration, Pinned};

@@ -160,7 +160,7 @@ static __always_inline int action_of(__u32 v)
 
 	if (bit & XDPCNI_DROP_VERDICTS)
 		return XDP_DROP;
-	if (bit & XDPCNI_FORWARD_VERDICTS)
+	if (bit & XDPCNI_REDIRECT_VERDICTS)
 		return XDP_REDIRECT;
 	return XDP_PASS;
 }
