@@ -393,6 +393,7 @@ impl Add<'_> {
                 .cloned()
                 .unwrap_or_default(),
             pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
+            deleting: false,
         };
         state::save(&conf.state_dir, &rec)?;
         self.progress.record = true;
@@ -548,6 +549,17 @@ pub fn del(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
             None
         }
     };
+    // Marked first: the agent then knows the veth about to go is this
+    // DEL's doing (no false "deleted outside the CNI" warning or Event).
+    if let Some(r) = rec.as_ref().filter(|r| !r.deleting) {
+        let marked = Record {
+            deleting: true,
+            ..r.clone()
+        };
+        if let Err(e) = state::save(&conf.state_dir, &marked) {
+            log.warn(&format!("could not mark the record as being deleted: {e}"));
+        }
+    }
     cleanup(conf, env, &env.container_id, &env.ifname, rec.as_ref(), log)
 }
 

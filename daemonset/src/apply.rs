@@ -37,8 +37,10 @@ pub struct Applied {
     pub changed: bool,
     /// Kernel refusals and the fallback taken.
     pub problems: Vec<Problem>,
-    /// On kernel routing because a datapath map is full.
-    pub map_full: bool,
+    /// On kernel routing because a datapath map is full (the error).
+    pub map_full: Option<String>,
+    /// The first mode the kernel refused, and its answer.
+    pub refused: Option<(XdpMode, String)>,
 }
 
 /// Applies `want` to the pod of `rec`; `kernel_only` forces kernel routing
@@ -95,6 +97,10 @@ pub fn apply(
         mode: done.mode,
         changed: changed || done.changed,
         problems,
-        map_full: done.map_full.is_some(),
+        refused: done
+            .refused
+            .first()
+            .map(|r| (XdpMode::Xdp(r.mode), r.error.to_string())),
+        map_full: done.map_full,
     })
 }

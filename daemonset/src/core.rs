@@ -34,9 +34,10 @@ use crate::{
     apply::ApplyError,
     config::Config,
     forward,
-    metrics::{Metrics, PodView, PolicyView, Stage, CONTENT_TYPE},
+    metrics::{DatapathReader, Metrics, Stage, CONTENT_TYPE},
     netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
-    node::{is_live, pod_key, PodInput, PodKey, PodOutcome, Reconciler},
+    node::{is_live, pod_key, Annotations, KernelOnly, PodInput, PodKey, PodOutcome, Reconciler},
+    status::{self, Book, PodStatus, PolicyStatus, Status},
 };
 
 /// Set once SIGTERM or SIGINT arrived.
@@ -77,14 +78,26 @@ pub struct Core {
     reconciler: Mutex<Reconciler>,
     /// The metrics.
     pub metrics: Metrics,
+    /// What is in force, read by /metrics and /v1/status.
+    book: Arc<Book>,
+    /// The pinned maps, read by scrapes and /v1/status without the
+    /// reconciler's lock.
+    maps: Arc<dyn DatapathReader>,
+    /// The datapath's fixed facts, for /v1/status.
+    datapath: status::DatapathStatus,
+    /// `kubernetes` or `standalone`, and the node name.
+    agent_mode: Mutex<(&'static str, Option<String>)>,
+    /// Record files that could not be read, as last listed.
+    unreadable: Mutex<BTreeSet<String>>,
     converged: Mutex<HashMap<String, bool>>,
     ready: AtomicBool,
     blocked: Mutex<Blocked>,
     enforcer: Mutex<Enforcer>,
-    /// The local pods NetworkPolicies isolate, as last put in force; `None`
-    /// until the policies were first listed and applied (pod reconciles
-    /// wait for it: kernel-only is never decided from half a picture).
-    isolated: watch::Sender<Option<std::collections::BTreeSet<PodKey>>>,
+    /// The local pods NetworkPolicies isolate, with the policies that do,
+    /// as last put in force; `None` until the policies were first listed
+    /// and applied (pod reconciles wait for it: kernel-only is never
+    /// decided from half a picture).
+    isolated: watch::Sender<Option<BTreeMap<PodKey, Vec<String>>>>,
 }
 
 /// Pods named by FORWARD rules, and when the rules were last read.
@@ -142,20 +155,45 @@ impl Core {
         );
         // The scrape reads the counters through its own handle on the pins,
         // never waiting for a reconcile.
-        let maps = Maps::open_pinned(&cfg.pin_dir)
-            .with_context(|| format!("opening the maps at {}", cfg.pin_dir.display()))?;
+        let maps: Arc<dyn DatapathReader> = Arc::new(
+            Maps::open_pinned(&cfg.pin_dir)
+                .with_context(|| format!("opening the maps at {}", cfg.pin_dir.display()))?,
+        );
+        let book = Arc::new(Book::default());
         let metrics = Metrics::new(
-            Box::new(move |ifindex| maps.counters(ifindex).unwrap_or_default()),
+            Arc::clone(&maps),
+            Arc::clone(&book),
             Box::new(|| Enforcer::counters().unwrap_or_default()),
         );
         metrics.set_datapath(xdpcni_ebpf::abi::LAYOUT, &build);
-        if let Some(m) = dp.migration() {
-            metrics.migration.set(m.duration.as_secs_f64());
-        }
+        let migration_seconds = dp.migration().map_or(0.0, |m| m.duration.as_secs_f64());
+        metrics.migration.set(migration_seconds);
+        let datapath = status::DatapathStatus {
+            pin_dir: cfg.pin_dir.display().to_string(),
+            layout: xdpcni_ebpf::abi::LAYOUT,
+            build,
+            programs: dp
+                .program_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, id)| status::ProgramStatus {
+                    name: name.into(),
+                    id,
+                })
+                .collect(),
+            maps: Vec::new(),
+            migration_seconds,
+        };
+        let state_dir = cfg.state_dir.clone();
         Ok(Arc::new(Self {
             cfg,
-            reconciler: Mutex::new(Reconciler::new(dp, defaults, online)),
+            reconciler: Mutex::new(Reconciler::new(dp, defaults, online, state_dir)),
             metrics,
+            book,
+            maps,
+            datapath,
+            agent_mode: Mutex::new(("standalone", None)),
+            unreadable: Mutex::new(BTreeSet::new()),
             converged: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
             blocked: Mutex::new(Blocked::default()),
@@ -183,7 +221,7 @@ impl Core {
                 if a.changed {
                     core.metrics.policy_apply.observe(a.seconds);
                 }
-                core.metrics.show_policy(PolicyView::of(&e, a.rules));
+                core.book.set_policy(PolicyStatus::of(&e, a.rules));
             }
             applied
         })
@@ -202,19 +240,40 @@ impl Core {
         applied
     }
 
-    /// Records which local pods policies isolate now (what pod reconciles
-    /// read); returns the pods whose isolation changed.
-    pub fn set_isolated(
-        &self,
-        now: std::collections::BTreeSet<PodKey>,
-    ) -> std::collections::BTreeSet<PodKey> {
-        let mut changed = std::collections::BTreeSet::new();
+    /// Records which local pods policies isolate now, and the policies
+    /// (`namespace/name`) that do (what pod reconciles read); returns the
+    /// pods whose isolation or isolating policies changed.
+    pub fn set_isolated(&self, now: BTreeMap<PodKey, Vec<String>>) -> BTreeSet<PodKey> {
+        let mut changed = BTreeSet::new();
         self.isolated.send_modify(|cur| {
             let before = cur.take().unwrap_or_default();
-            changed = before.symmetric_difference(&now).cloned().collect();
+            changed = before
+                .iter()
+                .filter(|(k, v)| now.get(*k) != Some(*v))
+                .chain(now.iter().filter(|(k, v)| before.get(*k) != Some(*v)))
+                .map(|(k, _)| k.clone())
+                .collect();
             *cur = Some(now);
         });
         changed
+    }
+
+    /// Says which mode the agent runs in (for /v1/status).
+    pub fn set_agent_mode(&self, mode: &'static str, node: Option<String>) {
+        *self
+            .agent_mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (mode, node);
+    }
+
+    /// What a reconcile of pod `key` needs beyond its record: `annotations`
+    /// and whether (and why) it is kernel-only. The one place the input is
+    /// put together, for both modes.
+    pub fn pod_input(&self, key: &PodKey, annotations: Annotations) -> PodInput {
+        PodInput {
+            annotations,
+            kernel_only: self.kernel_only(key),
+        }
     }
 
     /// Waits until the policies were first put in force (at once in
@@ -224,14 +283,18 @@ impl Core {
         let _ = rx.wait_for(Option::is_some).await;
     }
 
-    /// Whether the pod must take the kernel path both ways: a NetworkPolicy
-    /// isolates it, or a FORWARD rule names it.
-    pub fn kernel_only(&self, key: &PodKey) -> bool {
-        self.isolated
-            .borrow()
-            .as_ref()
-            .is_some_and(|s| s.contains(key))
-            || self.is_blocked(key)
+    /// Whether (and why) the pod must take the kernel path both ways: a
+    /// NetworkPolicy isolates it, or a FORWARD rule names it.
+    pub fn kernel_only(&self, key: &PodKey) -> Option<KernelOnly> {
+        if let Some(names) = self.isolated.borrow().as_ref().and_then(|s| s.get(key)) {
+            return Some(KernelOnly::Policies(names.clone()));
+        }
+        self.blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .get(key)
+            .map(|rule| KernelOnly::ForwardRule(rule.to_string()))
     }
 
     /// The configuration.
@@ -249,6 +312,7 @@ impl Core {
             .route("/metrics", get(metrics))
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
+            .route(status::PATH, get(status_json))
             .with_state(Arc::clone(self));
         tokio::spawn(async move {
             let served = axum::serve(listener, app)
@@ -262,15 +326,81 @@ impl Core {
     }
 
     /// The CNI's attachment records (counted as a `records` error when the
-    /// directory cannot be read).
+    /// directory cannot be read, or a record in it: each unreadable file is
+    /// logged once, and counted in /v1/status while it stays).
     pub fn records(&self) -> Vec<Record> {
-        match state::list(&self.cfg.state_dir) {
-            Ok(r) => r,
+        match state::list_all(&self.cfg.state_dir) {
+            Ok((records, bad)) => {
+                let mut unreadable = self
+                    .unreadable
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                for why in bad.iter().filter(|b| !unreadable.contains(*b)) {
+                    warn!(record = %why, "a CNI record cannot be read: its pod is left out");
+                    self.metrics.error(Stage::Records);
+                }
+                *unreadable = bad.into_iter().collect();
+                records
+            }
             Err(e) => {
                 warn!(error = %e, "reading the CNI's records");
                 self.metrics.error(Stage::Records);
                 Vec::new()
             }
+        }
+    }
+
+    /// What `/v1/status` answers: the book, the node's facts, and each pod's
+    /// counters and each map's fill read now.
+    pub fn status(&self) -> Status {
+        let mut pods = self.book.pods();
+        for p in &mut pods {
+            let c = self.maps.counters(p.ifindex);
+            p.counters = Some(status::Counts::of(&c));
+        }
+        let mut datapath = self.datapath.clone();
+        datapath.maps = self
+            .maps
+            .fill()
+            .into_iter()
+            .map(|m| status::MapStatus {
+                name: m.name.into(),
+                entries: m.entries,
+                capacity: m.capacity,
+            })
+            .collect();
+        let defaults = self
+            .cfg
+            .defaults(online_cpus())
+            .map(|d| status::Defaults {
+                mode: d.mode.as_str().into(),
+                redirect: d.redirect.as_str().into(),
+                cpus: xdpcni_node::pod::format_cpu_list(d.cpu_mask),
+            })
+            .unwrap_or_default();
+        let (agent_mode, node) = self
+            .agent_mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut policies = self.book.policy();
+        policies.known = self.isolated.borrow().is_some();
+        Status {
+            version: env!("CARGO_PKG_VERSION").into(),
+            agent_mode: agent_mode.into(),
+            node,
+            ready: self.is_ready(),
+            last_node_pass: self.book.last_node_pass(),
+            now: status::now(),
+            datapath,
+            defaults,
+            policies,
+            unreadable_records: self
+                .unreadable
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len(),
+            pods,
         }
     }
 
@@ -310,18 +440,23 @@ impl Core {
             .insert(rec.container_id.clone(), ok);
         match result {
             Ok(outcome) => {
-                let (namespace, pod) = pod_key(rec);
-                self.metrics.show_pod(
-                    &rec.container_id,
-                    PodView {
-                        namespace,
-                        pod,
-                        interface: rec.host_veth.clone(),
-                        ifindex: rec.host_ifindex,
-                        mode: outcome.mode,
-                        map_full: outcome.map_full,
-                    },
-                );
+                let (namespace, name) = pod_key(rec);
+                self.book.set_pod(PodStatus {
+                    namespace,
+                    name,
+                    container_id: rec.container_id.clone(),
+                    ips: rec.ips.clone(),
+                    host_veth: rec.host_veth.clone(),
+                    ifindex: rec.host_ifindex,
+                    mode: outcome.mode.as_str().into(),
+                    wanted: outcome.policy.mode.as_str().into(),
+                    why: outcome.why.clone(),
+                    redirect: outcome.policy.redirect.as_str().into(),
+                    cpus: xdpcni_node::pod::format_cpu_list(outcome.policy.cpu_mask),
+                    problems: outcome.problems.iter().map(ToString::to_string).collect(),
+                    reconciled_at: status::now(),
+                    counters: None,
+                });
                 self.metrics
                     .policy_problems
                     .inc_by(outcome.new_problems.len() as u64);
@@ -503,7 +638,8 @@ impl Core {
                 .filter(|r| is_live(r))
                 .map(|r| r.container_id.as_str())
                 .collect();
-            core.metrics.retain_pods(|id| live.contains(id));
+            core.book.retain_pods(|id| live.contains(id));
+            core.book.node_pass();
             core.converged
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
@@ -516,15 +652,6 @@ impl Core {
             warn!(error = %e, "node work task failed");
             self.metrics.error(Stage::Gc);
         }
-    }
-
-    /// Whether a FORWARD rule names the pod (it is then kernel-only).
-    pub fn is_blocked(&self, key: &PodKey) -> bool {
-        self.blocked
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pods
-            .contains_key(key)
     }
 
     /// Reads the node's FORWARD rules when `forwardScanMs` has passed since
@@ -639,6 +766,18 @@ async fn metrics(State(core): State<Arc<Core>>) -> impl IntoResponse {
             [(header::CONTENT_TYPE, "text/plain")],
             "encoding failed\n".to_string(),
         ),
+    }
+}
+
+async fn status_json(State(core): State<Arc<Core>>) -> impl IntoResponse {
+    let core2 = Arc::clone(&core);
+    match tokio::task::spawn_blocking(move || core2.status()).await {
+        Ok(s) => (StatusCode::OK, axum::Json(s)).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("status failed: {e}\n"),
+        )
+            .into_response(),
     }
 }
 

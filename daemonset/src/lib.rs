@@ -7,6 +7,8 @@
 //! - `node`: the reconciler over the datapath: one pod, or the node-wide work.
 //! - `core`: shared by both modes: the reconciler behind a lock, metrics,
 //!   readiness, HTTP, shutdown.
+//! - `status`: what is in force (each pod's mode and why), read by
+//!   /metrics and /v1/status, and the `status` command's output.
 //! - `kube` (Kubernetes mode, a kube-runtime controller) and `standalone`.
 //! - `netpol`: NetworkPolicy enforcement (what policies mean for this
 //!   node's pods, as one nftables ruleset).
@@ -26,3 +28,4 @@ pub mod policy;
 pub mod prepare;
 pub mod routes;
 pub mod standalone;
+pub mod status;

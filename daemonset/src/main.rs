@@ -6,6 +6,8 @@
 //! xdpcni-agent install-cni --config FILE [--cni-conf-dir D] [--cni-bin-dir D] [--plugin P] [--pod-cidr C]...
 //! xdpcni-agent prepare-node [--host-proc /host/proc] [--bpf-root /sys/fs/bpf] [--netns-dir /run/netns]
 //!                                         the chart's first init container: bpffs and the netns mount
+//! xdpcni-agent status [--config FILE | --url URL] [-o table|json] [--pod NS/NAME]
+//!                                         what the local agent has in force, per pod and why
 //! xdpcni-agent uninstall [--pin-dir DIR] [--state-dir DIR]
 //!                                         detach the datapath everywhere and unpin it, remove
 //!                                         the NetworkPolicy table; with --state-dir, also
@@ -72,6 +74,23 @@ enum Command {
         #[arg(long, default_value = "/run/netns")]
         netns_dir: PathBuf,
     },
+    /// What the local agent has in force: the node, and per pod its mode
+    /// and why (reads the agent's /v1/status).
+    Status {
+        /// The agent's JSON config, whose `listen` address is asked.
+        #[arg(long, default_value = "/etc/xdpcni/agent.json")]
+        config: PathBuf,
+        /// The agent's address (`http://HOST:PORT`), instead of the
+        /// config's.
+        #[arg(long)]
+        url: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Only this pod (`namespace/name`, or a container ID).
+        #[arg(long)]
+        pod: Option<String>,
+    },
     /// Detach the datapath everywhere and unpin it; with --state-dir, also
     /// remove what install-cni installed.
     Uninstall {
@@ -82,6 +101,15 @@ enum Command {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
+}
+
+/// `status` output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    /// Columns a person reads.
+    Table,
+    /// The agent's JSON, as it answered.
+    Json,
 }
 
 fn main() -> Result<()> {
@@ -137,6 +165,12 @@ fn main() -> Result<()> {
             bpf_root,
             netns_dir,
         } => xdpcni_agent::prepare::prepare_node(host_proc.as_deref(), &bpf_root, &netns_dir),
+        Command::Status {
+            config,
+            url,
+            output,
+            pod,
+        } => status(&config, url, output, pod.as_deref()),
         Command::Uninstall { pin_dir, state_dir } => {
             if let Some(state) = state_dir {
                 let removed = xdpcni_node::install::uninstall(&state).with_context(|| {
@@ -164,6 +198,86 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The agent's status URL: `url`, or the `listen` address of the config
+/// (an unspecified address asked on loopback), or the default address.
+fn status_url(config: &std::path::Path, url: Option<String>) -> Result<String> {
+    if let Some(u) = url {
+        return Ok(format!(
+            "{}{}",
+            u.trim_end_matches('/'),
+            xdpcni_agent::status::PATH
+        ));
+    }
+    let listen = match Config::read(config) {
+        Ok(c) => c.listen,
+        Err(_) if !config.exists() => xdpcni_agent::config::DEFAULT_LISTEN.to_string(),
+        Err(e) => return Err(e),
+    };
+    let addr: std::net::SocketAddr = listen
+        .parse()
+        .with_context(|| format!("listen address {listen:?} in {}", config.display()))?;
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v) if v.is_unspecified() => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(v) if v.is_unspecified() => std::net::Ipv6Addr::LOCALHOST.into(),
+        ip => ip,
+    };
+    Ok(format!(
+        "http://{}{}",
+        std::net::SocketAddr::new(ip, addr.port()),
+        xdpcni_agent::status::PATH
+    ))
+}
+
+/// Asks the local agent for its status and prints it.
+fn status(
+    config: &std::path::Path,
+    url: Option<String>,
+    output: Output,
+    pod: Option<&str>,
+) -> Result<()> {
+    use http_body_util::BodyExt;
+    let url = status_url(config, url)?;
+    let uri: hyper::Uri = url.parse().with_context(|| format!("URL {url:?}"))?;
+    let body = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let client =
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .build_http::<http_body_util::Empty<hyper::body::Bytes>>();
+            let res = tokio::time::timeout(std::time::Duration::from_secs(10), client.get(uri))
+                .await
+                .context("no answer within 10 s")??;
+            let code = res.status();
+            let body = res.into_body().collect().await?.to_bytes();
+            anyhow::ensure!(
+                code.is_success(),
+                "the agent answered {code}: {}",
+                String::from_utf8_lossy(&body).trim()
+            );
+            Ok(body)
+        })
+        .with_context(|| format!("asking the agent at {url} (is it running on this node?)"))?;
+    let status: xdpcni_agent::status::Status = serde_json::from_slice(&body)
+        .with_context(|| format!("the agent at {url} answered something else than a status"))?;
+    let chosen = match pod {
+        Some(which) => Some(
+            status
+                .find(which)
+                .with_context(|| format!("no pod {which} on this node"))?,
+        ),
+        None => None,
+    };
+    let text = match (output, chosen) {
+        (Output::Json, Some(p)) => serde_json::to_string_pretty(p)?,
+        (Output::Json, None) => serde_json::to_string_pretty(&status)?,
+        (Output::Table, Some(p)) => status.pod_detail(p),
+        (Output::Table, None) => status.table(),
+    };
+    println!("{}", text.trim_end());
+    Ok(())
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {

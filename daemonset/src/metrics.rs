@@ -3,11 +3,7 @@
 //! maps at scrape time (a collector), so a scrape is never older than the
 //! packets it reports.
 
-use std::{
-    collections::BTreeMap,
-    fmt,
-    sync::{Mutex, PoisonError},
-};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use prometheus_client::{
     collector::Collector,
@@ -23,9 +19,11 @@ use prometheus_client::{
 };
 use xdpcni_ebpf::{
     abi::{Verdict, VerdictKind},
-    Counters,
+    Counters, MapFill, Maps,
 };
 use xdpcni_node::pod::XdpMode;
+
+use crate::status::{Book, IsolatedPod, WhyCode};
 
 /// A label value escaped as the exposition format requires (backslash,
 /// double quote, newline): prometheus-client writes values as given.
@@ -104,46 +102,35 @@ impl Stage {
     }
 }
 
-/// What /metrics shows of one pod: its labels, veth and mode.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodView {
-    /// Kubernetes namespace (or empty).
-    pub namespace: String,
-    /// Pod name (or the container ID when unknown).
-    pub pod: String,
-    /// Host veth name.
-    pub interface: String,
-    /// Host veth ifindex (its counters).
-    pub ifindex: u32,
-    /// The mode in force.
-    pub mode: XdpMode,
-    /// On kernel routing because a datapath map is full.
-    pub map_full: bool,
+/// What scrapes and /v1/status read of the datapath: the pinned maps in
+/// the agent (a fake in unit tests).
+pub trait DatapathReader: Send + Sync {
+    /// The counters of host veth `ifindex` (none when unreadable).
+    fn counters(&self, ifindex: u32) -> Counters;
+    /// How full the maps are (none when unreadable).
+    fn fill(&self) -> Vec<MapFill>;
 }
 
-/// Reads a host veth's datapath counters (the pinned maps, in the agent).
-pub type CounterSource = Box<dyn Fn(u32) -> Counters + Send + Sync>;
+impl DatapathReader for Maps {
+    fn counters(&self, ifindex: u32) -> Counters {
+        Maps::counters(self, ifindex).unwrap_or_default()
+    }
 
-/// The per-pod families, read at scrape time.
+    fn fill(&self) -> Vec<MapFill> {
+        Maps::fill(self).unwrap_or_default()
+    }
+}
+
+/// The per-pod families, read at scrape time: the pods from the book,
+/// their counters from the pinned maps.
 pub struct PodsCollector {
-    source: CounterSource,
-    pods: Mutex<BTreeMap<String, PodView>>,
+    maps: Arc<dyn DatapathReader>,
+    book: Arc<Book>,
 }
 
 impl fmt::Debug for PodsCollector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PodsCollector").finish_non_exhaustive()
-    }
-}
-
-impl PodsCollector {
-    fn views(&self) -> Vec<PodView> {
-        self.pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect()
     }
 }
 
@@ -161,7 +148,13 @@ fn family_help(kind: VerdictKind, bytes: bool) -> String {
     let what = if bytes { "Bytes" } else { "Packets" };
     match kind {
         VerdictKind::Forward => {
-            format!("{what} the XDP fast path delivered, by pod and verdict")
+            format!("{what} the XDP fast path redirected to another pod, counted once on the sender's pod, by verdict")
+        }
+        VerdictKind::CpumapStage => {
+            format!("{what} of xdpcni_forward with verdict redirect_cpumap counted again by the cpumap's second stage, by sender pod (not more deliveries)")
+        }
+        VerdictKind::Received => {
+            format!("{what} the XDP fast path delivered to each pod, counted on the receiver (the same deliveries as xdpcni_forward, seen from the other end)")
         }
         VerdictKind::Kernel => {
             format!("{what} the XDP datapath passed to the kernel stack, by pod and reason")
@@ -172,9 +165,12 @@ fn family_help(kind: VerdictKind, bytes: bool) -> String {
 
 impl Collector for PodsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let views = self.views();
-        // One read of each pod's counters serves all six families.
-        let counters: Vec<_> = views.iter().map(|v| (self.source)(v.ifindex)).collect();
+        let views = self.book.pods();
+        // One read of each pod's counters serves every family.
+        let counters: Vec<_> = views
+            .iter()
+            .map(|v| self.maps.counters(v.ifindex))
+            .collect();
         for kind in VerdictKind::ALL {
             for bytes in [false, true] {
                 let name = family_name(kind, bytes);
@@ -186,8 +182,8 @@ impl Collector for PodsCollector {
                         let s = c.get(verdict);
                         let labels = [
                             ("namespace", Escaped(&view.namespace)),
-                            ("pod", Escaped(&view.pod)),
-                            ("interface", Escaped(&view.interface)),
+                            ("pod", Escaped(&view.name)),
+                            ("interface", Escaped(&view.host_veth)),
                             ("verdict", Escaped(verdict.label())),
                         ];
                         let value = if bytes { s.bytes } else { s.packets };
@@ -206,14 +202,54 @@ impl Collector for PodsCollector {
             for mode in XdpMode::ALL {
                 let labels = [
                     ("namespace", Escaped(&view.namespace)),
-                    ("pod", Escaped(&view.pod)),
+                    ("pod", Escaped(&view.name)),
                     ("mode", Escaped(mode.as_str())),
                 ];
-                ConstGauge::new(i64::from(view.mode == mode))
+                ConstGauge::new(i64::from(view.mode == mode.as_str()))
                     .encode(family.encode_family(&labels)?)?;
             }
         }
-        let full = views.iter().filter(|v| v.map_full).count();
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_pod_kernel_only",
+            "1 for each pod kept off the fast path, by reason (network-policy, forward-rule, held, map-full, veth-gone)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for view in views.iter().filter(|v| v.why.code.is_kernel_only()) {
+            let reason = serde_json::to_value(view.why.code)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default();
+            let labels = [
+                ("namespace", Escaped(&view.namespace)),
+                ("pod", Escaped(&view.name)),
+                ("reason", Escaped(&reason)),
+            ];
+            ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+        }
+        let fill = self.maps.fill();
+        for (name, help, capacity) in [
+            (
+                "xdpcni_map_entries",
+                "Entries in each datapath map that can fill",
+                false,
+            ),
+            (
+                "xdpcni_map_capacity",
+                "Size (max_entries) of each datapath map that can fill",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for m in &fill {
+                let v = if capacity { m.capacity } else { m.entries };
+                ConstGauge::new(i64::from(v)).encode(family.encode_family(&[("map", m.name)])?)?;
+            }
+        }
+        let full = views
+            .iter()
+            .filter(|v| v.why.code == WhyCode::MapFull)
+            .count();
         let family = encoder.encode_descriptor(
             "xdpcni_map_full_pods",
             "Pods on kernel routing because a datapath map had no room for their records",
@@ -225,41 +261,6 @@ impl Collector for PodsCollector {
     }
 }
 
-/// What /metrics shows of the NetworkPolicy rules in force.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PolicyView {
-    /// Each isolated local pod: (namespace, pod, ingress, egress).
-    pub pods: Vec<(String, String, bool, bool)>,
-    /// NetworkPolicies that select at least one local pod.
-    pub policies: usize,
-    /// Rules in the ruleset in force.
-    pub rules: usize,
-}
-
-impl PolicyView {
-    /// The view of `e`, in force with `rules` rules.
-    pub fn of(e: &crate::netpol::model::Enforcement, rules: usize) -> Self {
-        let policies: std::collections::BTreeSet<&String> =
-            e.pods.values().flat_map(|p| &p.policies).collect();
-        Self {
-            pods: e
-                .pods
-                .iter()
-                .map(|((ns, pod), r)| {
-                    (
-                        ns.clone(),
-                        pod.clone(),
-                        r.ingress.is_some(),
-                        r.egress.is_some(),
-                    )
-                })
-                .collect(),
-            policies: policies.len(),
-            rules,
-        }
-    }
-}
-
 /// Reads the policy table's named counters: name -> (packets, bytes).
 pub type PolicyCounterSource = Box<dyn Fn() -> BTreeMap<String, (u64, u64)> + Send + Sync>;
 
@@ -267,7 +268,7 @@ pub type PolicyCounterSource = Box<dyn Fn() -> BTreeMap<String, (u64, u64)> + Se
 /// from nftables counters at scrape time.
 pub struct PolicyCollector {
     source: PolicyCounterSource,
-    view: Mutex<PolicyView>,
+    book: Arc<Book>,
 }
 
 impl fmt::Debug for PolicyCollector {
@@ -279,12 +280,8 @@ impl fmt::Debug for PolicyCollector {
 impl Collector for PolicyCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         use crate::netpol::{model::Direction, nft};
-        let view = self
-            .view
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let counters = if view.pods.is_empty() {
+        let view = self.book.policy();
+        let counters = if view.isolated.is_empty() {
             BTreeMap::new()
         } else {
             (self.source)()
@@ -296,13 +293,10 @@ impl Collector for PolicyCollector {
             MetricType::Gauge,
         )?;
         for (direction, pick) in [
-            (
-                "ingress",
-                (|p: &(String, String, bool, bool)| p.2) as fn(&_) -> bool,
-            ),
-            ("egress", |p| p.3),
+            ("ingress", (|p: &IsolatedPod| p.ingress) as fn(&_) -> bool),
+            ("egress", |p| p.egress),
         ] {
-            let n = view.pods.iter().filter(|p| pick(p)).count();
+            let n = view.isolated.iter().filter(|p| pick(p)).count();
             ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
                 .encode(family.encode_family(&[("direction", direction)])?)?;
         }
@@ -310,7 +304,7 @@ impl Collector for PolicyCollector {
             (
                 "xdpcni_policy_policies",
                 "NetworkPolicies in force on this node (selecting at least one of its pods)",
-                view.policies,
+                view.in_force.len(),
             ),
             (
                 "xdpcni_policy_rules",
@@ -328,7 +322,13 @@ impl Collector for PolicyCollector {
                 "{unit} NetworkPolicy rules dropped, by pod and direction (nftables counters)"
             );
             let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
-            for (ns, pod, ingress, egress) in &view.pods {
+            for IsolatedPod {
+                namespace: ns,
+                pod,
+                ingress,
+                egress,
+            } in &view.isolated
+            {
                 for (direction, isolated) in
                     [(Direction::Ingress, *ingress), (Direction::Egress, *egress)]
                 {
@@ -364,8 +364,6 @@ impl Collector for PolicyCollector {
 /// The agent's metrics.
 pub struct Metrics {
     registry: Registry,
-    pods: std::sync::Arc<PodsCollector>,
-    policy: std::sync::Arc<PolicyCollector>,
     /// `xdpcni_policy_apply_duration_seconds`: one nftables transaction.
     pub policy_apply: Histogram,
     /// `xdpcni_reconcile_errors_total{stage}`.
@@ -392,9 +390,14 @@ fn duration_histogram() -> Histogram {
 }
 
 impl Metrics {
-    /// Metrics whose per-pod families read `source` at scrape time, and the
-    /// policy drop counters `policy_source`.
-    pub fn new(source: CounterSource, policy_source: PolicyCounterSource) -> Self {
+    /// Metrics whose per-pod and policy families read `book` and the
+    /// counters in `maps` at scrape time, and the policy drop counters
+    /// `policy_source`.
+    pub fn new(
+        maps: Arc<dyn DatapathReader>,
+        book: Arc<Book>,
+        policy_source: PolicyCounterSource,
+    ) -> Self {
         let mut registry = Registry::default();
         let errors = Family::<OneLabel, Counter>::default();
         for stage in Stage::ALL {
@@ -448,16 +451,14 @@ impl Metrics {
             "How long this agent's start took to migrate the datapath from an older layout (0: none)",
             migration.clone(),
         );
-        let pods = std::sync::Arc::new(PodsCollector {
-            source,
-            pods: Mutex::new(BTreeMap::new()),
-        });
-        registry.register_collector(Box::new(std::sync::Arc::clone(&pods)));
-        let policy = std::sync::Arc::new(PolicyCollector {
+        registry.register_collector(Box::new(PodsCollector {
+            maps,
+            book: Arc::clone(&book),
+        }));
+        registry.register_collector(Box::new(PolicyCollector {
             source: policy_source,
-            view: Mutex::new(PolicyView::default()),
-        });
-        registry.register_collector(Box::new(std::sync::Arc::clone(&policy)));
+            book,
+        }));
         let policy_apply = duration_histogram();
         registry.register(
             "xdpcni_policy_apply_duration_seconds",
@@ -466,8 +467,6 @@ impl Metrics {
         );
         Self {
             registry,
-            pods,
-            policy,
             policy_apply,
             errors,
             duration,
@@ -505,33 +504,6 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Shows (or updates) a pod, keyed by its container ID.
-    pub fn show_pod(&self, container_id: &str, view: PodView) {
-        self.pods
-            .pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(container_id.to_string(), view);
-    }
-
-    /// Shows the NetworkPolicy rules in force.
-    pub fn show_policy(&self, view: PolicyView) {
-        *self
-            .policy
-            .view
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = view;
-    }
-
-    /// Keeps only the pods whose container IDs `keep` accepts.
-    pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
-        self.pods
-            .pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|id, _| keep(id));
-    }
-
     /// The OpenMetrics text of every family.
     pub fn render(&self) -> Result<String, fmt::Error> {
         let mut out = String::new();
@@ -545,24 +517,51 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 #[cfg(test)]
 mod tests {
-    use xdpcni_ebpf::AttachMode;
-
     use super::*;
+    use crate::status::{PodStatus, Why};
+
+    struct Fake;
+
+    impl DatapathReader for Fake {
+        fn counters(&self, _: u32) -> Counters {
+            Counters::default()
+        }
+        fn fill(&self) -> Vec<MapFill> {
+            vec![MapFill {
+                name: "endpoints4",
+                entries: 3,
+                capacity: 65536,
+            }]
+        }
+    }
+
+    fn pod(code: WhyCode) -> PodStatus {
+        PodStatus {
+            namespace: "ns".into(),
+            name: "we\"ird".into(),
+            container_id: "c1".into(),
+            ips: vec![],
+            host_veth: "xdp0".into(),
+            ifindex: 7,
+            mode: "generic".into(),
+            wanted: "generic".into(),
+            why: Why {
+                code,
+                text: String::new(),
+            },
+            redirect: "devmap".into(),
+            cpus: "0".into(),
+            problems: vec![],
+            reconciled_at: 0.0,
+            counters: None,
+        }
+    }
 
     #[test]
     fn families_by_verdict_kind_modes_errors_and_histogram() {
-        let m = Metrics::new(Box::new(|_| Counters::default()), Box::new(BTreeMap::new));
-        m.show_pod(
-            "c1",
-            PodView {
-                namespace: "ns".into(),
-                pod: "we\"ird".into(),
-                interface: "xdp0".into(),
-                ifindex: 7,
-                mode: XdpMode::Xdp(AttachMode::Generic),
-                map_full: false,
-            },
-        );
+        let book = Arc::new(Book::default());
+        let m = Metrics::new(Arc::new(Fake), Arc::clone(&book), Box::new(BTreeMap::new));
+        book.set_pod(pod(WhyCode::NodeDefault));
         m.error(Stage::Routes);
         m.observe("pod", 0.002);
         m.ready.set(1);
@@ -578,18 +577,43 @@ mod tests {
                 assert_eq!(text.contains(&line), v.kind() == kind, "{line}\n{text}");
             }
         }
+        // The kinds that count a delivery again have families of their own.
+        assert!(text.contains("xdpcni_received_packets_total{"), "{text}");
+        assert!(
+            text.contains("xdpcni_cpumap_stage_packets_total{"),
+            "{text}"
+        );
+        assert!(!text.contains(r#"xdpcni_forward_packets_total{namespace="ns",pod="we\"ird",interface="xdp0",verdict="rx_fastpath"}"#));
         assert!(
             text.contains(r#"xdpcni_attach_mode{namespace="ns",pod="we\"ird",mode="generic"} 1"#)
         );
         assert!(text.contains(r#"mode="off"} 0"#));
         assert!(text.contains("\nxdpcni_map_full_pods 0\n"), "{text}");
+        assert!(
+            text.contains(r#"xdpcni_map_entries{map="endpoints4"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"xdpcni_map_capacity{map="endpoints4"} 65536"#),
+            "{text}"
+        );
+        assert!(!text.contains("xdpcni_pod_kernel_only{"), "{text}");
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="routes"} 1"#));
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="apply"} 0"#));
         assert!(text.contains(r#"xdpcni_reconcile_duration_seconds_count{scope="pod"} 1"#));
         assert!(text.contains("xdpcni_ready 1"));
         assert!(text.ends_with("# EOF\n"));
         assert!(!text.contains(".."), "help ends with one period");
-        m.retain_pods(|id| id != "c1");
+        book.set_pod(pod(WhyCode::MapFull));
+        let text = m.render().unwrap();
+        assert!(text.contains("\nxdpcni_map_full_pods 1\n"), "{text}");
+        assert!(
+            text.contains(
+                r#"xdpcni_pod_kernel_only{namespace="ns",pod="we\"ird",reason="map-full"} 1"#
+            ),
+            "{text}"
+        );
+        book.retain_pods(|id| id != "c1");
         assert!(!m.render().unwrap().contains("xdp0"));
     }
 }

@@ -11,11 +11,15 @@ use std::{
 
 use tracing::{info, warn};
 use xdpcni_ebpf::{Datapath, L4Proto};
-use xdpcni_node::{pod::XdpMode, state::Record};
+use xdpcni_node::{
+    pod::XdpMode,
+    state::{self, Record},
+};
 
 use crate::{
-    apply::{apply, ApplyError},
-    policy::{resolve, Policy, Problem},
+    apply::{apply, Applied, ApplyError},
+    policy::{resolve, Policy, Problem, ANNOTATION_MODE},
+    status::{Why, WhyCode},
 };
 
 /// Annotations of a pod.
@@ -24,13 +28,22 @@ pub type Annotations = BTreeMap<String, String>;
 /// (namespace, name) of a pod; ("", container ID) for a record without one.
 pub type PodKey = (String, String);
 
+/// Why a pod must take the kernel path both ways.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelOnly {
+    /// These NetworkPolicies (`namespace/name`) isolate it.
+    Policies(Vec<String>),
+    /// This DROP/REJECT rule reachable from FORWARD names it.
+    ForwardRule(String),
+}
+
 /// What the agent knows of a pod beyond its record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInput {
     /// Its annotations.
     pub annotations: Annotations,
-    /// Selected by a NetworkPolicy: kernel routing both ways.
-    pub kernel_only: bool,
+    /// Kernel routing both ways, and why.
+    pub kernel_only: Option<KernelOnly>,
 }
 
 /// (namespace, name) of a record: the pod's, or ("", container ID).
@@ -57,10 +70,11 @@ pub fn orphans<'a>(records: &'a [Record], listed: Option<&HashSet<PodKey>>) -> V
         .collect()
 }
 
-/// Whether a record's pod is still there: its netns exists. A pod whose
-/// netns is gone is being deleted; its DEL cleans up.
+/// Whether a record's pod is still there: its DEL has not started and its
+/// netns exists. A pod whose netns is gone is being deleted; its DEL cleans
+/// up.
 pub fn is_live(rec: &Record) -> bool {
-    std::path::Path::new(&rec.netns).exists()
+    !rec.deleting && std::path::Path::new(&rec.netns).exists()
 }
 
 /// The name of the device with `ifindex` in this network namespace, if any.
@@ -78,6 +92,17 @@ fn link_name(ifindex: u32) -> Option<Vec<u8>> {
     )
 }
 
+/// Whether the record's pod is being deleted: its DEL marked the record,
+/// or already removed it (read again from disk: the caller's copy may
+/// predate the DEL).
+fn being_deleted(state_dir: &std::path::Path, rec: &Record) -> bool {
+    match state::load(state_dir, &rec.container_id, &rec.ifname) {
+        Ok(Some(now)) => now.deleting,
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
 /// Whether the record's host veth is still there (its ifindex still names it).
 fn veth_present(rec: &Record) -> bool {
     link_name(rec.host_ifindex).is_some_and(|n| n == rec.host_veth.as_bytes())
@@ -93,13 +118,86 @@ fn link_exists(ifindex: u32) -> bool {
 pub struct PodOutcome {
     /// The mode in force now.
     pub mode: XdpMode,
+    /// The policy asked for (annotations over the node defaults).
+    pub policy: Policy,
+    /// Why `mode` is in force.
+    pub why: Why,
     /// Whether anything changed.
     pub changed: bool,
     /// On kernel routing because a datapath map is full.
     pub map_full: bool,
+    /// Every problem of this reconcile.
+    pub problems: Vec<Problem>,
     /// The problems, when they differ from the last ones reported for this
     /// pod (to report once per change); empty otherwise.
     pub new_problems: Vec<Problem>,
+}
+
+/// Why a pod is in its mode: the first that applies of a vanished veth, a
+/// hold, kernel-only, a full map, a kernel refusal, the annotation, the
+/// node default.
+fn why(
+    policy: &Policy,
+    annotations: &Annotations,
+    held: bool,
+    kernel_only: Option<&KernelOnly>,
+    applied: &Applied,
+) -> Why {
+    let (code, text) = if held {
+        (
+            WhyCode::Held,
+            "held since its CNI ADD until the agent classifies it against the NetworkPolicies"
+                .to_string(),
+        )
+    } else if let Some(k) = kernel_only {
+        match k {
+            KernelOnly::Policies(names) => (
+                WhyCode::NetworkPolicy,
+                format!(
+                    "kernel-only: NetworkPolicy {} isolates it",
+                    names.join(", ")
+                ),
+            ),
+            KernelOnly::ForwardRule(rule) => (
+                WhyCode::ForwardRule,
+                format!("kernel-only: the FORWARD rule `{rule}` names it"),
+            ),
+        }
+    } else if let Some(full) = &applied.map_full {
+        (
+            WhyCode::MapFull,
+            format!("kernel routing: a datapath map is full ({full})"),
+        )
+    } else if let Some((from, err)) = &applied.refused {
+        (
+            WhyCode::Fallback,
+            format!(
+                "fallback from {} to {}: the kernel refused {}: {err}",
+                from.as_str(),
+                applied.mode.as_str(),
+                from.as_str()
+            ),
+        )
+    } else {
+        match annotations.get(ANNOTATION_MODE) {
+            Some(v) if XdpMode::parse(v.trim()) == Some(policy.mode) => (
+                WhyCode::Annotation,
+                format!("annotation {ANNOTATION_MODE}={}", v.trim()),
+            ),
+            Some(v) => (
+                WhyCode::NodeDefault,
+                format!(
+                    "node default {} ({ANNOTATION_MODE}={v:?} refused)",
+                    policy.mode.as_str()
+                ),
+            ),
+            None => (
+                WhyCode::NodeDefault,
+                format!("node default {}", policy.mode.as_str()),
+            ),
+        }
+    };
+    Why { code, text }
 }
 
 /// The datapath and what the agent remembers between reconciles.
@@ -107,17 +205,20 @@ pub struct Reconciler {
     dp: Datapath,
     defaults: Policy,
     online: u64,
+    state_dir: std::path::PathBuf,
     reported: HashMap<PodKey, String>,
 }
 
 impl Reconciler {
     /// A reconciler over `dp` with node `defaults`; `online` is the mask of
-    /// online CPUs that CPU lists are checked against.
-    pub fn new(dp: Datapath, defaults: Policy, online: u64) -> Self {
+    /// online CPUs that CPU lists are checked against; the CNI's records
+    /// are in `state_dir`.
+    pub fn new(dp: Datapath, defaults: Policy, online: u64, state_dir: std::path::PathBuf) -> Self {
         Self {
             dp,
             defaults,
             online,
+            state_dir,
             reported: HashMap::new(),
         }
     }
@@ -130,6 +231,22 @@ impl Reconciler {
         let key = pod_key(rec);
         let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
         if !veth_present(rec) {
+            let vanished = Applied {
+                mode: XdpMode::Off,
+                changed: false,
+                problems: Vec::new(),
+                map_full: None,
+                refused: None,
+            };
+            let why = Why {
+                code: WhyCode::VethGone,
+                text: "no network: the host veth was deleted outside the CNI".into(),
+            };
+            if being_deleted(&self.state_dir, rec) {
+                // Its DEL removed the veth and is removing the record: the
+                // normal end of a pod, nothing to report.
+                return Ok(self.outcome(key, policy, why, vanished, Vec::new()));
+            }
             // Deleted outside the CNI: nothing to attach to. Its leftovers
             // in the datapath go at its DEL (or collection once it has no
             // record); reported once, not retried as a failure.
@@ -139,22 +256,42 @@ impl Reconciler {
                 why: "the pod's host veth was deleted outside the CNI".into(),
                 fallback: "no network until the pod is deleted and re-created".into(),
             };
-            return Ok(self.outcome(key, XdpMode::Off, false, false, vec![problem]));
+            return Ok(self.outcome(key, policy, why, vanished, vec![problem]));
         }
         let held = self.dp.is_held(rec.host_ifindex);
-        let kernel_only = pod.kernel_only || held;
-        let applied = apply(&mut self.dp, rec, &policy, kernel_only)?;
+        let kernel_only = pod.kernel_only.is_some() || held;
+        let applied = match apply(&mut self.dp, rec, &policy, kernel_only) {
+            Ok(a) => a,
+            // Its DEL took the veth away meanwhile: the normal end of a
+            // pod, not a failure to retry or report.
+            Err(_) if being_deleted(&self.state_dir, rec) => {
+                let gone = Applied {
+                    mode: XdpMode::Off,
+                    changed: false,
+                    problems: Vec::new(),
+                    map_full: None,
+                    refused: None,
+                };
+                let why = Why {
+                    code: WhyCode::VethGone,
+                    text: "being deleted".into(),
+                };
+                return Ok(self.outcome(key, policy, why, gone, Vec::new()));
+            }
+            Err(e) => return Err(e),
+        };
         if applied.changed {
             info!(mode = applied.mode.as_str(), kernel_only, held, "applied");
         }
-        problems.extend(applied.problems);
-        Ok(self.outcome(
-            key,
-            applied.mode,
-            applied.changed,
-            applied.map_full,
-            problems,
-        ))
+        let why = why(
+            &policy,
+            &pod.annotations,
+            held,
+            pod.kernel_only.as_ref(),
+            &applied,
+        );
+        problems.extend(applied.problems.iter().cloned());
+        Ok(self.outcome(key, policy, why, applied, problems))
     }
 
     /// The outcome of a reconcile, with `problems` reported (logged and
@@ -162,9 +299,9 @@ impl Reconciler {
     fn outcome(
         &mut self,
         key: PodKey,
-        mode: XdpMode,
-        changed: bool,
-        map_full: bool,
+        policy: Policy,
+        why: Why,
+        applied: Applied,
         problems: Vec<Problem>,
     ) -> PodOutcome {
         let text = problems
@@ -174,15 +311,18 @@ impl Reconciler {
             .join("; ");
         let new_problems = if !text.is_empty() && self.reported.get(&key) != Some(&text) {
             warn!(problem = %text, "policy refused, fallback in use");
-            problems
+            problems.clone()
         } else {
             Vec::new()
         };
         self.reported.insert(key, text);
         PodOutcome {
-            mode,
-            changed,
-            map_full,
+            mode: applied.mode,
+            policy,
+            why,
+            changed: applied.changed,
+            map_full: applied.map_full.is_some(),
+            problems,
             new_problems,
         }
     }
@@ -339,6 +479,7 @@ pub(crate) fn test_record(ns: &str, name: &str, id: &str, ips: Vec<IpAddr>) -> R
         headroom_effective: None,
         pod_namespace: ns.into(),
         pod_name: name.into(),
+        deleting: false,
     }
 }
 

@@ -18,7 +18,7 @@ use tracing::{info, warn, Instrument};
 use crate::{
     config::{read_pods_file, Config},
     core::{Core, Shutdown},
-    node::{is_live, pod_key, PodInput},
+    node::{is_live, pod_key},
 };
 
 /// Runs the standalone agent until SIGTERM/SIGINT. The datapath stays attached.
@@ -30,6 +30,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         .context("standalone mode needs podsFile")?;
     let interval = Duration::from_millis(cfg.interval_ms);
     let core = Core::open(cfg).await?;
+    core.set_agent_mode("standalone", None);
     core.serve(shutdown.clone()).await?;
     // No NetworkPolicies without Kubernetes: no pod is isolated.
     core.set_isolated(Default::default());
@@ -57,10 +58,10 @@ pub async fn run(cfg: Config) -> Result<()> {
             } else {
                 format!("{ns}/{name}")
             };
-            let input = PodInput {
-                annotations: pods.get(&key).cloned().unwrap_or_default(),
-                kernel_only: core.kernel_only(&(ns.clone(), name.clone())),
-            };
+            let input = core.pod_input(
+                &(ns.clone(), name.clone()),
+                pods.get(&key).cloned().unwrap_or_default(),
+            );
             // Standalone has no Events: the log and the counter carry problems.
             let span = tracing::info_span!("reconcile", namespace = %ns, pod = %name);
             failed |= core

@@ -429,6 +429,27 @@ impl KubeNode {
             .collect())
     }
 
+    /// `xdpcni-agent status ARGS` run on the node against this agent (its
+    /// config names the address): exit code, stdout, stderr.
+    pub fn status(&self, args: &[&str]) -> Result<(Option<i32>, String, String)> {
+        let bin = agent_binary()?;
+        let config = self.config.clone();
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        crate::in_netns(&self.net.node, move || {
+            let out = std::process::Command::new(&bin)
+                .arg("status")
+                .arg("--config")
+                .arg(&config)
+                .args(&args)
+                .output()?;
+            Ok((
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ))
+        })
+    }
+
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
         self.pins.path()

@@ -206,6 +206,253 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]
     })
 }
 
+/// Every metric name the chart's Grafana dashboard queries is one a live
+/// agent exports (a sample name, or a family of its `# TYPE` lines with
+/// the suffix its type gives samples).
+#[test]
+fn dashboard_queries_name_only_metrics_the_agent_exports() {
+    let _shared = shared_machine();
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    let (code, body) = http_get(&node.net.node, LISTEN, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    let mut exported = std::collections::BTreeSet::new();
+    for l in body.lines() {
+        if let Some(rest) = l.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            let (name, kind) = (it.next().unwrap(), it.next().unwrap());
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_count", "_sum"],
+                _ => &[""],
+            };
+            for s in suffixes {
+                exported.insert(format!("{name}{s}"));
+            }
+        }
+    }
+    let dash: Value = serde_json::from_str(include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/xdpcni/dashboards/xdpcni.json"
+    )))
+    .unwrap();
+    let mut exprs = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().unwrap() {
+            exprs.push(t["expr"].as_str().unwrap().to_string());
+        }
+    }
+    for v in dash["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"].as_str() {
+            exprs.push(q.to_string());
+        }
+    }
+    assert!(exprs.len() >= 15, "{exprs:?}");
+    let mut used = std::collections::BTreeSet::new();
+    for e in &exprs {
+        let b = e.as_bytes();
+        let mut i = 0;
+        while let Some(at) = e[i..].find("xdpcni_") {
+            let start = i + at;
+            let end = start
+                + e[start..]
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(e.len() - start);
+            // A metric name, not the tail of another identifier.
+            if start == 0 || !(b[start - 1].is_ascii_alphanumeric() || b[start - 1] == b'_') {
+                used.insert(e[start..end].to_string());
+            }
+            i = end;
+        }
+    }
+    let unknown: Vec<_> = used.iter().filter(|u| !exported.contains(*u)).collect();
+    assert!(
+        unknown.is_empty(),
+        "the dashboard queries metrics the agent does not export: {unknown:?}\nexported: {exported:?}"
+    );
+    // The panels the operator needs are there.
+    for want in [
+        "xdpcni_forward_packets_total",
+        "xdpcni_kernel_packets_total",
+        "xdpcni_drop_packets_total",
+        "xdpcni_attach_mode",
+        "xdpcni_pod_kernel_only",
+        "xdpcni_reconcile_errors_total",
+        "xdpcni_reconcile_duration_seconds_bucket",
+        "xdpcni_map_entries",
+        "xdpcni_map_capacity",
+    ] {
+        assert!(used.contains(want), "no panel queries {want}");
+    }
+    eprintln!(
+        "dashboard: {} queries, {} metrics, all exported",
+        exprs.len(),
+        used.len()
+    );
+}
+
+/// A sample's value (counters parse as counters or untyped).
+fn value(v: &prometheus_parse::Value) -> f64 {
+    match v {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => *v,
+        _ => 0.0,
+    }
+}
+
+/// Each family's total over every pod and label.
+fn family_sum(scrape: &prometheus_parse::Scrape, family: &str) -> f64 {
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == family)
+        .map(|s| value(&s.value))
+        .sum()
+}
+
+/// N frames in, N counted: each family of the per-pod counters counts each
+/// frame the pods send exactly once, summed over every pod and label as a
+/// dashboard would (`sum(rate(...))`), and the families that count a
+/// delivery again (the receive side, the cpumap's second stage) are their
+/// own, so no query adds them to the sender's count by accident.
+#[test]
+fn metrics_count_n_frames_sent_as_n_in_every_family() {
+    let _shared = shared_machine();
+    const N: usize = 1000;
+    let node = Node::new();
+    let agent = node.start_agent("agent.log");
+    let Pair {
+        pa,
+        ra,
+        pb,
+        hb,
+        b_ip,
+        ..
+    } = node.pair();
+    node.wait_mode(&hb, "xdp", Duration::from_secs(2));
+    let a_ip = ipv4_of(&ra);
+    let (IpAddr::V4(a4), IpAddr::V4(b4)) = (a_ip, b_ip) else {
+        unreachable!()
+    };
+    // b listens, so the frames end in a socket (no ICMP errors back).
+    let _sink = in_netns(&pb, || Ok(std::net::UdpSocket::bind("0.0.0.0:9")?)).unwrap();
+    let mac = |r: &Value, i: usize| {
+        xdpcni_e2e::netns::parse_mac(r["interfaces"][i]["mac"].as_str().unwrap()).unwrap()
+    };
+    let frames = |src: std::net::Ipv4Addr, dst: std::net::Ipv4Addr| -> Vec<Vec<u8>> {
+        (0..N)
+            .map(|i| {
+                let udp = xdpcni_e2e::packet::udp(4000 + (i % 64) as u16, 9, &[0x5a; 32]);
+                xdpcni_e2e::packet::eth(
+                    mac(&ra, 0),
+                    mac(&ra, 1),
+                    0x0800,
+                    &xdpcni_e2e::packet::ipv4(src, dst, 64, 17, &udp),
+                )
+            })
+            .collect()
+    };
+    let families = [
+        "xdpcni_forward_packets_total",
+        "xdpcni_kernel_packets_total",
+        "xdpcni_drop_packets_total",
+        "xdpcni_received_packets_total",
+        "xdpcni_cpumap_stage_packets_total",
+    ];
+    // ARP, ND and multicast the pods' kernels send on their own are
+    // counted too: left out of the kernel family's comparison.
+    let noise = |s: &prometheus_parse::Scrape| -> f64 {
+        ["pass_not_ip", "pass_nd", "pass_multicast"]
+            .iter()
+            .map(|v| {
+                s.samples
+                    .iter()
+                    .filter(|x| {
+                        x.metric == "xdpcni_kernel_packets_total"
+                            && x.labels.get("verdict") == Some(*v)
+                    })
+                    .map(|x| value(&x.value))
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    // Sends `frames`, returns each family's growth (kernel without noise).
+    let delta = |frames: Vec<Vec<u8>>| -> Vec<f64> {
+        let before = metrics(&node);
+        assert_eq!(
+            xdpcni_e2e::traffic::send_frames(&pa, "eth0", &frames).unwrap(),
+            N
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let after = metrics(&node);
+        families
+            .iter()
+            .map(|f| {
+                let d = family_sum(&after, f) - family_sum(&before, f);
+                if f.contains("kernel") {
+                    d - (noise(&after) - noise(&before))
+                } else {
+                    d
+                }
+            })
+            .collect()
+    };
+    let n = N as f64;
+    // a -> b over the devmap: one forward (a), one receive (b).
+    assert_eq!(delta(frames(a4, b4)), [n, 0.0, 0.0, n, 0.0], "devmap");
+    // To no pod: the kernel's, once.
+    assert_eq!(
+        delta(frames(a4, "192.0.2.1".parse().unwrap())),
+        [0.0, n, 0.0, 0.0, 0.0],
+        "kernel"
+    );
+    // Spoofed source: dropped, once.
+    assert_eq!(
+        delta(frames("10.200.0.9".parse().unwrap(), b4)),
+        [0.0, 0.0, n, 0.0, 0.0],
+        "drop"
+    );
+    // b behind a cpumap: still one forward; the second stage and the
+    // receive side in their own families.
+    node.set_pods(
+        json!({ "default/b": { "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" } }),
+    );
+    let start = Instant::now();
+    while Maps::open_pinned(node.pins.path())
+        .unwrap()
+        .endpoint(b_ip)
+        .unwrap()
+        .is_none_or(|e| e.redirect != 1)
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "b not on the cpumap"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(delta(frames(a4, b4)), [n, 0.0, 0.0, n, n], "cpumap");
+    let s = metrics(&node);
+    assert_eq!(
+        sample(
+            &s,
+            "xdpcni_forward_packets_total",
+            &[("pod", "a"), ("verdict", "redirect_cpumap")]
+        ),
+        Some(n)
+    );
+    assert_eq!(
+        sample(
+            &s,
+            "xdpcni_received_packets_total",
+            &[("pod", "b"), ("verdict", "rx_fastpath")]
+        ),
+        Some(2.0 * n),
+        "received by b over both redirects"
+    );
+    drop(agent);
+}
+
 #[test]
 fn pods_file_policies_switch_modes_without_losing_packets() {
     let _shared = shared_machine();
@@ -755,6 +1002,15 @@ fn churn_1000_add_del_cycles_8_parallel_leak_nothing_and_do_not_drift() {
     );
     let log = node.log("agent.log");
     assert!(!log.contains("ERROR"), "agent errors: {log}");
+    // Normal DELs raise no alarm: no WARN line (in Kubernetes, each would
+    // be a false Event on the pod).
+    let warns: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(
+        warns.is_empty(),
+        "{} WARN lines from {cycles} normal ADD/DEL cycles:\n{}",
+        warns.len(),
+        warns.join("\n")
+    );
 }
 
 #[test]

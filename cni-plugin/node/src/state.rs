@@ -75,6 +75,11 @@ pub struct Record {
     /// K8S_POD_NAME, when the runtime gave it.
     #[serde(default)]
     pub pod_name: String,
+    /// Set by DEL before it removes anything: the pod is going, and a veth
+    /// found missing is its DEL's doing, not a deletion behind the CNI's
+    /// back (the agent reports only the latter).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 /// The record file of an attachment.
@@ -132,25 +137,34 @@ pub fn remove(dir: &Path, container_id: &str, ifname: &str) -> Result<()> {
     }
 }
 
-/// Every record in `dir` (unreadable files are skipped, not fatal).
+/// Every record in `dir` (unreadable files are skipped, not fatal; see
+/// [`list_all`] for what was skipped).
 pub fn list(dir: &Path) -> Result<Vec<Record>> {
+    list_all(dir).map(|(records, _)| records)
+}
+
+/// Every record in `dir`, and each file that could not be read or parsed
+/// with the reason (`path: why`).
+pub fn list_all(dir: &Path) -> Result<(Vec<Record>, Vec<String>)> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
         Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
     };
-    let mut out = Vec::new();
+    let (mut out, mut bad) = (Vec::new(), Vec::new());
     for entry in entries.flatten() {
         let p = entry.path();
         if p.extension().is_some_and(|e| e == "json") {
-            if let Ok(bytes) = std::fs::read(&p) {
-                if let Ok(rec) = Record::parse(&bytes) {
-                    out.push(rec);
-                }
+            match std::fs::read(&p).map(|b| Record::parse(&b)) {
+                Ok(Ok(rec)) => out.push(rec),
+                // Removed between the listing and the read: a DEL.
+                Err(e) if absent(&e) => {}
+                Err(e) => bad.push(format!("{}: {e}", p.display())),
+                Ok(Err(e)) => bad.push(format!("{}: {e}", p.display())),
             }
         }
     }
-    Ok(out)
+    Ok((out, bad))
 }
 
 /// The host veth name of an attachment: `xdp` + 12 hex digits of a 64-bit

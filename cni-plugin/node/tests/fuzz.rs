@@ -45,6 +45,7 @@ fn record() -> impl Strategy<Value = Record> {
                 headroom_effective: he,
                 pod_namespace: ns,
                 pod_name: name,
+                deleting: index % 2 == 0,
             },
         )
 }

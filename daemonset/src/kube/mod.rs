@@ -40,7 +40,7 @@ use crate::{
     config::Config,
     core::{Core, ReconcileError, Shutdown},
     metrics::Stage,
-    node::{is_live, orphans, pod_key, PodInput, PodKey},
+    node::{is_live, orphans, pod_key, PodKey},
     routes,
 };
 
@@ -174,10 +174,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
             // writes its record.
             return Ok(Action::await_change());
         }
-        let input = PodInput {
-            annotations: pod.annotations().clone(),
-            kernel_only: ctx.core.kernel_only(&key),
-        };
+        let input = ctx.core.pod_input(&key, pod.annotations().clone());
         for rec in records {
             let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
             if !outcome.new_problems.is_empty() {
@@ -312,10 +309,7 @@ impl NodeTask {
             let span =
                 tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
             // Errors are counted and logged by the core; the next pass retries.
-            let input = PodInput {
-                kernel_only: core.kernel_only(&(ns.clone(), name.clone())),
-                ..PodInput::default()
-            };
+            let input = core.pod_input(&(ns.clone(), name.clone()), Default::default());
             let _ = core
                 .reconcile_pod(rec.clone(), input)
                 .instrument(span)
@@ -348,6 +342,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         .await
         .context("connecting to the API server (in-cluster or KUBECONFIG)")?;
     let core = Core::open(cfg).await?;
+    core.set_agent_mode("kubernetes", Some(node.clone()));
     core.serve(shutdown.clone()).await?;
 
     let controller = Controller::new(

@@ -17,7 +17,7 @@
 //!    path traffic has drained (conntrack never saw what XDP carried).
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -128,7 +128,11 @@ impl PolicyTask {
         let local_ips: BTreeSet<std::net::IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
         let applied = core.enforce(e.clone(), local_ips.clone()).await;
-        let isolated: BTreeSet<PodKey> = e.pods.keys().cloned().collect();
+        let isolated: BTreeMap<PodKey, Vec<String>> = e
+            .pods
+            .iter()
+            .map(|(k, p)| (k.clone(), p.policies.iter().cloned().collect()))
+            .collect();
         let mut touched: BTreeSet<PodKey> = BTreeSet::new();
         match &applied {
             Ok(_) => {
@@ -148,7 +152,7 @@ impl PolicyTask {
                 // selects (fail closed) until they are.
                 let selected: Vec<Record> = records
                     .iter()
-                    .filter(|r| isolated.contains(&pod_key(r)))
+                    .filter(|r| isolated.contains_key(&pod_key(r)))
                     .cloned()
                     .collect();
                 let held = core
@@ -184,7 +188,7 @@ impl PolicyTask {
         let changed = core.set_isolated(isolated.clone());
         let newly: Vec<Record> = records
             .iter()
-            .filter(|r| changed.contains(&pod_key(r)) && isolated.contains(&pod_key(r)))
+            .filter(|r| changed.contains(&pod_key(r)) && isolated.contains_key(&pod_key(r)))
             .cloned()
             .collect();
         if !newly.is_empty() {

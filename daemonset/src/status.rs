@@ -1,0 +1,734 @@
+//! What the agent has put in force, in one place: each pod's mode and why,
+//! and the NetworkPolicy view. `/metrics` reads it (the per-pod and policy
+//! families) and so does `/v1/status`, whose JSON `xdpcni-agent status`
+//! prints. The types serialize and deserialize: the command parses the very
+//! structs the agent wrote.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    net::IpAddr,
+    sync::{Mutex, PoisonError},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The path of the status endpoint.
+pub const PATH: &str = "/v1/status";
+
+/// Why a pod is in the mode it is in: a code a script matches on, and the
+/// sentence a person reads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Why {
+    /// What decided it.
+    pub code: WhyCode,
+    /// The same, in words, with the names involved.
+    pub text: String,
+}
+
+/// What decided a pod's mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WhyCode {
+    /// Its `xdpcni.io/xdp-mode` annotation.
+    Annotation,
+    /// The node default (no annotation, or one refused).
+    NodeDefault,
+    /// The kernel refused the mode asked for; the next one down is in force.
+    Fallback,
+    /// A NetworkPolicy isolates it: kernel path both ways.
+    NetworkPolicy,
+    /// A DROP/REJECT rule reachable from the node's FORWARD chain names it.
+    ForwardRule,
+    /// Held since its CNI ADD until the agent classifies it.
+    Held,
+    /// A datapath map had no room for its records.
+    MapFull,
+    /// Its host veth was deleted outside the CNI.
+    VethGone,
+}
+
+impl WhyCode {
+    /// Whether the pod is kept off the fast path by this (kernel-only).
+    pub const fn is_kernel_only(self) -> bool {
+        matches!(
+            self,
+            Self::NetworkPolicy | Self::ForwardRule | Self::Held | Self::MapFull | Self::VethGone
+        )
+    }
+}
+
+/// Packets of one verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerdictCount {
+    /// The verdict's counter label.
+    pub verdict: String,
+    /// Packets.
+    pub packets: u64,
+}
+
+/// A pod's datapath counters by kind (packets), read at request time.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    /// Redirected to another pod by this pod's host veth (once per delivery).
+    pub forward: u64,
+    /// Passed to the kernel stack.
+    pub kernel: u64,
+    /// Dropped.
+    pub drop: u64,
+    /// Delivered to this pod by the fast path (the receive side).
+    pub received: u64,
+    /// The verdicts with the most packets, at most [`TOP_VERDICTS`].
+    pub top: Vec<VerdictCount>,
+}
+
+/// How many verdicts [`Counts::top`] lists.
+pub const TOP_VERDICTS: usize = 3;
+
+impl Counts {
+    /// The counts of `c`.
+    pub fn of(c: &xdpcni_ebpf::Counters) -> Self {
+        use xdpcni_ebpf::abi::VerdictKind;
+        let mut top: Vec<VerdictCount> = c
+            .iter()
+            .filter(|(v, _)| v.kind().is_decision())
+            .map(|(v, s)| VerdictCount {
+                verdict: v.label().into(),
+                packets: s.packets,
+            })
+            .collect();
+        top.sort_by(|a, b| b.packets.cmp(&a.packets).then(a.verdict.cmp(&b.verdict)));
+        top.truncate(TOP_VERDICTS);
+        Self {
+            forward: c.of_kind(VerdictKind::Forward),
+            kernel: c.of_kind(VerdictKind::Kernel),
+            drop: c.of_kind(VerdictKind::Drop),
+            received: c.of_kind(VerdictKind::Received),
+            top,
+        }
+    }
+}
+
+/// One pod as the agent last reconciled it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// Kubernetes namespace (empty for a record without a pod).
+    pub namespace: String,
+    /// Pod name (the container ID for a record without a pod).
+    pub name: String,
+    /// The runtime's container ID.
+    pub container_id: String,
+    /// Its addresses.
+    pub ips: Vec<IpAddr>,
+    /// Host veth name.
+    pub host_veth: String,
+    /// Host veth ifindex.
+    pub ifindex: u32,
+    /// The mode in force: `native`, `generic` or `off`.
+    pub mode: String,
+    /// The mode its policy asks for (annotation or node default).
+    pub wanted: String,
+    /// Why it is in `mode`.
+    pub why: Why,
+    /// Redirect policy of frames to it: `devmap` or `cpumap`.
+    pub redirect: String,
+    /// The CPUs of its cpumap redirect.
+    pub cpus: String,
+    /// Annotation values or kernel answers refused, with the fallback used.
+    pub problems: Vec<String>,
+    /// When it was last reconciled (seconds since the epoch).
+    pub reconciled_at: f64,
+    /// Its counters (filled at request time; absent in the book).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<Counts>,
+}
+
+/// The NetworkPolicy rules in force.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    /// Whether the policies were listed and put in force at least once.
+    pub known: bool,
+    /// NetworkPolicies selecting at least one local pod, `namespace/name`.
+    pub in_force: Vec<String>,
+    /// Rules in the nftables ruleset in force.
+    pub rules: usize,
+    /// Each isolated local pod: (namespace, pod, ingress, egress).
+    pub isolated: Vec<IsolatedPod>,
+}
+
+/// A local pod NetworkPolicies isolate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IsolatedPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Isolated for ingress.
+    pub ingress: bool,
+    /// Isolated for egress.
+    pub egress: bool,
+}
+
+impl PolicyStatus {
+    /// The view of `e`, in force with `rules` rules.
+    pub fn of(e: &crate::netpol::model::Enforcement, rules: usize) -> Self {
+        let in_force: std::collections::BTreeSet<&String> =
+            e.pods.values().flat_map(|p| &p.policies).collect();
+        Self {
+            known: true,
+            in_force: in_force.into_iter().cloned().collect(),
+            rules,
+            isolated: e
+                .pods
+                .iter()
+                .map(|((ns, pod), r)| IsolatedPod {
+                    namespace: ns.clone(),
+                    pod: pod.clone(),
+                    ingress: r.ingress.is_some(),
+                    egress: r.egress.is_some(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A map's fill.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapStatus {
+    /// Pinned name.
+    pub name: String,
+    /// Entries now.
+    pub entries: u32,
+    /// Its size.
+    pub capacity: u32,
+}
+
+/// A loaded program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgramStatus {
+    /// Its name.
+    pub name: String,
+    /// Its kernel id (`bpftool prog show id N`).
+    pub id: u32,
+}
+
+/// The datapath in use.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DatapathStatus {
+    /// The pin directory.
+    pub pin_dir: String,
+    /// Its layout (map definitions).
+    pub layout: u32,
+    /// Its build (programs).
+    pub build: String,
+    /// The programs.
+    pub programs: Vec<ProgramStatus>,
+    /// The maps that can fill.
+    pub maps: Vec<MapStatus>,
+    /// Seconds this agent's start spent migrating from an older layout.
+    pub migration_seconds: f64,
+}
+
+/// The node defaults pods without annotations get.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Defaults {
+    /// XDP mode.
+    pub mode: String,
+    /// Redirect policy.
+    pub redirect: String,
+    /// cpumap CPUs.
+    pub cpus: String,
+}
+
+/// What `/v1/status` answers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    /// The agent's version.
+    pub version: String,
+    /// `kubernetes` or `standalone`.
+    pub agent_mode: String,
+    /// The node's name (Kubernetes mode).
+    pub node: Option<String>,
+    /// Whether the node was reconciled once.
+    pub ready: bool,
+    /// When the node-wide work last ran (seconds since the epoch).
+    pub last_node_pass: Option<f64>,
+    /// When this answer was made (seconds since the epoch).
+    pub now: f64,
+    /// The datapath.
+    pub datapath: DatapathStatus,
+    /// The node defaults.
+    pub defaults: Defaults,
+    /// NetworkPolicy enforcement.
+    pub policies: PolicyStatus,
+    /// Pods whose records a failure to read left out (see the agent's log).
+    pub unreadable_records: usize,
+    /// Every pod, by namespace and name.
+    pub pods: Vec<PodStatus>,
+}
+
+/// Seconds since the epoch, now.
+pub fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The agent's book of what is in force: pods by container ID, and the
+/// policy view.
+#[derive(Debug, Default)]
+pub struct Book {
+    pods: Mutex<BTreeMap<String, PodStatus>>,
+    policy: Mutex<PolicyStatus>,
+    last_node_pass: Mutex<Option<f64>>,
+}
+
+impl Book {
+    /// Records (or updates) a pod, keyed by its container ID.
+    pub fn set_pod(&self, pod: PodStatus) {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pod.container_id.clone(), pod);
+    }
+
+    /// Keeps only the pods whose container IDs `keep` accepts.
+    pub fn retain_pods(&self, keep: impl Fn(&str) -> bool) {
+        self.pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|id, _| keep(id));
+    }
+
+    /// Every pod, ordered by namespace and name.
+    pub fn pods(&self) -> Vec<PodStatus> {
+        let mut v: Vec<PodStatus> = self
+            .pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        v
+    }
+
+    /// Records the NetworkPolicy rules in force.
+    pub fn set_policy(&self, p: PolicyStatus) {
+        *self.policy.lock().unwrap_or_else(PoisonError::into_inner) = p;
+    }
+
+    /// The NetworkPolicy rules in force.
+    pub fn policy(&self) -> PolicyStatus {
+        self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Notes that the node-wide work ran now.
+    pub fn node_pass(&self) {
+        *self
+            .last_node_pass
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(now());
+    }
+
+    /// When the node-wide work last ran.
+    pub fn last_node_pass(&self) -> Option<f64> {
+        *self
+            .last_node_pass
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn ago(now: f64, then: f64) -> String {
+    let s = (now - then).max(0.0);
+    if s < 10.0 {
+        format!("{s:.1}s ago")
+    } else if s < 600.0 {
+        format!("{s:.0}s ago")
+    } else {
+        format!("{:.0}m ago", s / 60.0)
+    }
+}
+
+fn pod_name(p: &PodStatus) -> String {
+    if p.namespace.is_empty() {
+        p.name.clone()
+    } else {
+        format!("{}/{}", p.namespace, p.name)
+    }
+}
+
+fn ips(p: &PodStatus) -> String {
+    p.ips
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Lines padded into columns (the last one is left as is).
+fn columns(rows: &[Vec<String>]) -> String {
+    let n = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..n)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            if i + 1 == r.len() {
+                line.push_str(c);
+            } else {
+                let _ = write!(line, "{c:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+impl Status {
+    /// The node summary and one line per pod, for a person.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let node = self.node.as_deref().unwrap_or("-");
+        let dp = &self.datapath;
+        let _ = writeln!(
+            out,
+            "Agent:     xdpcni-agent {} ({}), node {node}, {}",
+            self.version,
+            self.agent_mode,
+            if self.ready { "ready" } else { "NOT READY" }
+        );
+        let _ = writeln!(
+            out,
+            "Datapath:  layout {}, build {}, pinned at {}{}",
+            dp.layout,
+            dp.build,
+            dp.pin_dir,
+            if dp.migration_seconds > 0.0 {
+                format!(", migrated in {:.3}s", dp.migration_seconds)
+            } else {
+                String::new()
+            }
+        );
+        let progs: Vec<String> = dp
+            .programs
+            .iter()
+            .map(|p| format!("{} id {}", p.name, p.id))
+            .collect();
+        let _ = writeln!(out, "Programs:  {}", progs.join(", "));
+        let maps: Vec<String> = dp
+            .maps
+            .iter()
+            .map(|m| format!("{} {}/{}", m.name, m.entries, m.capacity))
+            .collect();
+        let _ = writeln!(out, "Maps:      {}", maps.join(", "));
+        let _ = writeln!(
+            out,
+            "Defaults:  mode {}, redirect {}, cpus {}",
+            self.defaults.mode, self.defaults.redirect, self.defaults.cpus
+        );
+        let pol = &self.policies;
+        let _ = writeln!(
+            out,
+            "Policies:  {}",
+            if !pol.known {
+                "not listed yet (new pods of every namespace are held)".to_string()
+            } else if pol.in_force.is_empty() {
+                "none selects a pod of this node".to_string()
+            } else {
+                format!(
+                    "{} in force ({}), {} rules, {} pods isolated",
+                    pol.in_force.len(),
+                    pol.in_force.join(", "),
+                    pol.rules,
+                    pol.isolated.len()
+                )
+            }
+        );
+        let _ = writeln!(
+            out,
+            "Last pass: {}",
+            self.last_node_pass
+                .map_or("never".to_string(), |t| ago(self.now, t))
+        );
+        let fast = self
+            .pods
+            .iter()
+            .filter(|p| !p.why.code.is_kernel_only() && p.mode != "off")
+            .count();
+        let _ = writeln!(
+            out,
+            "Pods:      {} ({} on the fast path){}",
+            self.pods.len(),
+            fast,
+            if self.unreadable_records > 0 {
+                format!(
+                    ", {} unreadable records left out (see the log)",
+                    self.unreadable_records
+                )
+            } else {
+                String::new()
+            }
+        );
+        if self.pods.is_empty() {
+            return out;
+        }
+        out.push('\n');
+        let mut rows = vec![[
+            "POD", "IPS", "VETH", "MODE", "REDIRECT", "FORWARD", "KERNEL", "DROP", "WHY",
+        ]
+        .map(String::from)
+        .to_vec()];
+        for p in &self.pods {
+            let c = p.counters.clone().unwrap_or_default();
+            let redirect = if p.redirect == "cpumap" {
+                format!("cpumap:{}", p.cpus)
+            } else {
+                p.redirect.clone()
+            };
+            rows.push(vec![
+                pod_name(p),
+                ips(p),
+                p.host_veth.clone(),
+                p.mode.clone(),
+                redirect,
+                c.forward.to_string(),
+                c.kernel.to_string(),
+                c.drop.to_string(),
+                p.why.text.clone(),
+            ]);
+        }
+        out.push_str(&columns(&rows));
+        out
+    }
+
+    /// Everything about one pod, for a person.
+    pub fn pod_detail(&self, p: &PodStatus) -> String {
+        let c = p.counters.clone().unwrap_or_default();
+        let mut rows: Vec<Vec<String>> = vec![
+            vec!["Pod:".into(), pod_name(p)],
+            vec!["Container:".into(), p.container_id.clone()],
+            vec!["Addresses:".into(), ips(p)],
+            vec![
+                "Host veth:".into(),
+                format!("{} (ifindex {})", p.host_veth, p.ifindex),
+            ],
+            vec!["Mode:".into(), format!("{} (asked: {})", p.mode, p.wanted)],
+            vec![
+                "Why:".into(),
+                format!(
+                    "{} [{}]",
+                    p.why.text,
+                    serde_json::to_value(p.why.code)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                ),
+            ],
+            vec![
+                "Redirect:".into(),
+                format!("{} (cpus {})", p.redirect, p.cpus),
+            ],
+            vec![
+                "Packets:".into(),
+                format!(
+                    "forward {}, kernel {}, drop {}, received {}",
+                    c.forward, c.kernel, c.drop, c.received
+                ),
+            ],
+            vec![
+                "Top:".into(),
+                c.top
+                    .iter()
+                    .map(|t| format!("{} {}", t.verdict, t.packets))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ],
+            vec!["Reconciled:".into(), ago(self.now, p.reconciled_at)],
+        ];
+        for pr in &p.problems {
+            rows.push(vec!["Problem:".into(), pr.clone()]);
+        }
+        columns(&rows)
+    }
+
+    /// The pod `ns/name` (or a container ID).
+    pub fn find(&self, which: &str) -> Option<&PodStatus> {
+        let (ns, name) = which.split_once('/').unwrap_or(("", which));
+        self.pods.iter().find(|p| {
+            (p.namespace == ns && p.name == name) || (ns.is_empty() && p.container_id == which)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, mode: &str, code: WhyCode, text: &str) -> PodStatus {
+        PodStatus {
+            namespace: ns.into(),
+            name: name.into(),
+            container_id: format!("c-{name}"),
+            ips: vec!["10.1.0.2".parse().unwrap(), "fd00::2".parse().unwrap()],
+            host_veth: format!("xdp{name}"),
+            ifindex: 7,
+            mode: mode.into(),
+            wanted: mode.into(),
+            why: Why {
+                code,
+                text: text.into(),
+            },
+            redirect: "devmap".into(),
+            cpus: "0-1".into(),
+            problems: vec![],
+            reconciled_at: 100.0,
+            counters: Some(Counts {
+                forward: 5,
+                kernel: 2,
+                drop: 0,
+                received: 5,
+                top: vec![VerdictCount {
+                    verdict: "redirect_devmap".into(),
+                    packets: 5,
+                }],
+            }),
+        }
+    }
+
+    fn status() -> Status {
+        Status {
+            version: "0.1.0".into(),
+            agent_mode: "kubernetes".into(),
+            node: Some("n1".into()),
+            ready: true,
+            last_node_pass: Some(101.5),
+            now: 102.0,
+            datapath: DatapathStatus {
+                pin_dir: "/sys/fs/bpf/xdpcni".into(),
+                layout: 2,
+                build: "0.1.0+abc".into(),
+                programs: vec![ProgramStatus {
+                    name: "xdpcni_from_pod".into(),
+                    id: 42,
+                }],
+                maps: vec![MapStatus {
+                    name: "endpoints4".into(),
+                    entries: 2,
+                    capacity: 65536,
+                }],
+                migration_seconds: 0.0,
+            },
+            defaults: Defaults {
+                mode: "generic".into(),
+                redirect: "devmap".into(),
+                cpus: "0-1".into(),
+            },
+            policies: PolicyStatus {
+                known: true,
+                in_force: vec!["db/deny".into()],
+                rules: 4,
+                isolated: vec![IsolatedPod {
+                    namespace: "db".into(),
+                    pod: "pg".into(),
+                    ingress: true,
+                    egress: false,
+                }],
+            },
+            unreadable_records: 0,
+            pods: vec![
+                pod(
+                    "default",
+                    "a",
+                    "native",
+                    WhyCode::Annotation,
+                    "annotation xdpcni.io/xdp-mode=native",
+                ),
+                pod(
+                    "db",
+                    "pg",
+                    "off",
+                    WhyCode::NetworkPolicy,
+                    "kernel-only: NetworkPolicy db/deny isolates it",
+                ),
+            ],
+        }
+    }
+
+    #[test]
+    fn json_round_trips_through_the_same_types() {
+        let s = status();
+        let text = serde_json::to_string(&s).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["pods"][1]["why"]["code"], "network-policy");
+        assert_eq!(v["datapath"]["programs"][0]["id"], 42);
+        assert_eq!(v["pods"][0]["hostVeth"], "xdpa");
+        let back: Status = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, s);
+    }
+
+    #[test]
+    fn the_table_has_one_line_per_pod_with_its_reason() {
+        let s = status();
+        let t = s.table();
+        assert!(t.contains("node n1, ready"), "{t}");
+        assert!(t.contains("layout 2, build 0.1.0+abc"), "{t}");
+        assert!(t.contains("endpoints4 2/65536"), "{t}");
+        assert!(
+            t.contains("1 in force (db/deny), 4 rules, 1 pods isolated"),
+            "{t}"
+        );
+        assert!(t.contains("Last pass: 0.5s ago"), "{t}");
+        assert!(t.contains("Pods:      2 (1 on the fast path)"), "{t}");
+        let lines: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("default/") || l.starts_with("db/"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{t}");
+        assert!(
+            lines[0].contains("native")
+                && lines[0].ends_with("annotation xdpcni.io/xdp-mode=native")
+        );
+        assert!(lines[1].contains(" off ") && lines[1].contains("NetworkPolicy db/deny"));
+        // Columns line up: every pod's MODE starts where the header's does.
+        let header = t.lines().find(|l| l.starts_with("POD")).unwrap();
+        let col = header.find("MODE").unwrap();
+        for l in &lines {
+            assert!(matches!(&l[col..col + 3], "nat" | "off"), "{l}");
+        }
+    }
+
+    #[test]
+    fn pods_are_found_by_name_or_container() {
+        let s = status();
+        assert_eq!(s.find("db/pg").unwrap().name, "pg");
+        assert_eq!(s.find("c-a").unwrap().name, "a");
+        assert!(s.find("db/none").is_none());
+        let d = s.pod_detail(s.find("default/a").unwrap());
+        assert!(d.contains("[annotation]"), "{d}");
+        assert!(
+            d.lines()
+                .any(|l| l.starts_with("Top:") && l.ends_with(" redirect_devmap 5")),
+            "{d}"
+        );
+    }
+}
