@@ -65,6 +65,9 @@ agent.listenAddress=10.0.0.1 /agent/listenAddress
 cni.binDir=relative/bin /cni/binDir
 cni.netnsDir=/var/run/netns /cni/netnsDir
 image.pullPolicy=Sometimes /image/pullPolicy
+monitoring.podMonitor.enabled=maybe /monitoring/podMonitor/enabled
+monitoring.podMonitor.interval=soon /monitoring/podMonitor/interval
+monitoring.dashboard.namespace=Bad_NS /monitoring/dashboard/namespace
 update.maxUnavailable=0 /update/maxUnavailable
 update.maxUnavailable=half /update/maxUnavailable
 BAD
@@ -84,6 +87,39 @@ HOME=$helm_home "$helm" template x charts/xdpcni --set-string 'agent.listenAddre
 HOME=$helm_home "$helm" template x charts/xdpcni --set agent.listenAddress=0.0.0.0 |
 	grep -q 'prometheus.io/scrape: "true"'
 schema_pass=$((schema_pass + 2))
+# A monitor of an agent on loopback cannot scrape anything: refused, saying so.
+if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set monitoring.podMonitor.enabled=true 2>&1); then
+	echo "chart accepted a PodMonitor with the agent on 127.0.0.1" >&2
+	false
+fi
+grep -q "need agent.listenAddress" <<<"$out" || { echo "monitor refusal unclear: $out" >&2; false; }
+schema_pass=$((schema_pass + 1))
+# Everything on: the Kubernetes objects validate, the monitors point at the
+# agents' metrics port, the dashboard is the chart's file under Grafana's label.
+HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system \
+	--set agent.listenAddress=0.0.0.0 --set monitoring.podMonitor.enabled=true \
+	--set monitoring.serviceMonitor.enabled=true --set monitoring.dashboard.enabled=true \
+	>target/chart-monitoring.yaml
+python3 - <<'PY'
+import json, yaml
+docs = [d for d in yaml.safe_load_all(open("target/chart-monitoring.yaml")) if d]
+kinds = {d["kind"]: d for d in docs}
+for k in ["PodMonitor", "ServiceMonitor", "Service", "DaemonSet"]:
+    assert k in kinds, f"no {k} rendered"
+assert kinds["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+assert kinds["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == "metrics"
+assert kinds["Service"]["spec"]["clusterIP"] == "None"
+ports = kinds["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["ports"]
+assert any(p["name"] == "metrics" for p in ports), ports
+cms = [d for d in docs if d["kind"] == "ConfigMap" and "xdpcni.json" in d.get("data", {})]
+assert len(cms) == 1, "one dashboard ConfigMap"
+assert cms[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+assert json.loads(cms[0]["data"]["xdpcni.json"]) == json.load(open("charts/xdpcni/dashboards/xdpcni.json"))
+# The core objects validate; the monitors are CRDs kubernetes-validate has no schema for.
+yaml.safe_dump_all([d for d in docs if not d["kind"].endswith("Monitor")], open("target/chart-monitoring-core.yaml", "w"))
+PY
+kubernetes-validate --strict -k 1.30.0 target/chart-monitoring-core.yaml >/dev/null
+schema_pass=$((schema_pass + 1))
 rm -rf "$helm_home"
 echo "chart schema: $schema_pass passed, 0 failed" | tee -a "$log"
 
