@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The local demo on a fresh Debian 12 machine, as root: installs what is
-# needed, builds, and runs three pods (namespaces made by the real CNI
-# plugin) with the agent in standalone mode, through every mode.
+# The local demo on a fresh Debian 12 machine, as root: installs only what it
+# uses (scripts/setup.sh --demo: no Kubernetes), builds the three binaries it
+# runs, and runs three pods (namespaces made by the real CNI plugin) with the
+# agent in standalone mode, through every mode.
 source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-step "cargo build --release"
-cargo build --release --locked --workspace --bins
+step "setup (scripts/setup.sh --demo)"
+bash scripts/setup.sh --demo
+step "cargo build --release: xdpcni, xdpcni-agent, demo"
+cargo build --release --locked --bin xdpcni --bin xdpcni-agent --bin demo
 step "demo"
 target/release/demo

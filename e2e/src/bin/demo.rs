@@ -6,6 +6,7 @@
 //! `scripts/demo.sh`.
 
 use std::{
+    collections::BTreeMap,
     net::IpAddr,
     time::{Duration, Instant},
 };
@@ -18,7 +19,10 @@ use xdpcni_e2e::{
     traffic::{ping, tcp_transfer, udp_echo},
     PinDir,
 };
-use xdpcni_ebpf::{abi::Verdict, Maps};
+use xdpcni_ebpf::{
+    abi::{Verdict, VerdictKind},
+    Maps,
+};
 
 const LISTEN: &str = "127.0.0.1:9965";
 const TCP_BYTES: usize = 32 << 20;
@@ -102,8 +106,12 @@ fn main() -> Result<()> {
     let maps = Maps::open_pinned(pins.path())?;
 
     println!("\n== traffic between the pods in each mode (set through the agent's pods file)\n");
-    println!("| xdpcni.io/xdp-mode | xdpcni.io/redirect | XDP devmap | XDP cpumap | to the kernel | best TCP Mbit/s |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: |");
+    println!(
+        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | XDP devmap | XDP cpumap | to the kernel | to the kernel, by verdict | best TCP Mbit/s |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | --- | ---: |");
+    // Every kernel verdict seen, for the legend below the table.
+    let mut seen: std::collections::BTreeSet<Verdict> = std::collections::BTreeSet::new();
     for (mode, redirect, want) in [
         ("off", "devmap", "none"),
         ("native", "devmap", "xdp"),
@@ -137,25 +145,17 @@ fn main() -> Result<()> {
         }
         // Let the agent finish the pass (endpoint records, offloads).
         std::thread::sleep(Duration::from_millis(400));
-        let count = |v: Verdict| -> Result<u64> {
-            let mut n = 0;
+        // Packets of each verdict over every pod's host veth.
+        let totals = || -> Result<BTreeMap<Verdict, u64>> {
+            let mut out = BTreeMap::new();
             for p in &pods {
-                n += maps.counters(net.node.ifindex(&p.host)?)?.packets(v);
+                for (v, s) in maps.counters(net.node.ifindex(&p.host)?)?.iter() {
+                    *out.entry(v).or_default() += s.packets;
+                }
             }
-            Ok(n)
+            Ok(out)
         };
-        let passed = || -> Result<u64> {
-            let mut n = 0;
-            for p in &pods {
-                n += maps.counters(net.node.ifindex(&p.host)?)?.passed();
-            }
-            Ok(n)
-        };
-        let before = (
-            count(Verdict::RedirectDevmap)?,
-            count(Verdict::RedirectCpumap)?,
-            passed()?,
-        );
+        let before = totals()?;
         let mut best = 0f64;
         for (i, from) in pods.iter().enumerate() {
             let to = &pods[(i + 1) % pods.len()];
@@ -165,22 +165,40 @@ fn main() -> Result<()> {
             }
             best = best.max(tcp_transfer(&from.ns, &to.ns, to.ips[0], TCP_BYTES)?);
         }
-        let after = (
-            count(Verdict::RedirectDevmap)?,
-            count(Verdict::RedirectCpumap)?,
-            passed()?,
-        );
+        let after = totals()?;
+        let grew =
+            |v: Verdict| after.get(&v).copied().unwrap_or(0) - before.get(&v).copied().unwrap_or(0);
+        let mut kernel: Vec<(Verdict, u64)> = Verdict::ALL
+            .iter()
+            .filter(|v| v.kind() == VerdictKind::Kernel)
+            .map(|&v| (v, grew(v)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        kernel.sort_by_key(|k| std::cmp::Reverse(k.1));
+        seen.extend(kernel.iter().map(|(v, _)| *v));
+        let by_verdict = if kernel.is_empty() {
+            "-".to_string()
+        } else {
+            kernel
+                .iter()
+                .map(|(v, n)| format!("{} {n}", v.label()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         println!(
-            "| {mode} | {redirect} | {} | {} | {} | {best:.0} |",
-            after.0 - before.0,
-            after.1 - before.1,
-            after.2 - before.2
+            "| {mode} | {redirect} | {} | {} | {} | {by_verdict} | {best:.0} |",
+            grew(Verdict::RedirectDevmap),
+            grew(Verdict::RedirectCpumap),
+            kernel.iter().map(|(_, n)| n).sum::<u64>(),
         );
     }
     println!(
-        "\n(\"off\": no program on the pods' veths, so no counter moves and the kernel routes"
+        "\n\"off\": no program on the pods' veths, so no counter moves and the kernel routes everything."
     );
-    println!(" everything; in the XDP modes, what goes to the kernel is ARP/ND/multicast.)");
+    println!("What went to the kernel in the XDP modes, by verdict:");
+    for v in &seen {
+        println!("  {}: {}", v.label(), v.when());
+    }
 
     let (_, metrics) = http_get(&net.node, LISTEN, "/metrics")?;
     println!("\n== a few lines of the agent's /metrics\n");
@@ -191,6 +209,24 @@ fn main() -> Result<()> {
         })
         .take(6)
     {
+        println!("  {line}");
+    }
+
+    println!("\n== xdpcni-agent status (what an operator runs on the node)\n");
+    let agent_bin = agent_binary()?;
+    let url = format!("http://{LISTEN}");
+    let status = xdpcni_e2e::in_netns(&net.node, move || {
+        Ok(std::process::Command::new(&agent_bin)
+            .args(["status", "--url", &url])
+            .output()?)
+    })?;
+    if !status.status.success() {
+        bail!(
+            "xdpcni-agent status failed: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+    }
+    for line in String::from_utf8_lossy(&status.stdout).lines() {
         println!("  {line}");
     }
 
