@@ -286,6 +286,55 @@ c_netpol_hostport() {
 	out=$(reached_within "$c" "$NODE_IP" 30080 5) || fail "$NODE_IP:30080 not back after the policy went: $out"
 	echo "$NODE_IP:30080 refused while a deny-all policy selects the pod (portmap's DNAT leads into its rules), back when it goes"
 }
+# xdpcni-agent status the way the chart's NOTES say (kubectl exec into the
+# agent): a pod in each mode, and the web pods kernel-only by a NetworkPolicy,
+# each with its reason, in the table and in the JSON.
+status_of() { kc -n kube-system exec ds/xdpcni-agent -c agent -- xdpcni-agent status "$@"; }
+c_status_tool() {
+	local a b m json table line
+	read -r a b <<<"$(pods_of web)"
+	for m in native generic off; do
+		sed "s/name: victim/name: st-$m/" "$M/victim.yaml" | kc apply -f - >/dev/null || return 1
+	done
+	for m in native generic off; do
+		kc wait -n "$NS" --for=condition=Ready "pod/st-$m" --timeout=60s >/dev/null || fail "st-$m not Ready"
+		kc annotate -n "$NS" pod "st-$m" "xdpcni.io/xdp-mode=$m" --overwrite >/dev/null || return 1
+	done
+	kc apply -f "$M/netpol.yaml" >/dev/null || return 1
+	for m in native generic off; do wait_mode "st-$m" "$m" || return 1; done
+	wait_mode "$a" off && wait_mode "$b" off || return 1
+	json=$(status_of -o json) || fail "status -o json failed: $json"
+	STATUS_JSON=$json python3 - "$NS" "$a" "$b" <<'PY' || fail "status -o json: $json"
+import json, os, sys
+ns, a, b = sys.argv[1:]
+s = json.loads(os.environ["STATUS_JSON"])
+assert s["ready"] and s["agentMode"] == "kubernetes", (s["ready"], s["agentMode"])
+assert s["datapath"]["layout"] >= 2 and all(p["id"] > 0 for p in s["datapath"]["programs"]), s["datapath"]
+assert f"{ns}/web-from-allowed" in s["policies"]["inForce"], s["policies"]
+pods = {(p["namespace"], p["name"]): p for p in s["pods"]}
+want = {
+    "st-native": ("native", "annotation"), "st-generic": ("generic", "annotation"),
+    "st-off": ("off", "annotation"), a: ("off", "network-policy"), b: ("off", "network-policy"),
+}
+for name, (mode, code) in want.items():
+    p = pods[(ns, name)]
+    assert (p["mode"], p["why"]["code"]) == (mode, code), (name, p["mode"], p["why"])
+    assert p["ips"] and p["hostVeth"].startswith("xdp"), p
+assert f"NetworkPolicy {ns}/web-from-allowed" in pods[(ns, a)]["why"]["text"], pods[(ns, a)]["why"]
+PY
+	table=$(status_of) || fail "status failed: $table"
+	for m in native generic off; do
+		line=$(grep "^$NS/st-$m " <<<"$table") || fail "no line for st-$m: $table"
+		grep -q " $m .*annotation xdpcni.io/xdp-mode=$m\$" <<<"$line" || fail "st-$m: $line"
+	done
+	line=$(grep "^$NS/$a " <<<"$table") || fail "no line for $a: $table"
+	grep -q " off .*kernel-only: NetworkPolicy $NS/web-from-allowed isolates it\$" <<<"$line" || fail "$a: $line"
+	grep -q "^Agent: .*(kubernetes), node .*, ready" <<<"$table" || fail "no node summary: $table"
+	kc delete -f "$M/netpol.yaml" >/dev/null
+	kc delete -n "$NS" pod st-native st-generic st-off --wait=true --timeout=60s >/dev/null
+	wait_mode "$a" "$DEFAULT_MODE" || return 1
+	echo "$(grep -c "^$NS/" <<<"$table") pods listed; native, generic, off by annotation and $a, $b kernel-only by $NS/web-from-allowed, in the table and the JSON"
+}
 # Pods created at once: for each, from its CNI ADD (its record written) to
 # its fast path (XDP attached by the agent), p50/p99.
 c_attach_latency() {
@@ -575,6 +624,7 @@ check "a ClusterIP Service (kube-proxy DNAT) 100 times in a row on the fast path
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol
 check "a NetworkPolicy closes a hostPort pod, portmap's DNAT included" c_netpol_hostport
+check "xdpcni-agent status (kubectl exec): each pod's mode and why, table and JSON" c_status_tool
 check "a FORWARD rule naming a pod makes it kernel-only, with an Event" c_forward_rule
 check "deleting a pod removes its veth, IP, record, pin and metrics" c_delete
 check "helm upgrade rolls the agent with no lost 10 ms ping" c_rollout
