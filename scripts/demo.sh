@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 step "setup (scripts/setup.sh --demo)"
 bash scripts/setup.sh --demo
-step "cargo build --release: xdpcni, xdpcni-agent, demo"
-cargo build --release --locked --bin xdpcni --bin xdpcni-agent --bin demo
+step "cargo build --profile demo (Cargo.toml): xdpcni, xdpcni-agent, demo"
+cargo build --profile demo --locked --bin xdpcni --bin xdpcni-agent --bin demo
 step "demo"
-target/release/demo
+target/demo/demo
