@@ -216,14 +216,10 @@ impl Collector for PodsCollector {
             MetricType::Gauge,
         )?;
         for view in views.iter().filter(|v| v.why.code.is_kernel_only()) {
-            let reason = serde_json::to_value(view.why.code)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default();
             let labels = [
                 ("namespace", Escaped(&view.namespace)),
                 ("pod", Escaped(&view.name)),
-                ("reason", Escaped(&reason)),
+                ("reason", Escaped(view.why.code.as_str())),
             ];
             ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
         }

@@ -50,6 +50,32 @@ pub enum WhyCode {
 }
 
 impl WhyCode {
+    /// Every code.
+    pub const ALL: [WhyCode; 8] = [
+        Self::Annotation,
+        Self::NodeDefault,
+        Self::Fallback,
+        Self::NetworkPolicy,
+        Self::ForwardRule,
+        Self::Held,
+        Self::MapFull,
+        Self::VethGone,
+    ];
+
+    /// The code as JSON and the `reason` label write it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Annotation => "annotation",
+            Self::NodeDefault => "node-default",
+            Self::Fallback => "fallback",
+            Self::NetworkPolicy => "network-policy",
+            Self::ForwardRule => "forward-rule",
+            Self::Held => "held",
+            Self::MapFull => "map-full",
+            Self::VethGone => "veth-gone",
+        }
+    }
+
     /// Whether the pod is kept off the fast path by this (kernel-only).
     pub const fn is_kernel_only(self) -> bool {
         matches!(
@@ -535,14 +561,7 @@ impl Status {
             vec!["Mode:".into(), format!("{} (asked: {})", p.mode, p.wanted)],
             vec![
                 "Why:".into(),
-                format!(
-                    "{} [{}]",
-                    p.why.text,
-                    serde_json::to_value(p.why.code)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default()
-                ),
+                format!("{} [{}]", p.why.text, p.why.code.as_str()),
             ],
             vec![
                 "Redirect:".into(),
@@ -671,6 +690,13 @@ mod tests {
                     "kernel-only: NetworkPolicy db/deny isolates it",
                 ),
             ],
+        }
+    }
+
+    #[test]
+    fn codes_are_named_alike_in_json_and_labels() {
+        for c in WhyCode::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
         }
     }
 
