@@ -66,11 +66,6 @@ impl NetlinkError {
             Some(libc::ENODEV | libc::ENOENT | libc::ESRCH)
         )
     }
-
-    /// Whether the object already existed.
-    pub fn is_exists(&self) -> bool {
-        self.errno() == Some(libc::EEXIST)
-    }
 }
 
 type Result<T> = std::result::Result<T, NetlinkError>;
@@ -245,22 +240,6 @@ impl Netlink {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
-    }
-
-    /// Every link of the namespace.
-    pub fn links(&mut self) -> Result<Vec<Link>> {
-        let msgs = self.request(
-            "listing links",
-            RouteNetlinkMessage::GetLink(LinkMessage::default()),
-            NLM_F_DUMP,
-        )?;
-        Ok(msgs
-            .into_iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
-                _ => None,
-            })
-            .collect())
     }
 
     fn set_link(&mut self, op: &str, index: u32, f: impl FnOnce(&mut LinkMessage)) -> Result<()> {
