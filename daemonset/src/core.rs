@@ -128,6 +128,17 @@ pub enum ReconcileError {
     Task(String),
 }
 
+impl ReconcileError {
+    /// The `kind` label of `xdpcni_reconcile_retries_total`.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::Apply(ApplyError::Datapath(_)) => "datapath",
+            Self::Apply(ApplyError::Converge(_)) => "converge",
+            Self::Task(_) => "task",
+        }
+    }
+}
+
 impl Core {
     /// Opens (or takes over) the datapath at the config's pin directory.
     pub async fn open(cfg: Config) -> Result<Arc<Self>> {

@@ -366,6 +366,8 @@ pub struct Metrics {
     pub errors: Family<OneLabel, Counter>,
     /// `xdpcni_reconcile_duration_seconds{scope="pod"|"node"}`.
     pub duration: Family<OneLabel, Histogram, fn() -> Histogram>,
+    /// `xdpcni_reconcile_retries_total{kind}`.
+    retries: Family<OneLabel, Counter>,
     /// `xdpcni_policy_problems_total`.
     pub policy_problems: Counter,
     /// `xdpcni_ready`.
@@ -410,6 +412,15 @@ impl Metrics {
             "xdpcni_reconcile_duration_seconds",
             "Time to reconcile one pod (scope=pod) or the node-wide work (scope=node)",
             duration.clone(),
+        );
+        let retries = Family::<OneLabel, Counter>::default();
+        for kind in ["datapath", "converge", "task"] {
+            let _ = retries.get_or_create(&[("kind", kind)]);
+        }
+        registry.register(
+            "xdpcni_reconcile_retries",
+            "Pod reconciles that failed and were retried (Kubernetes mode), by kind of error (datapath, converge, task)",
+            retries.clone(),
         );
         let policy_problems = Counter::default();
         registry.register(
@@ -466,6 +477,7 @@ impl Metrics {
             policy_apply,
             errors,
             duration,
+            retries,
             policy_problems,
             ready,
             forward_rule_pods,
@@ -491,6 +503,11 @@ impl Metrics {
         self.errors
             .get_or_create(&[("stage", stage.as_str())])
             .inc();
+    }
+
+    /// Counts a retried pod reconcile of error `kind`.
+    pub fn retry(&self, kind: &'static str) {
+        self.retries.get_or_create(&[("kind", kind)]).inc();
     }
 
     /// Records one reconcile's duration in `scope` (`pod` or `node`).
@@ -596,6 +613,11 @@ mod tests {
         assert!(!text.contains("xdpcni_pod_kernel_only{"), "{text}");
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="routes"} 1"#));
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="apply"} 0"#));
+        m.retry("converge");
+        assert!(m
+            .render()
+            .unwrap()
+            .contains(r#"xdpcni_reconcile_retries_total{kind="converge"} 1"#));
         assert!(text.contains(r#"xdpcni_reconcile_duration_seconds_count{scope="pod"} 1"#));
         assert!(text.contains("xdpcni_ready 1"));
         assert!(text.ends_with("# EOF\n"));

@@ -157,37 +157,36 @@ enum PodError {
 
 /// One pod: its records' policy from its annotations and its NetworkPolicy
 /// isolation, applied; refused values as an Event.
+#[tracing::instrument(name = "reconcile", skip_all, fields(namespace = %pod.namespace().unwrap_or_default(), pod = %pod.name_any()))]
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
     let key: PodKey = (pod.namespace().unwrap_or_default(), pod.name_any());
-    let span = tracing::info_span!("reconcile", namespace = %key.0, pod = %key.1);
-    async move {
-        // Kernel-only is decided once the policies were put in force.
-        ctx.core.policies_known().await;
-        let records: Vec<Record> = ctx
-            .core
-            .records()
-            .into_iter()
-            .filter(|r| is_live(r) && pod_key(r) == key)
-            .collect();
-        if records.is_empty() {
-            // No network yet: the node task triggers this pod when the CNI
-            // writes its record.
-            return Ok(Action::await_change());
-        }
-        let input = ctx.core.pod_input(&key, pod.annotations().clone());
-        for rec in records {
-            let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
-            if !outcome.new_problems.is_empty() {
-                publish_problems(&ctx, &pod, &outcome.new_problems).await;
-            }
-        }
-        Ok(Action::requeue(RESYNC))
+    // Kernel-only is decided once the policies were put in force.
+    ctx.core.policies_known().await;
+    let records: Vec<Record> = ctx
+        .core
+        .records()
+        .into_iter()
+        .filter(|r| is_live(r) && pod_key(r) == key)
+        .collect();
+    if records.is_empty() {
+        // No network yet: the node task triggers this pod when the CNI
+        // writes its record.
+        return Ok(Action::await_change());
     }
-    .instrument(span)
-    .await
+    let input = ctx.core.pod_input(&key, pod.annotations().clone());
+    for rec in records {
+        let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
+        if !outcome.new_problems.is_empty() {
+            publish_problems(&ctx, &pod, &outcome.new_problems).await;
+        }
+    }
+    Ok(Action::requeue(RESYNC))
 }
 
-fn error_policy(_pod: Arc<Pod>, error: &PodError, _ctx: Arc<Ctx>) -> Action {
+/// A failed pod reconcile: counted by kind, retried after [`RETRY`].
+fn error_policy(_pod: Arc<Pod>, error: &PodError, ctx: Arc<Ctx>) -> Action {
+    let PodError::Reconcile(e) = error;
+    ctx.core.metrics.retry(e.kind());
     warn!(%error, "pod reconcile failed; retrying");
     Action::requeue(RETRY)
 }
