@@ -11,7 +11,7 @@ use std::path::Path;
 
 use xdpcni_ebpf::Datapath;
 use xdpcni_node::{
-    pod::{self, fallback, Attachment, XdpMode},
+    pod::{self, fallback, PodAttachment, XdpMode},
     state::Record,
 };
 
@@ -59,7 +59,7 @@ pub fn apply(
         changed = true;
     }
     pod::enable_cpus(dp, want.redirect, want.cpu_mask)?;
-    let attachment = Attachment {
+    let attachment = PodAttachment {
         netns: Path::new(&rec.netns),
         ifname: &rec.ifname,
         host_ifindex: rec.host_ifindex,

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use xdpcni_ebpf::abi::RedirectPolicy;
 use xdpcni_node::pod::{parse_cpu_list, XdpMode};
 
-use crate::{node::Annotations, policy::Policy};
+use crate::{policy::Policy, reconciler::Annotations};
 
 fn default_mode() -> String {
     xdpcni_node::pod::DEFAULT_MODE.as_str().into()

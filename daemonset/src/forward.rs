@@ -21,7 +21,7 @@ use std::{
 use ipnet::IpNet;
 use xdpcni_node::source_check::find_tool;
 
-use crate::node::PodKey;
+use crate::reconciler::PodKey;
 
 /// A rule that makes pods kernel-only, as `iptables-save` prints it.
 pub type Rule = String;

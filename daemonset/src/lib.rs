@@ -4,8 +4,8 @@
 //! - `config`: the config file and the node defaults.
 //! - `policy`: a pod's policy from its annotations (pure).
 //! - `apply`: one pod's policy onto the datapath (through `xdpcni_node::pod`).
-//! - `node`: the reconciler over the datapath: one pod, or the node-wide work.
-//! - `core`: shared by both modes: the reconciler behind a lock, metrics,
+//! - `reconciler`: the reconciler over the datapath: one pod, or the node-wide work.
+//! - `daemon`: shared by both modes: the reconciler behind a lock, metrics,
 //!   readiness, HTTP, shutdown.
 //! - `status`: what is in force (each pod's mode and why), read by
 //!   /metrics and /v1/status, and the `status` command's output.
@@ -17,15 +17,15 @@
 
 pub mod apply;
 pub mod config;
-pub mod core;
+pub mod daemon;
 pub mod forward;
 pub mod install;
 pub mod kube;
 pub mod metrics;
 pub mod netpol;
-pub mod node;
 pub mod policy;
 pub mod prepare;
+pub mod reconciler;
 pub mod routes;
 pub mod standalone;
 pub mod status;

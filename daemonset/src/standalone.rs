@@ -17,8 +17,8 @@ use tracing::{info, warn, Instrument};
 
 use crate::{
     config::{read_pods_file, Config},
-    core::{Core, Shutdown},
-    node::{is_live, pod_key},
+    daemon::{Core, Shutdown},
+    reconciler::{is_live, pod_key},
 };
 
 /// Runs the standalone agent until SIGTERM/SIGINT. The datapath stays attached.

@@ -1338,3 +1338,62 @@ fn vanish_state_dir_unwritable_fails_add_cleanly_then_recovers() {
     node.wait_mode(&host(&out.json), "xdp", Duration::from_secs(2));
     node.del_pod("s1", &pod);
 }
+
+/// A record file the agent cannot parse is reported (once in the log, in
+/// `xdpcni_reconcile_errors_total{stage="records"}` and in /v1/status), left
+/// in place for a human, and the other pods keep their fast path.
+#[test]
+fn vanish_an_unreadable_record_is_reported_and_kept() {
+    let _shared = shared_machine();
+    let node = Node::new();
+    let _agent = node.start_agent("agent.log");
+    let Pair { pa, ha, b_ip, .. } = node.pair();
+    let bad = node.net.dir.path().join("state").join("broken_eth0.json");
+    std::fs::write(&bad, b"{\"containerId\": \"broken\", truncated").unwrap();
+    let status = || -> Value {
+        let (code, body) = http_get(&node.net.node, LISTEN, "/v1/status").unwrap();
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let start = Instant::now();
+    while status()["unreadableRecords"] != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "not reported: {}",
+            status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Several passes later: said once, counted, kept.
+    std::thread::sleep(Duration::from_millis(800));
+    let log = node.log("agent.log");
+    assert_eq!(
+        log.matches("a CNI record cannot be read").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("broken_eth0.json"), "{log}");
+    assert!(
+        sample(
+            &metrics(&node),
+            "xdpcni_reconcile_errors_total",
+            &[("stage", "records")]
+        )
+        .unwrap()
+            >= 1.0
+    );
+    assert!(
+        bad.exists(),
+        "the agent must not remove what it cannot read"
+    );
+    assert_eq!(status()["pods"].as_array().unwrap().len(), 2);
+    node.wait_mode(&ha, "xdp", Duration::from_secs(1));
+    ping(&pa, b_ip, 2).unwrap();
+    // Mended by hand: no longer reported.
+    std::fs::remove_file(&bad).unwrap();
+    let start = Instant::now();
+    while status()["unreadableRecords"] != 0 {
+        assert!(start.elapsed() < Duration::from_secs(3), "still reported");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -42,7 +42,7 @@ use aya::{
     programs::{
         links::{FdLink, PinnedLink},
         tc::TcAttachOptions,
-        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode,
+        LinkOrder, SchedClassifier, TcAttachType, Xdp, XdpMode as AyaXdpMode,
     },
     Ebpf, EbpfLoader,
 };
@@ -127,10 +127,10 @@ pub enum AttachMode {
 }
 
 impl AttachMode {
-    const fn xdp_mode(self) -> XdpMode {
+    const fn xdp_mode(self) -> AyaXdpMode {
         match self {
-            Self::Native => XdpMode::Driver,
-            Self::Generic => XdpMode::Skb,
+            Self::Native => AyaXdpMode::Driver,
+            Self::Generic => AyaXdpMode::Skb,
         }
     }
 

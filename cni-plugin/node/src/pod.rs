@@ -194,7 +194,7 @@ pub enum ConvergeError {
 }
 
 /// A pod's attachment as [`converge`] needs it.
-pub struct Attachment<'a> {
+pub struct PodAttachment<'a> {
     /// The pod's network namespace.
     pub netns: &'a Path,
     /// The pod's interface.
@@ -217,7 +217,7 @@ pub struct Attachment<'a> {
 /// leaves the pod on kernel routing without records (`map_full`).
 pub fn converge(
     dp: &mut Datapath,
-    a: &Attachment<'_>,
+    a: &PodAttachment<'_>,
     want: XdpMode,
 ) -> Result<Converged, ConvergeError> {
     match converge_in_place(dp, a, want) {
@@ -240,7 +240,7 @@ pub fn converge(
 }
 
 /// Sets `settings` on the pod's interface of `a`.
-fn pod_offloads(a: &Attachment<'_>, settings: &[(Offload, bool)]) -> Result<(), ConvergeError> {
+fn pod_offloads(a: &PodAttachment<'_>, settings: &[(Offload, bool)]) -> Result<(), ConvergeError> {
     set_offloads(a.netns, a.ifname, settings).map_err(|source| ConvergeError::Offloads {
         netns: a.netns.display().to_string(),
         ifname: a.ifname.to_string(),
@@ -251,7 +251,7 @@ fn pod_offloads(a: &Attachment<'_>, settings: &[(Offload, bool)]) -> Result<(), 
 /// [`converge`]'s steps; a full map's error goes back to it.
 fn converge_in_place(
     dp: &mut Datapath,
-    a: &Attachment<'_>,
+    a: &PodAttachment<'_>,
     want: XdpMode,
 ) -> Result<Converged, ConvergeError> {
     let apply = |settings: &[(Offload, bool)]| pod_offloads(a, settings);

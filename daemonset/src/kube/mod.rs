@@ -38,9 +38,9 @@ use xdpcni_node::state::Record;
 
 use crate::{
     config::Config,
-    core::{Core, ReconcileError, Shutdown},
+    daemon::{Core, ReconcileError, Shutdown},
     metrics::Stage,
-    node::{is_live, orphans, pod_key, PodKey},
+    reconciler::{is_live, orphans, pod_key, PodKey},
     routes,
 };
 
@@ -435,7 +435,7 @@ mod tests {
     #[test]
     fn nat_ports_from_endpoints_and_host_ports() {
         let rec = |ns: &str, name: &str, ip: &str| {
-            crate::node::test_record(ns, name, name, vec![ip.parse().unwrap()])
+            crate::reconciler::test_record(ns, name, name, vec![ip.parse().unwrap()])
         };
         let records = vec![
             rec("default", "a", "10.1.0.2"),

@@ -39,13 +39,13 @@ use tracing::{info, warn};
 use xdpcni_node::state::Record;
 
 use crate::{
-    core::{Core, Shutdown},
+    daemon::{Core, Shutdown},
     metrics::Stage,
     netpol::{
         forget_connections,
         model::{self, Cluster, LocalPod},
     },
-    node::{is_live, pod_key, PodKey},
+    reconciler::{is_live, pod_key, PodKey},
 };
 
 /// How long a packet the fast path took before a pod became kernel-only may

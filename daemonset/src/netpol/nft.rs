@@ -62,7 +62,7 @@ use super::{
     addrs::AddrSet,
     model::{Direction, Enforcement, Peers, Ports, Rule},
 };
-use crate::node::PodKey;
+use crate::reconciler::PodKey;
 
 /// The table every rule of the product lives in (family `inet`).
 pub use xdpcni_node::nftable::TABLE;

@@ -36,7 +36,9 @@ use crate::{
     forward,
     metrics::{DatapathReader, Metrics, Stage, CONTENT_TYPE},
     netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
-    node::{is_live, pod_key, Annotations, KernelOnly, PodInput, PodKey, PodOutcome, Reconciler},
+    reconciler::{
+        is_live, pod_key, Annotations, KernelOnly, PodInput, PodKey, PodOutcome, Reconciler,
+    },
     status::{self, Book, PodStatus, PolicyStatus, Status},
 };
 
