@@ -32,7 +32,7 @@ pub struct Outcome {
 pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     let env = match CniEnv::from_lookup(&lookup) {
         Ok(env) => env,
-        Err(e) => return failure(&e, &version_of(stdin)),
+        Err(e) => return failure(&e, &types::asked_version(stdin)),
     };
     if env.command == Command::Version {
         return Outcome {
@@ -42,7 +42,7 @@ pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     }
     let conf = match NetConf::parse(stdin) {
         Ok(c) => c,
-        Err(e) => return failure(&e, &version_of(stdin)),
+        Err(e) => return failure(&e, &types::asked_version(stdin)),
     };
     let log = log::Log::new(
         conf.log_file.clone(),
@@ -66,18 +66,6 @@ pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
             failure(&e, &conf.cni_version)
         }
     }
-}
-
-fn version_of(stdin: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(stdin)
-        .ok()
-        .and_then(|v| {
-            v.get("cniVersion")
-                .and_then(|s| s.as_str())
-                .map(str::to_string)
-        })
-        .filter(|v| types::supported(v))
-        .unwrap_or_else(|| types::LATEST.to_string())
 }
 
 fn failure(e: &Error, version: &str) -> Outcome {

@@ -799,16 +799,7 @@ pub fn status(conf: &NetConf) -> Result<()> {
 
 /// VERSION.
 pub fn version(stdin: &[u8]) -> Value {
-    let asked = serde_json::from_slice::<Value>(stdin)
-        .ok()
-        .and_then(|v| {
-            v.get("cniVersion")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .filter(|v| types::supported(v))
-        .unwrap_or_else(|| types::LATEST.to_string());
-    json!({ "cniVersion": asked, "supportedVersions": types::SUPPORTED_VERSIONS })
+    json!({ "cniVersion": types::asked_version(stdin), "supportedVersions": types::SUPPORTED_VERSIONS })
 }
 
 #[cfg(test)]

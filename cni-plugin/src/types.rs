@@ -16,6 +16,21 @@ pub fn supported(v: &str) -> bool {
     SUPPORTED_VERSIONS.contains(&v)
 }
 
+/// The `cniVersion` of a config on `stdin` when it is one this plugin
+/// speaks, else the latest: the version of an answer (VERSION's, or an
+/// error's when the config cannot be read).
+pub fn asked_version(stdin: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(stdin)
+        .ok()
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(|s| s.as_str())
+                .map(str::to_string)
+        })
+        .filter(|v| supported(v))
+        .unwrap_or_else(|| LATEST.to_string())
+}
+
 /// `(major, minor, patch)` of a version string, for comparisons.
 pub fn version_tuple(v: &str) -> (u32, u32, u32) {
     let mut it = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));

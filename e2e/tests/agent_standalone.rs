@@ -1347,7 +1347,14 @@ fn vanish_an_unreadable_record_is_reported_and_kept() {
     let _shared = shared_machine();
     let node = Node::new();
     let _agent = node.start_agent("agent.log");
-    let Pair { pa, ha, b_ip, .. } = node.pair();
+    // b's namespace lives as long as the test (a dropped Netns is deleted).
+    let Pair {
+        pa,
+        pb: _pb,
+        ha,
+        b_ip,
+        ..
+    } = node.pair();
     let bad = node.net.dir.path().join("state").join("broken_eth0.json");
     std::fs::write(&bad, b"{\"containerId\": \"broken\", truncated").unwrap();
     let status = || -> Value {
@@ -1386,7 +1393,13 @@ fn vanish_an_unreadable_record_is_reported_and_kept() {
         bad.exists(),
         "the agent must not remove what it cannot read"
     );
-    assert_eq!(status()["pods"].as_array().unwrap().len(), 2);
+    let s = status();
+    assert_eq!(
+        s["pods"].as_array().unwrap().len(),
+        2,
+        "{s:#}\n{}",
+        node.log("agent.log")
+    );
     node.wait_mode(&ha, "xdp", Duration::from_secs(1));
     ping(&pa, b_ip, 2).unwrap();
     // Mended by hand: no longer reported.

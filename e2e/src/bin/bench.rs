@@ -35,19 +35,18 @@ use xdpcni_e2e::{
 use xdpcni_ebpf::{abi::RedirectPolicy, Datapath, Maps};
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(20000);
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::Relaxed);
-}
+static INTERRUPTED: std::sync::LazyLock<std::sync::Arc<AtomicBool>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(AtomicBool::new(false)));
 
 /// Ctrl-C / SIGTERM end the run between measurements, through the normal
-/// error path, so every namespace and pin is removed by Drop.
-fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+/// error path, so every namespace and pin is removed by Drop (signal-hook
+/// sets the flag).
+fn install_signal_handlers() -> Result<()> {
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&INTERRUPTED))
+            .with_context(|| format!("handling signal {sig}"))?;
     }
+    Ok(())
 }
 
 fn check_interrupt() -> Result<()> {
@@ -1346,7 +1345,7 @@ fn np_json(name: &str, spec: Value) -> Value {
 fn main() -> Result<()> {
     let o = parse_args();
     let reps = o.reps as usize;
-    install_signal_handlers();
+    install_signal_handlers()?;
     let dur = Duration::from_secs(u64::from(o.secs));
     let rounds = if o.quick { 200 } else { 5000 };
     let pods_for_add = if o.quick { 10 } else { 100 };
