@@ -16,8 +16,12 @@ import=""
 [ "${1:-}" = "--import" ] && import=${2:?--import needs the containerd socket}
 apt_install busybox-static containernetworking-plugins gcc libc6-dev nftables netbase
 
-step "cargo build --release (agent, plugin, podtool)"
-cargo build --release --locked -q -p xdpcni-agent -p xdpcni-plugin -p xdpcni-e2e --bin xdpcni-agent --bin xdpcni --bin podtool
+# Two builds: the agent and plugin alone carry no test hooks or test objects
+# (the e2e crate, podtool's, turns them on for whatever is built with it).
+step "cargo build --release (agent, plugin)"
+cargo build --release --locked -q -p xdpcni-agent -p xdpcni-plugin --bin xdpcni-agent --bin xdpcni
+step "cargo build --release (podtool, the test pods' tool)"
+cargo build --release --locked -q -p xdpcni-e2e --bin podtool
 
 # Copies binary $1 to $2 in rootfs $3 with the shared libraries ldd names.
 put() {

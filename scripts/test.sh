@@ -13,6 +13,8 @@ step "clang-format"
 clang-format --dry-run --Werror ebpf/src/*.c ebpf/include/*.h ebpf/build/*.c e2e/k8s/*.c
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo clippy of the node's crates alone (their test hooks off, as in the image)"
+cargo clippy -p xdpcni-agent -p xdpcni-plugin -p xdpcni-node -p xdpcni-ebpf --all-targets --locked -- -D warnings
 step "setup scripts' own tests"
 bash scripts/test-setup.sh | tee -a "$log"
 step "cargo build (the e2e tests exec the real xdpcni binary)"
@@ -127,6 +129,13 @@ step "image: built without a registry, holds what the chart runs (scripts/image.
 bash scripts/image.sh >/dev/null
 python3 scripts/check-image.py target/images/xdpcni.tar target/chart.yaml Containerfile
 
+step "release binaries carry no test hooks or test objects (scripts/check-release.py)"
+python3 scripts/check-release.py --release target/release/xdpcni target/release/xdpcni-agent \
+	--test target/debug/xdpcni target/debug/xdpcni-agent target/debug/bench | tee -a "$log" |
+	sed 's/^/  /'
+release_pass=$(grep -c '^ok \(release\|test\) target/' "$log" || true)
+echo "release binaries: $release_pass passed, 0 failed" | tee -a "$log"
+
 step "the previous release, built from git (scripts/previous-release.sh; the migration tests run it)"
 bash scripts/previous-release.sh >/dev/null
 
@@ -149,7 +158,7 @@ bash e2e/k8s/run.sh 2>&1 | tee -a "$log" || k8s_rc=$?
 # counting a failed test (a build error, a crash) counts as one failure.
 read -r passed failed < <(awk '
      /^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
-     /^(setup scripts|chart schema): [0-9]+ passed, [0-9]+ failed$/ { p += $(NF-3); f += $(NF-1) }
+     /^(setup scripts|chart schema|release binaries): [0-9]+ passed, [0-9]+ failed$/ { p += $(NF-3); f += $(NF-1) }
      /^[0-9]+ passed, [0-9]+ failed$/ { p += $1; f += $3 }
      END { print p + 0, f + 0 }' "$log")
 for rc in "$cargo_rc" "$k8s_rc"; do

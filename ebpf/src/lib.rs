@@ -38,12 +38,12 @@ pub static DATAPATH_OBJECT: &[u8] =
 /// The datapath built with `-DXDPCNI_UPGRADE_TEST`: identical behaviour,
 /// different instructions (so a different program tag). Tests open it over a
 /// running datapath to exercise [`Datapath::open_object`]'s in-place upgrade.
-#[doc(hidden)]
+#[cfg(feature = "test-objects")]
 pub static UPGRADE_TEST_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-upgrade-test.bpf.o"));
 
 /// A benchmark helper object (not the datapath): `xdp_drop_count` drops
 /// every frame and counts it in the per-CPU array `drop_count`.
-#[doc(hidden)]
+#[cfg(feature = "test-objects")]
 pub static BENCH_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench.bpf.o"));

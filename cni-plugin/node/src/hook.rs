@@ -2,7 +2,8 @@
 //! environment, a process stops itself (SIGSTOP) when it reaches `<step>`, so
 //! a test can SIGKILL it exactly there and prove that what comes next (DEL,
 //! GC, an agent restart) leaves nothing behind. Without the variable a stop
-//! point is one environment lookup.
+//! point is one environment lookup. Only builds with the `test-hooks` feature
+//! (what the e2e tests exec) have them.
 //!
 //! The steps are named where they are: `add:<step>` and `del:<step>` in the
 //! plugin, `converge:<step>` in [`crate::pod::converge`] (the plugin's ADD
@@ -12,7 +13,9 @@
 pub const STOP_AT: &str = "XDPCNI_TEST_STOP_AT";
 
 /// Stops this process with SIGSTOP if [`STOP_AT`] names `step`. It goes on
-/// if it is continued (SIGCONT) instead of killed.
+/// if it is continued (SIGCONT) instead of killed. Without the `test-hooks`
+/// feature (every binary built for a node) it does nothing.
+#[cfg(feature = "test-hooks")]
 pub fn stop_point(step: &str) {
     if std::env::var_os(STOP_AT).is_some_and(|s| s == step) {
         eprintln!("xdpcni: stopping at {step} ({STOP_AT})");
@@ -22,6 +25,11 @@ pub fn stop_point(step: &str) {
         }
     }
 }
+
+/// A crash point of a build without test hooks: nothing.
+#[cfg(not(feature = "test-hooks"))]
+#[inline(always)]
+pub fn stop_point(_step: &str) {}
 
 /// How many generated inputs each property test (`fuzz_*`) tries:
 /// `XDPCNI_FUZZ_CASES`, or 2000 (a bounded run, seconds in CI).
