@@ -43,6 +43,19 @@ pub struct Applied {
     pub refused: Option<(XdpMode, String)>,
 }
 
+impl Applied {
+    /// Nothing applied: a pod without a veth to attach to (off).
+    pub fn nothing() -> Self {
+        Self {
+            mode: XdpMode::Off,
+            changed: false,
+            problems: Vec::new(),
+            map_full: None,
+            refused: None,
+        }
+    }
+}
+
 /// Applies `want` to the pod of `rec`; `kernel_only` forces kernel routing
 /// both ways (e.g. the pod is selected by a NetworkPolicy). The decisions
 /// (offloads per mode, fallback order, endpoint flags) are `pod::converge`'s,

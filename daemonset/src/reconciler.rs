@@ -231,32 +231,25 @@ impl Reconciler {
         let key = pod_key(rec);
         let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
         if !veth_present(rec) {
-            let vanished = Applied {
-                mode: XdpMode::Off,
-                changed: false,
-                problems: Vec::new(),
-                map_full: None,
-                refused: None,
-            };
-            let why = Why {
-                code: WhyCode::VethGone,
-                text: "no network: the host veth was deleted outside the CNI".into(),
-            };
             if being_deleted(&self.state_dir, rec) {
                 // Its DEL removed the veth and is removing the record: the
                 // normal end of a pod, nothing to report.
-                return Ok(self.outcome(key, policy, why, vanished, Vec::new()));
+                return Ok(self.deleted(key, policy));
             }
             // Deleted outside the CNI: nothing to attach to. Its leftovers
             // in the datapath go at its DEL (or collection once it has no
             // record); reported once, not retried as a failure.
+            let why = Why {
+                code: WhyCode::VethGone,
+                text: "no network: the host veth was deleted outside the CNI".into(),
+            };
             let problem = Problem {
                 key: "veth".into(),
                 value: rec.host_veth.clone(),
                 why: "the pod's host veth was deleted outside the CNI".into(),
                 fallback: "no network until the pod is deleted and re-created".into(),
             };
-            return Ok(self.outcome(key, policy, why, vanished, vec![problem]));
+            return Ok(self.outcome(key, policy, why, Applied::nothing(), vec![problem]));
         }
         let held = self.dp.is_held(rec.host_ifindex);
         let kernel_only = pod.kernel_only.is_some() || held;
@@ -264,20 +257,7 @@ impl Reconciler {
             Ok(a) => a,
             // Its DEL took the veth away meanwhile: the normal end of a
             // pod, not a failure to retry or report.
-            Err(_) if being_deleted(&self.state_dir, rec) => {
-                let gone = Applied {
-                    mode: XdpMode::Off,
-                    changed: false,
-                    problems: Vec::new(),
-                    map_full: None,
-                    refused: None,
-                };
-                let why = Why {
-                    code: WhyCode::VethGone,
-                    text: "being deleted".into(),
-                };
-                return Ok(self.outcome(key, policy, why, gone, Vec::new()));
-            }
+            Err(_) if being_deleted(&self.state_dir, rec) => return Ok(self.deleted(key, policy)),
             Err(e) => return Err(e),
         };
         if applied.changed {
@@ -292,6 +272,15 @@ impl Reconciler {
         );
         problems.extend(applied.problems.iter().cloned());
         Ok(self.outcome(key, policy, why, applied, problems))
+    }
+
+    /// The outcome for a pod whose CNI DEL runs: off, nothing to report.
+    fn deleted(&mut self, key: PodKey, policy: Policy) -> PodOutcome {
+        let why = Why {
+            code: WhyCode::VethGone,
+            text: "being deleted (its CNI DEL removed the host veth)".into(),
+        };
+        self.outcome(key, policy, why, Applied::nothing(), Vec::new())
     }
 
     /// The outcome of a reconcile, with `problems` reported (logged and
