@@ -85,10 +85,11 @@ for f in os.listdir(d):
 sys.exit(1)
 PY
 }
+pod_netns() { record_field "$(record_of "$1")" netns; }
 # `ethtool -k` feature $2 of pod $1's eth0, read from the node.
 pod_offload() {
 	local netns
-	netns=$(record_field "$(record_of "$1")" netns) || return 1
+	netns=$(pod_netns "$1") || return 1
 	nsenter --net="$netns" ethtool -k eth0 | awk -v f="$2:" '$1 == f { print $2 }'
 }
 record_field() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r[sys.argv[2]])' "$1" "$2"; }
@@ -432,17 +433,40 @@ c_delete() {
 	metrics | grep 'pod="victim"' | head -3
 	return 1
 }
-# A 10 ms ping from web pod a to b while $@ runs; prints "sent received".
+# Runs $2... in the network namespace of pod $1 ($netns: its path) from the
+# node, in the background, so that its PID (BG_PID) is ours to end: a
+# watcher of something of unknown length (a roll) is ended by SIGINT when
+# that is over (timeout(1) passes the signal on and bounds it at 15 min),
+# and the check's exit kills whatever is left.
+BG_PIDS=""
+in_pod_bg() {
+	local netns=$1
+	shift
+	timeout 900 nsenter --net="$netns" "$@" &
+	BG_PID=$!
+	BG_PIDS="$BG_PIDS $BG_PID"
+	trap 'kill $BG_PIDS 2>/dev/null' EXIT
+}
+# Ends a ping started by in_pod_bg (PID $1, output in $2), which must still
+# be running (else it watched less than it should); prints "sent received".
+ping_end() {
+	kill -0 "$1" 2>/dev/null || fail "the ping ended before what it watched: $(cat "$2")"
+	kill -INT "$1"
+	wait "$1"
+	awk '/packets transmitted/ { print $1, $4 }' "$2"
+}
+# A 10 ms ping from web pod a to b for as long as $@ runs; prints "sent received".
 ping_during() {
-	local a b ip ping_pid
+	local a b ip netns
 	read -r a b <<<"$(pods_of web)"
 	ip=$(pod_ip "$b")
-	ping_stats "$a" "$ip" 2000 0.01 >"$W/ping.out" 2>&1 &
-	ping_pid=$!
+	netns=$(pod_netns "$a") || fail "no netns in the record of $a"
+	in_pod_bg "$netns" ping -q -i 0.01 -W 1 "$ip" >"$W/ping.out" 2>&1
+	local ping_pid=$BG_PID
 	sleep 1
 	"$@" || return 1
-	wait "$ping_pid"
-	cat "$W/ping.out"
+	sleep 1
+	ping_end "$ping_pid" "$W/ping.out"
 }
 agent_pod() { kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o jsonpath='{.items[0].metadata.name}'; }
 roll_agent() {
@@ -538,26 +562,30 @@ across_releases() {
 }
 web_modes() { local p; for p in $(pods_of web); do printf '%s=%s ' "$p" "$(mode_of "$p")"; done; }
 c_previous_release() {
-	local a b ip s sent recv
+	local a b ip netns sent recv
 	[ -n "${PREV_SRC:-}" ] && [ -d "$PREV_SRC/charts/xdpcni" ] || fail "no previous release tree (up.sh writes PREV_SRC)"
 	install_previous || return 1
 	read -r a b <<<"$(pods_of web)"
 	ip=$(pod_ip "$b")
-	# A TCP stream and a 10 ms ping from a to b through the three rolls.
-	x "$a" podtool stream "$ip" 9090 120 >"$W/stream.out" 2>&1 &
-	local stream_pid=$!
-	ping_stats "$a" "$ip" 12000 0.01 >"$W/ping-prev.out" 2>&1 &
-	local ping_pid=$!
+	netns=$(pod_netns "$a") || fail "no netns in the record of $a"
+	# A TCP stream and a 10 ms ping from a to b for as long as the three
+	# rolls take (both report when SIGINT ends them).
+	in_pod_bg "$netns" "$REPO/target/release/podtool" stream "$ip" 9090 900 >"$W/stream.out" 2>&1
+	local stream_pid=$BG_PID
+	in_pod_bg "$netns" ping -q -i 0.01 -W 1 "$ip" >"$W/ping-prev.out" 2>&1
+	local ping_pid=$BG_PID
 	sleep 1
 	local t0=$SECONDS
-	across_releases || { kill "$stream_pid" "$ping_pid" 2>/dev/null; return 1; }
-	# Both must have outlasted the rolls, or they proved less.
+	across_releases || return 1
 	local rolls=$((SECONDS - t0))
-	[ "$rolls" -lt 115 ] || fail "the rolls took $rolls s, longer than the ping and the stream"
-	wait "$ping_pid"
-	read -r sent recv <"$W/ping-prev.out"
+	sleep 1
+	kill -0 "$stream_pid" 2>/dev/null || fail "the TCP stream ended during the rolls: $(cat "$W/stream.out")"
+	ping_end "$ping_pid" "$W/ping-prev.out" >"$W/ping-prev.sum" # not in $(): wait needs its parent
+	read -r sent recv <"$W/ping-prev.sum"
+	kill -INT "$stream_pid"
 	wait "$stream_pid" || fail "the TCP stream broke: $(cat "$W/stream.out")"
-	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping across the releases: sent/received $sent $recv"
+	[ -n "$sent" ] && [ "$sent" -gt $((rolls * 50)) ] || fail "10 ms ping across the releases: only ${sent:-0} sent in $rolls s: $(cat "$W/ping-prev.out")"
+	[ "$sent" = "$recv" ] || fail "10 ms ping across the releases: sent/received $sent $recv"
 	echo "helm install of the previous release ($(grep -v '^#' "$REPO/e2e/k8s/PREVIOUS_RELEASE"), layout 1) -> helm upgrade to this (layout 2, migrated) -> helm rollback -> upgrade again: 10 ms ping $recv/$sent, TCP stream $(tr '\n' ' ' <"$W/stream.out"), three rolls in $rolls s, modes $(web_modes), a pod created in each roll reached"
 }
 

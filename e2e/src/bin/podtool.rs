@@ -9,14 +9,19 @@
 //! podtool greet ADDR PORT N          N TCP connections in a row, each must get a greeting;
 //!                                    prints each distinct greeting with its count
 //! podtool echo ADDR PORT N           N UDP datagrams, each must be echoed within 1 s
-//! podtool stream ADDR PORT SECS      one TCP stream for SECS seconds; prints Gbit/s and
-//!                                    the longest time no byte could be sent
+//! podtool stream ADDR PORT SECS      one TCP stream for SECS seconds, or until SIGINT or
+//!                                    SIGTERM; prints Gbit/s and the longest time no byte
+//!                                    could be sent
 //! ```
 
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
     net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -160,6 +165,13 @@ fn echo(to: SocketAddr, n: u32) -> Result<()> {
 }
 
 fn stream(to: SocketAddr, secs: f64) -> Result<()> {
+    // A caller that watches something of unknown length (a roll) ends the
+    // stream with a signal when it is over; the report is the same.
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .with_context(|| format!("installing the handler of signal {sig}"))?;
+    }
     let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2))
         .with_context(|| format!("connecting to {to}"))?;
     c.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -168,7 +180,7 @@ fn stream(to: SocketAddr, secs: f64) -> Result<()> {
     let mut last = start;
     let mut stall = Duration::ZERO;
     let mut sent: u64 = 0;
-    while start.elapsed().as_secs_f64() < secs {
+    while start.elapsed().as_secs_f64() < secs && !stop.load(Ordering::Relaxed) {
         let n = c
             .write(&chunk)
             .with_context(|| format!("stream to {to} broke after {sent} bytes"))?;
