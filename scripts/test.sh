@@ -14,7 +14,7 @@ clang-format --dry-run --Werror ebpf/src/*.c ebpf/include/*.h ebpf/build/*.c e2e
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo clippy of the node's crates alone (their test hooks off, as in the image)"
-cargo clippy -p xdpcni-agent -p xdpcni-plugin -p xdpcni-node -p xdpcni-ebpf --all-targets --locked -- -D warnings
+cargo clippy -p xdpcni-agent -p xdpcni-plugin -p xdpcni-host -p xdpcni-ebpf --all-targets --locked -- -D warnings
 step "setup scripts' own tests"
 bash scripts/test-setup.sh | tee -a "$log"
 step "cargo build (the e2e tests exec the real xdpcni binary)"

@@ -96,11 +96,11 @@ pub enum Error {
     Many(Vec<Error>),
 }
 
-impl From<xdpcni_node::state::StateError> for Error {
-    fn from(e: xdpcni_node::state::StateError) -> Self {
+impl From<xdpcni_host::state::StateError> for Error {
+    fn from(e: xdpcni_host::state::StateError) -> Self {
         match e {
-            xdpcni_node::state::StateError::Io { op, source } => Self::Io { op, source },
-            xdpcni_node::state::StateError::Decode(why) => Self::Decode(why),
+            xdpcni_host::state::StateError::Io { op, source } => Self::Io { op, source },
+            xdpcni_host::state::StateError::Decode(why) => Self::Decode(why),
         }
     }
 }

@@ -12,8 +12,6 @@ pub mod netlink;
 pub mod plugin;
 pub mod types;
 
-pub use xdpcni_node::{ethtool, hook, install, netns, pod, source_check, state};
-
 use config::{CniEnv, Command, NetConf};
 use error::Error;
 

@@ -49,7 +49,7 @@ fn main() {
 }
 
 fn uninstall(dir: &Path) -> i32 {
-    match xdpcni_plugin::install::uninstall(dir) {
+    match xdpcni_host::install::uninstall(dir) {
         Ok(r) => {
             for p in &r.paths {
                 eprintln!("xdpcni uninstall: removed {}", p.display());
@@ -63,7 +63,7 @@ fn uninstall(dir: &Path) -> i32 {
             if r.policy_table {
                 eprintln!(
                     "xdpcni uninstall: removed the NetworkPolicy table inet {}",
-                    xdpcni_node::nftable::TABLE
+                    xdpcni_host::nftable::TABLE
                 );
             }
             for pod in &r.pods_left {

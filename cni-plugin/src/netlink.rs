@@ -3,7 +3,7 @@
 //!
 //! A netlink socket talks to the namespace of the thread that created it, so
 //! to configure a pod, create the socket on a thread inside the pod's
-//! namespace (see [`crate::netns::in_netns`]). The plugin is synchronous on
+//! namespace (see [`xdpcni_host::netns::in_netns`]). The plugin is synchronous on
 //! purpose: it is exec'd per call and must answer in milliseconds.
 
 use std::{

@@ -16,19 +16,21 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_ebpf::Datapath;
-use xdpcni_node::gate;
-
-use crate::{
-    config::{CniEnv, NetConf},
-    error::{Error, Result},
+use xdpcni_host::{
     ethtool::{self, Offload},
-    hook, ipam,
-    log::Log,
-    netlink::Netlink,
+    gate, hook,
     netns::in_netns,
     pod::{self, XdpMode},
     source_check,
     state::{self, Record},
+};
+
+use crate::{
+    config::{CniEnv, NetConf},
+    error::{Error, Result},
+    ipam,
+    log::Log,
+    netlink::Netlink,
     types::{self, Cidr, CniResult, Interface, IpConfig, Route},
 };
 

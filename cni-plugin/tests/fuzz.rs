@@ -10,10 +10,10 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
+use xdpcni_host::hook::fuzz_cases;
 use xdpcni_plugin::{
     config::{CniEnv, NetConf},
     error::Error,
-    hook::fuzz_cases,
     run,
 };
 

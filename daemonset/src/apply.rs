@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use xdpcni_ebpf::Datapath;
-use xdpcni_node::{
+use xdpcni_host::{
     pod::{self, fallback, PodAttachment, XdpMode},
     state::Record,
 };

@@ -6,12 +6,12 @@ use std::{collections::HashMap, path::PathBuf};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use xdpcni_ebpf::abi::RedirectPolicy;
-use xdpcni_node::pod::{parse_cpu_list, XdpMode};
+use xdpcni_host::pod::{parse_cpu_list, XdpMode};
 
 use crate::{policy::Policy, reconciler::Annotations};
 
 fn default_mode() -> String {
-    xdpcni_node::pod::DEFAULT_MODE.as_str().into()
+    xdpcni_host::pod::DEFAULT_MODE.as_str().into()
 }
 
 fn default_redirect() -> String {

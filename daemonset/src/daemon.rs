@@ -25,7 +25,7 @@ use axum::{
 use tokio::sync::watch;
 use tracing::{info, warn};
 use xdpcni_ebpf::{Datapath, L4Proto, Maps};
-use xdpcni_node::{
+use xdpcni_host::{
     pod::online_cpus,
     state::{self, Record},
 };
@@ -153,7 +153,7 @@ impl Core {
         let dp = Datapath::open_with(
             &cfg.pin_dir,
             xdpcni_ebpf::DATAPATH_OBJECT,
-            &mut xdpcni_node::hook::stop_point,
+            &mut xdpcni_host::hook::stop_point,
         )
         .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
         let build = dp.build().unwrap_or_default();
@@ -388,7 +388,7 @@ impl Core {
             .map(|d| status::Defaults {
                 mode: d.mode.as_str().into(),
                 redirect: d.redirect.as_str().into(),
-                cpus: xdpcni_node::pod::format_cpu_list(d.cpu_mask),
+                cpus: xdpcni_host::pod::format_cpu_list(d.cpu_mask),
             })
             .unwrap_or_default();
         let (agent_mode, node) = self
@@ -465,7 +465,7 @@ impl Core {
                     wanted: outcome.policy.mode.as_str().into(),
                     why: outcome.why.clone(),
                     redirect: outcome.policy.redirect.as_str().into(),
-                    cpus: xdpcni_node::pod::format_cpu_list(outcome.policy.cpu_mask),
+                    cpus: xdpcni_host::pod::format_cpu_list(outcome.policy.cpu_mask),
                     problems: outcome.problems.iter().map(ToString::to_string).collect(),
                     reconciled_at: status::now(),
                     counters: None,

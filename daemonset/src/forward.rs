@@ -19,7 +19,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use xdpcni_node::source_check::find_tool;
+use xdpcni_host::source_check::find_tool;
 
 use crate::reconciler::PodKey;
 

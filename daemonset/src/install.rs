@@ -2,7 +2,7 @@
 //! the CNI conflist for this node (its pod CIDRs from the Node object, the
 //! veth settings and the paths it shares with the agent; the fast path's
 //! mode is the agent's alone) and hands it to the plugin crate's installer
-//! (`xdpcni_node::install`), which the node clean-up (`xdpcni uninstall`)
+//! (`xdpcni_host::install`), which the node clean-up (`xdpcni uninstall`)
 //! shares.
 
 use std::path::Path;
@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::{json, Value};
-use xdpcni_node::install::{InstallPlan, Manifest};
+use xdpcni_host::install::{InstallPlan, Manifest};
 
 use crate::config::Config;
 
@@ -72,7 +72,7 @@ pub fn install(
     plugin: &Path,
 ) -> Result<Manifest> {
     let list = conflist(cfg, cidrs);
-    Ok(xdpcni_node::install::install(&InstallPlan {
+    Ok(xdpcni_host::install::install(&InstallPlan {
         conflist: &list,
         conf_dir,
         bin_dir,

@@ -3,7 +3,7 @@
 //!
 //! - `config`: the config file and the node defaults.
 //! - `policy`: a pod's policy from its annotations (pure).
-//! - `apply`: one pod's policy onto the datapath (through `xdpcni_node::pod`).
+//! - `apply`: one pod's policy onto the datapath (through `xdpcni_host::pod`).
 //! - `reconciler`: the reconciler over the datapath: one pod, or the node-wide work.
 //! - `daemon`: shared by both modes: the reconciler behind a lock, metrics,
 //!   readiness, HTTP, shutdown.

@@ -173,7 +173,7 @@ fn main() -> Result<()> {
         } => status(&config, url, output, pod.as_deref()),
         Command::Uninstall { pin_dir, state_dir } => {
             if let Some(state) = state_dir {
-                let removed = xdpcni_node::install::uninstall(&state).with_context(|| {
+                let removed = xdpcni_host::install::uninstall(&state).with_context(|| {
                     format!(
                         "uninstalling the installation recorded in {}",
                         state.display()
@@ -189,10 +189,10 @@ fn main() -> Result<()> {
                 "xdpcni-agent: datapath at {} detached and unpinned",
                 pin_dir.display()
             );
-            if xdpcni_node::nftable::remove_table().context("removing the NetworkPolicy table")? {
+            if xdpcni_host::nftable::remove_table().context("removing the NetworkPolicy table")? {
                 eprintln!(
                     "xdpcni-agent: NetworkPolicy table inet {} removed",
-                    xdpcni_node::nftable::TABLE
+                    xdpcni_host::nftable::TABLE
                 );
             }
             Ok(())

@@ -21,7 +21,7 @@ use xdpcni_ebpf::{
     abi::{Verdict, VerdictKind},
     Counters, MapFill, Maps,
 };
-use xdpcni_node::pod::XdpMode;
+use xdpcni_host::pod::XdpMode;
 
 use crate::status::{Book, IsolatedPod, WhyCode};
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use xdpcni_ebpf::abi::RedirectPolicy;
-use xdpcni_node::pod::{parse_cpu_list, XdpMode};
+use xdpcni_host::pod::{parse_cpu_list, XdpMode};
 
 /// `xdpcni.io/xdp-mode`: `native`, `generic` or `off`.
 pub const ANNOTATION_MODE: &str = "xdpcni.io/xdp-mode";

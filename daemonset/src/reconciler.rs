@@ -11,7 +11,7 @@ use std::{
 
 use tracing::{info, warn};
 use xdpcni_ebpf::{Datapath, L4Proto};
-use xdpcni_node::{
+use xdpcni_host::{
     pod::XdpMode,
     state::{self, Record},
 };

@@ -11,7 +11,7 @@ use xdpcni_agent::policy::{
     resolve, Policy, ANNOTATION_CPUS, ANNOTATION_MODE, ANNOTATION_REDIRECT,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
-use xdpcni_node::{
+use xdpcni_host::{
     hook::fuzz_cases,
     pod::{format_cpu_list, parse_cpu_list, XdpMode},
 };

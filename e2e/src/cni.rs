@@ -203,7 +203,7 @@ pub fn exec_killed_at(
     step: &str,
 ) -> Result<()> {
     let mut call = call.clone();
-    call.env.push((xdpcni_node::hook::STOP_AT, Some(step)));
+    call.env.push((xdpcni_host::hook::STOP_AT, Some(step)));
     let mut child = spawn(plugin, cni_path, node, conf.to_string().as_bytes(), &call)?;
     let pid = libc::pid_t::try_from(child.id())?;
     let mut status = 0;

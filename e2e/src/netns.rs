@@ -156,7 +156,7 @@ impl Drop for Netns {
 
 /// Parses `aa:bb:cc:dd:ee:ff`.
 pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
-    s.parse::<xdpcni_node::pod::Mac>()
+    s.parse::<xdpcni_host::pod::Mac>()
         .map(|m| m.0)
         .map_err(anyhow::Error::msg)
 }

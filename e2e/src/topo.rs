@@ -191,5 +191,5 @@ impl Node {
 
 /// `aa:bb:...`
 pub fn fmt_mac(m: &[u8; 6]) -> String {
-    xdpcni_node::pod::Mac(*m).to_string()
+    xdpcni_host::pod::Mac(*m).to_string()
 }

@@ -681,9 +681,9 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
 
 /// The offloads of `pod`'s eth0 that the mode `mode` needs (pod::offloads).
 fn assert_offloads_of(pod: &Netns, mode: &str) {
-    let mode = xdpcni_node::pod::XdpMode::parse(mode).unwrap();
-    for (offload, on) in xdpcni_node::pod::offloads(mode) {
-        let have = in_netns(pod, || Ok(xdpcni_node::ethtool::get("eth0", offload)?)).unwrap();
+    let mode = xdpcni_host::pod::XdpMode::parse(mode).unwrap();
+    for (offload, on) in xdpcni_host::pod::offloads(mode) {
+        let have = in_netns(pod, || Ok(xdpcni_host::ethtool::get("eth0", offload)?)).unwrap();
         assert_eq!(have, on, "{mode}: {offload:?} of eth0");
     }
 }
@@ -718,7 +718,7 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
         let what = format!("switch to {mode} killed at {step}");
         let agent = node.start_agent_env(
             &format!("crash{i}.log"),
-            &[(xdpcni_node::hook::STOP_AT, step)],
+            &[(xdpcni_host::hook::STOP_AT, step)],
         );
         node.set_pods(json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }));
         agent

@@ -41,7 +41,7 @@ use xdpcni_e2e::{
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode, Datapath, Maps};
-use xdpcni_node::{
+use xdpcni_host::{
     pod::{self, XdpMode},
     state::{self, Record},
 };

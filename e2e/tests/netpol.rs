@@ -1097,10 +1097,10 @@ fn netpol_uninstall_removes_the_table_over_netlink() {
     })
     .unwrap();
     assert!(listed().contains("table inet xdpcni"), "{}", listed());
-    let gone = in_netns(&ns, || Ok(xdpcni_node::nftable::remove_table()?)).unwrap();
+    let gone = in_netns(&ns, || Ok(xdpcni_host::nftable::remove_table()?)).unwrap();
     assert!(gone, "removed");
     assert!(!listed().contains("xdpcni"), "{}", listed());
-    let again = in_netns(&ns, || Ok(xdpcni_node::nftable::remove_table()?)).unwrap();
+    let again = in_netns(&ns, || Ok(xdpcni_host::nftable::remove_table()?)).unwrap();
     assert!(!again, "nothing to remove the second time");
 }
 

@@ -34,7 +34,7 @@ use kube::{
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn, Instrument};
 use xdpcni_ebpf::L4Proto;
-use xdpcni_node::state::Record;
+use xdpcni_host::state::Record;
 
 use crate::{
     config::Config,
@@ -57,7 +57,7 @@ const RETRY: Duration = Duration::from_secs(2);
 /// ClusterIP client must be un-DNATed), and every container port published
 /// as a hostPort.
 pub fn nat_ports(
-    records: &[xdpcni_node::state::Record],
+    records: &[xdpcni_host::state::Record],
     endpoints: &[Arc<Endpoints>],
     pods: &[Arc<Pod>],
 ) -> BTreeSet<(IpAddr, L4Proto, u16)> {

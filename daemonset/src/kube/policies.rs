@@ -36,7 +36,7 @@ use kube::{
 };
 use tokio::sync::{mpsc, Notify};
 use tracing::{info, warn};
-use xdpcni_node::state::Record;
+use xdpcni_host::state::Record;
 
 use crate::{
     daemon::{Core, Shutdown},

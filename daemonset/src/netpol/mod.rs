@@ -6,7 +6,7 @@
 //! The fast path never carries a packet of an isolated pod: the agent flags
 //! such pods kernel-only (both directions take the kernel path, where these
 //! rules are), and the CNI holds every new pod a policy may select until
-//! the agent has classified it (see `xdpcni_node::gate`).
+//! the agent has classified it (see `xdpcni_host::gate`).
 
 pub mod addrs;
 pub mod model;
@@ -21,7 +21,7 @@ use std::{
 
 use tracing::{debug, info};
 
-use xdpcni_node::conntrack::{self, Entry};
+use xdpcni_host::conntrack::{self, Entry};
 
 use self::{
     model::Enforcement,

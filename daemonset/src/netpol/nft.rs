@@ -65,7 +65,7 @@ use super::{
 use crate::reconciler::PodKey;
 
 /// The table every rule of the product lives in (family `inet`).
-pub use xdpcni_node::nftable::TABLE;
+pub use xdpcni_host::nftable::TABLE;
 
 /// `inet`.
 const FAMILY: NfFamily = NfFamily::INet;

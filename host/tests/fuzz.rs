@@ -7,7 +7,7 @@
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use xdpcni_node::{
+use xdpcni_host::{
     hook::fuzz_cases,
     pod::{format_cpu_list, parse_cpu_list, Mac},
     state::Record,
