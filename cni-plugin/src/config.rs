@@ -12,17 +12,17 @@ use crate::{
     types::{self, CniResult},
 };
 
+use xdpcni_host::netconf::{ConfError, PluginConf};
+
 /// Default pin directory of the datapath.
 pub const DEFAULT_PIN_DIR: &str = xdpcni_ebpf::DEFAULT_PIN_DIR;
-/// Default directory of the per-attachment records.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni/xdpcni";
-/// Default headroom asked of the veth (XDP_PACKET_HEADROOM).
-pub const DEFAULT_HEADROOM: u16 = 256;
 
-/// The plugin's configuration (a conflist entry of `"type": "xdpcni"`). The
-/// fast path's settings (mode, redirect, CPUs) are the agent's alone: a
-/// conflist that still carries `xdpMode`, `redirect` or `cpus` (written for
-/// an older plugin) parses, and they are ignored like any unknown field.
+/// The plugin's configuration (a conflist entry of `"type": "xdpcni"`),
+/// read through the typed [`PluginConf`] its writer (install-cni) uses:
+/// unknown fields are refused by name. The fast path's settings (mode,
+/// redirect, CPUs) are the agent's alone: a conflist that still carries
+/// `xdpMode`, `redirect` or `cpus` (written for an older plugin) parses,
+/// and they are ignored.
 #[derive(Clone, Debug)]
 pub struct NetConf {
     /// cniVersion.
@@ -53,23 +53,9 @@ pub struct NetConf {
     pub raw: Value,
 }
 
-fn opt_str<'a>(v: &'a Value, field: &str) -> Result<Option<&'a str>> {
-    match v.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(Error::config(
-            field,
-            format!("must be a string, got {other}"),
-        )),
-    }
-}
-
-fn opt_u64(v: &Value, field: &str) -> Result<Option<u64>> {
-    match v.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(n) => n.as_u64().map(Some).ok_or_else(|| {
-            Error::config(field, format!("must be a non-negative integer, got {n}"))
-        }),
+impl From<ConfError> for Error {
+    fn from(e: ConfError) -> Self {
+        Error::config(e.field, e.why)
     }
 }
 
@@ -82,82 +68,45 @@ impl NetConf {
                 "the network config is not a JSON object".into(),
             ));
         }
-        let cni_version = opt_str(&raw, "cniVersion")?
-            .ok_or_else(|| Error::config("cniVersion", "missing"))?
-            .to_string();
+        // The version first: a config of a version this plugin does not
+        // speak gets that answer (code 1), whatever else it holds.
+        let cni_version = match raw.get("cniVersion") {
+            Some(Value::String(v)) => v.clone(),
+            None | Some(Value::Null) => return Err(Error::config("cniVersion", "missing")),
+            Some(other) => {
+                return Err(Error::config(
+                    "cniVersion",
+                    format!("must be a string, got {other}"),
+                ))
+            }
+        };
         if !types::supported(&cni_version) {
             return Err(Error::IncompatibleVersion(format!(
                 "{cni_version:?} (supported: {})",
                 types::SUPPORTED_VERSIONS.join(", ")
             )));
         }
-        let name = opt_str(&raw, "name")?.unwrap_or_default().to_string();
-        let mtu = match opt_u64(&raw, "mtu")? {
-            None => 1500,
-            Some(m) if (68..=65535).contains(&m) => m as u32,
-            Some(m) => return Err(Error::config("mtu", format!("{m} is outside 68..65535"))),
-        };
-        let headroom = match opt_u64(&raw, "headroom")? {
-            None => DEFAULT_HEADROOM,
-            Some(h) if h <= 2048 => h as u16,
-            Some(h) => return Err(Error::config("headroom", format!("{h} is above 2048"))),
-        };
-        let pin_dir = opt_str(&raw, "pinDir")?.unwrap_or(DEFAULT_PIN_DIR).into();
-        let state_dir = opt_str(&raw, "stateDir")?
-            .unwrap_or(DEFAULT_STATE_DIR)
-            .into();
-        let log_file = opt_str(&raw, "logFile")?.map(PathBuf::from);
-        let agent_ready_file = opt_str(&raw, "agentReadyFile")?.map(PathBuf::from);
-        let ipam = raw.get("ipam").cloned().unwrap_or(Value::Null);
-        let ipam_type = match ipam.get("type") {
-            Some(Value::String(t)) if !t.is_empty() && !t.contains('/') => t.clone(),
-            Some(Value::String(t)) => {
-                return Err(Error::config(
-                    "ipam.type",
-                    format!("{t:?} is not a plugin name"),
-                ))
-            }
-            _ if ipam.is_null() => String::new(),
-            _ => return Err(Error::config("ipam.type", "missing or not a string")),
-        };
-        let prev_result = match raw.get("prevResult") {
+        let conf = PluginConf::from_json(&raw)?;
+        let ipam_type = conf.ipam_type()?.unwrap_or_default().to_string();
+        let prev_result = match &conf.prev_result {
             None | Some(Value::Null) => None,
             Some(v) => Some(CniResult::from_json(v).map_err(|e| Error::config("prevResult", e))?),
         };
-        let valid_attachments = match raw.get("cni.dev/valid-attachments") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(list)) => {
-                let mut out = Vec::new();
-                for (i, a) in list.iter().enumerate() {
-                    let id = a.get("containerID").and_then(Value::as_str);
-                    let ifname = a.get("ifname").and_then(Value::as_str);
-                    match (id, ifname) {
-                        (Some(id), Some(ifname)) => out.push((id.to_string(), ifname.to_string())),
-                        _ => {
-                            return Err(Error::config(
-                                format!("cni.dev/valid-attachments[{i}]"),
-                                "needs containerID and ifname",
-                            ))
-                        }
-                    }
-                }
-                Some(out)
-            }
-            Some(_) => return Err(Error::config("cni.dev/valid-attachments", "must be a list")),
-        };
         Ok(Self {
             cni_version,
-            name,
-            mtu,
-            headroom,
-            pin_dir,
-            state_dir,
-            log_file,
-            agent_ready_file,
-            ipam,
+            name: conf.name.unwrap_or_default(),
+            mtu: conf.mtu,
+            headroom: conf.headroom,
+            pin_dir: conf.pin_dir,
+            state_dir: conf.state_dir,
+            log_file: conf.log_file,
+            agent_ready_file: conf.agent_ready_file,
+            ipam: conf.ipam.unwrap_or(Value::Null),
             ipam_type,
             prev_result,
-            valid_attachments,
+            valid_attachments: conf
+                .valid_attachments
+                .map(|l| l.into_iter().map(|a| (a.container_id, a.ifname)).collect()),
             raw,
         })
     }
@@ -334,8 +283,8 @@ mod tests {
     #[test]
     fn defaults() {
         let c = conf("").unwrap();
-        assert_eq!(c.mtu, 1500);
-        assert_eq!(c.headroom, 256);
+        assert_eq!(c.mtu, xdpcni_host::netconf::DEFAULT_MTU);
+        assert_eq!(c.headroom, xdpcni_host::netconf::DEFAULT_HEADROOM);
         assert_eq!(c.ipam_type, "host-local");
         assert_eq!(c.pin_dir, PathBuf::from(DEFAULT_PIN_DIR));
     }
@@ -367,8 +316,10 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_ignored() {
-        assert!(conf(r#","somethingNew":{"x":1}"#).is_ok());
+    fn unknown_fields_are_refused_by_name() {
+        let e = conf(r#","somethingNew":{"x":1}"#).unwrap_err();
+        assert_eq!(e.code(), 7);
+        assert!(e.to_string().contains("somethingNew"), "{e}");
         // The fast path's settings of an older conflist: the agent's now.
         assert!(conf(r#","xdpMode":"turbo","redirect":"bridge","cpus":"3-1""#).is_ok());
     }

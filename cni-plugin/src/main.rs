@@ -25,7 +25,7 @@ enum Command {
     /// install-cni installed, as recorded in the state directory.
     Uninstall {
         /// The CNI state directory.
-        #[arg(default_value = xdpcni_plugin::config::DEFAULT_STATE_DIR)]
+        #[arg(default_value = xdpcni_host::netconf::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
     },
 }

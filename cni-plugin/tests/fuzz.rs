@@ -115,8 +115,8 @@ proptest! {
     fn fuzz_netconf_fields_of_any_type_are_checked(v in netconf()) {
         match NetConf::parse(v.to_string().as_bytes()) {
             Ok(c) => {
-                prop_assert!((68..=65535).contains(&c.mtu));
-                prop_assert!(c.headroom <= 2048);
+                prop_assert!(xdpcni_host::netconf::MTU_RANGE.contains(&c.mtu));
+                prop_assert!(xdpcni_host::netconf::HEADROOM_RANGE.contains(&c.headroom));
                 prop_assert!(!c.ipam_type.contains('/'));
             }
             Err(e) => {

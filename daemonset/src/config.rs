@@ -66,10 +66,11 @@ pub struct Config {
     /// Kubernetes: this node's name (default: the NODE_NAME variable).
     #[serde(default)]
     pub node_name: Option<String>,
-    /// install-cni: MTU of pod interfaces (default 1500).
+    /// install-cni: MTU of pod interfaces (default [`xdpcni_host::netconf::DEFAULT_MTU`]).
     #[serde(default)]
     pub mtu: Option<u32>,
-    /// install-cni: headroom asked of pod veths (default 256).
+    /// install-cni: headroom asked of pod veths (default
+    /// [`xdpcni_host::netconf::DEFAULT_HEADROOM`]).
     #[serde(default)]
     pub headroom: Option<u16>,
     /// Period of the node-wide work (records, routes, NAT ports, GC) in

@@ -15,6 +15,9 @@
 //!   its removal; [`conntrack`]: listing and deleting connection tracking
 //!   entries; both over [`netfilter`] netlink.
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
+//! - [`netconf`]: the plugin's entry of the conflist, typed once for
+//!   install-cni (which writes it) and the plugin (which reads it), with the
+//!   defaults and ranges of its settings.
 //! - [`hook`]: the named crash points the tests stop a process at.
 
 pub mod conntrack;
@@ -22,6 +25,7 @@ pub mod ethtool;
 pub mod gate;
 pub mod hook;
 pub mod install;
+pub mod netconf;
 pub mod netfilter;
 pub mod netns;
 pub mod nftable;
