@@ -42,28 +42,37 @@ pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
         Ok(c) => c,
         Err(e) => return failure(&e, &types::asked_version(stdin)),
     };
-    let log = log::Log::new(
-        conf.log_file.clone(),
-        format!("{:?} {} {}", env.command, env.container_id, env.ifname),
-    );
-    let result = match env.command {
-        Command::Add => plugin::add(&conf, &env, &log).map(|v| v.to_string()),
-        Command::Del => plugin::del(&conf, &env, &log).map(|()| String::new()),
-        Command::Check => plugin::check(&conf, &env).map(|()| String::new()),
-        Command::Gc => plugin::gc(&conf, &env, &log).map(|()| String::new()),
-        Command::Status => plugin::status(&conf).map(|()| String::new()),
-        Command::Version => Ok(String::new()),
-    };
-    match result {
-        Ok(stdout) => {
-            log.info("ok");
-            Outcome { stdout, status: 0 }
+    // Each invocation logs through its own subscriber (the file of the
+    // conflist's `logFile`, appended, or stderr; never stdout, the result's),
+    // every line in a span naming the command, container and interface.
+    tracing::subscriber::with_default(log::subscriber(conf.log_file.as_deref()), || {
+        let _span = tracing::info_span!(
+            "xdpcni",
+            pid = std::process::id(),
+            command = ?env.command,
+            container = %env.container_id,
+            ifname = %env.ifname,
+        )
+        .entered();
+        let result = match env.command {
+            Command::Add => plugin::add(&conf, &env).map(|v| v.to_string()),
+            Command::Del => plugin::del(&conf, &env).map(|()| String::new()),
+            Command::Check => plugin::check(&conf, &env).map(|()| String::new()),
+            Command::Gc => plugin::gc(&conf, &env).map(|()| String::new()),
+            Command::Status => plugin::status(&conf).map(|()| String::new()),
+            Command::Version => Ok(String::new()),
+        };
+        match result {
+            Ok(stdout) => {
+                tracing::info!("ok");
+                Outcome { stdout, status: 0 }
+            }
+            Err(e) => {
+                tracing::warn!("failed (code {}): {e}", e.code());
+                failure(&e, &conf.cni_version)
+            }
         }
-        Err(e) => {
-            log.warn(&format!("failed (code {}): {e}", e.code()));
-            failure(&e, &conf.cni_version)
-        }
-    }
+    })
 }
 
 fn failure(e: &Error, version: &str) -> Outcome {

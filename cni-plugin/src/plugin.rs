@@ -15,6 +15,7 @@ use std::{
 };
 
 use serde_json::{json, Value};
+use tracing::{info, warn};
 use xdpcni_ebpf::Datapath;
 use xdpcni_host::{
     ethtool::{self, Offload},
@@ -29,7 +30,6 @@ use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
-    log::Log,
     netlink::Netlink,
     types::{self, Cidr, CniResult, Interface, IpConfig, Route},
 };
@@ -90,7 +90,7 @@ struct Progress {
 /// How long ADD waits for the host veth to be operationally up.
 const OPER_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
+pub fn add(conf: &NetConf, env: &CniEnv) -> Result<Value> {
     let netns = existing_netns(env)?;
     let host_name = state::host_veth_name(&env.container_id, &env.ifname);
     let mut nl = Netlink::new()?;
@@ -108,7 +108,6 @@ pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
     let mut add = Add {
         conf,
         env,
-        log,
         netns: &netns,
         host_name: &host_name,
         nl,
@@ -117,9 +116,9 @@ pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
     match add.run() {
         Ok(v) => Ok(v),
         Err(e) => {
-            log.warn(&format!("ADD failed, undoing: {e}"));
+            warn!("ADD failed, undoing: {e}");
             if let Err(undo) = undo_add(conf, env, &host_name, &mut add.nl, &add.progress) {
-                log.warn(&format!("undo incomplete: {undo}"));
+                warn!("undo incomplete: {undo}");
             }
             Err(e)
         }
@@ -134,7 +133,6 @@ pub fn add(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<Value> {
 struct Add<'a> {
     conf: &'a NetConf,
     env: &'a CniEnv,
-    log: &'a Log,
     netns: &'a Path,
     host_name: &'a str,
     nl: Netlink,
@@ -197,16 +195,16 @@ impl Add<'_> {
         // Headroom: veth has no attribute for it; ask anyway, then report
         // what the kernel says it has (IFLA_HEADROOM).
         if let Err(e) = self.nl.set_headroom(link.index, conf.headroom) {
-            self.log.info(&format!(
+            info!(
                 "kernel refused IFLA_HEADROOM={} on {name}: {e}",
                 conf.headroom
-            ));
+            );
         }
         let headroom_effective = self.nl.link_by_name(name)?.and_then(|l| l.headroom);
-        self.log.info(&format!(
+        info!(
             "{name}: headroom requested {}, effective {headroom_effective:?}",
             conf.headroom
-        ));
+        );
         Ok(HostSide {
             link,
             headroom_effective,
@@ -255,10 +253,10 @@ impl Add<'_> {
         // when the agent attaches it).
         dp.maps_mut().claim_slot(host.index)?;
         dp.hold(host.index, &host.name)?;
-        self.log.info(&format!(
+        info!(
             "{}: held until the agent classifies the pod: {why}",
             host.name
-        ));
+        );
         Ok(())
     }
 
@@ -280,10 +278,10 @@ impl Add<'_> {
         })?;
         match gate::hold_reason(&older, namespace)? {
             None => {
-                self.log.info(&format!(
+                info!(
                     "the datapath is {}: admitted on kernel routing until the agent has migrated it",
                     pinned.describe()
-                ));
+                );
                 Ok(())
             }
             Some(why) => Err(Error::TryAgain(format!(
@@ -334,11 +332,9 @@ impl Add<'_> {
             .map_err(|e| Error::io(format!("strict rp_filter on {}", host.name), e))?;
         if ips.iter().any(IpAddr::is_ipv6) {
             match source_check::ensure_ipv6() {
-                Ok(true) => self
-                    .log
-                    .info("added the IPv6 source check rule (ip6tables raw)"),
+                Ok(true) => info!("added the IPv6 source check rule (ip6tables raw)"),
                 Ok(false) => {}
-                Err(e) => self.log.warn(&format!("IPv6 source check: {e}")),
+                Err(e) => warn!("IPv6 source check: {e}"),
             }
         }
         for ip in ips {
@@ -369,11 +365,11 @@ impl Add<'_> {
                 return Ok(());
             }
             if start.elapsed() > OPER_UP_WAIT {
-                self.log.warn(&format!(
+                warn!(
                     "{} not operationally up after {OPER_UP_WAIT:?}: the pod's first packets may \
                      go unanswered",
                     host.name
-                ));
+                );
                 return Ok(());
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
@@ -550,11 +546,11 @@ fn forget_endpoint(
 }
 
 /// DEL: removes whatever is left of the attachment; succeeds when nothing is.
-pub fn del(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
+pub fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {
     let rec = match state::load(&conf.state_dir, &env.container_id, &env.ifname) {
         Ok(r) => r,
         Err(e) => {
-            log.warn(&format!("unreadable record, going on without it: {e}"));
+            warn!("unreadable record, going on without it: {e}");
             None
         }
     };
@@ -566,10 +562,10 @@ pub fn del(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
             ..r.clone()
         };
         if let Err(e) = state::save(&conf.state_dir, &marked) {
-            log.warn(&format!("could not mark the record as being deleted: {e}"));
+            warn!("could not mark the record as being deleted: {e}");
         }
     }
-    cleanup(conf, env, &env.container_id, &env.ifname, rec.as_ref(), log)
+    cleanup(conf, env, &env.container_id, &env.ifname, rec.as_ref())
 }
 
 fn cleanup(
@@ -578,7 +574,6 @@ fn cleanup(
     container_id: &str,
     ifname: &str,
     rec: Option<&Record>,
-    log: &Log,
 ) -> Result<()> {
     let mut errors = Vec::new();
     let host_name = rec.map_or_else(
@@ -604,10 +599,10 @@ fn cleanup(
         (None, Some(r)) => {
             let reused = nl.link_by_index(r.host_ifindex)?.is_some();
             if reused {
-                log.info(&format!(
+                info!(
                     "{host_name} is gone and ifindex {} belongs to another link now",
                     r.host_ifindex
-                ));
+                );
             }
             Some((r.host_ifindex, !reused))
         }
@@ -636,7 +631,7 @@ fn cleanup(
     hook::stop_point("del:datapath");
     if let Some(l) = link {
         match nl.del_link(l.index) {
-            Ok(_) => log.info(&format!("deleted {host_name}")),
+            Ok(_) => info!("deleted {host_name}"),
             Err(e) => errors.push(e.into()),
         }
     }
@@ -754,7 +749,7 @@ pub fn check(conf: &NetConf, env: &CniEnv) -> Result<()> {
 }
 
 /// GC: removes attachments not in `cni.dev/valid-attachments`.
-pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
+pub fn gc(conf: &NetConf, env: &CniEnv) -> Result<()> {
     require_version(conf, "1.1.0", "GC")?;
     let valid = conf
         .valid_attachments
@@ -768,15 +763,15 @@ pub fn gc(conf: &NetConf, env: &CniEnv, log: &Log) -> Result<()> {
         {
             continue;
         }
-        log.info(&format!(
+        info!(
             "GC: removing stale attachment {} {}",
             rec.container_id, rec.ifname
-        ));
+        );
         let mut env = env.clone();
         env.netns = None;
         env.container_id = rec.container_id.clone();
         env.ifname = rec.ifname.clone();
-        if let Err(e) = cleanup(conf, &env, &rec.container_id, &rec.ifname, Some(&rec), log) {
+        if let Err(e) = cleanup(conf, &env, &rec.container_id, &rec.ifname, Some(&rec)) {
             errors.push(e);
         }
     }

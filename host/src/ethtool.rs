@@ -8,6 +8,11 @@
 //! `tx-tcp*-segmentation`, looked up by name (ETHTOOL_GSTRINGS) and set with
 //! ETHTOOL_SFEATURES, as `ethtool -K tso` does, so features a later kernel
 //! adds to the family are covered too.
+//!
+//! Why not ethtool's netlink interface through rust-netlink's `ethtool`
+//! crate: its newest release (0.3.0) reads features (FEATURES_GET) but
+//! cannot set them (no FEATURES_SET among its commands), and setting is all
+//! this module does.
 
 use std::{ffi::CString, io};
 
