@@ -43,7 +43,7 @@ use tracing::info;
 
 use crate::{
     abi::{DatapathMeta, MAX_CPUS, META_COMPLETE, META_FILLING},
-    datapath::{link_pins, LinkKind, Maps, LAYOUT1_MAPS},
+    datapath::{link_pins, LinkKind, MapName, Maps},
     sys, Datapath, Error, Result,
 };
 
@@ -156,8 +156,7 @@ impl Pinned {
 /// (pinned in `layout`): a layout 1 of its own. Layout 1's names that
 /// are aliases of this layout's maps ([`pin_aliases`]) are not in it.
 pub(crate) fn separate_layout1(pin_dir: &Path, layout: &Path) -> Vec<&'static str> {
-    LAYOUT1_MAPS
-        .into_iter()
+    MapName::layout1()
         .filter(|m| {
             let old = pin_dir.join(m);
             old.exists() && sys::pinned_id(&old).ok() != sys::pinned_id(&layout.join(m)).ok()
@@ -182,8 +181,7 @@ const LAYOUT1_PROGRAMS: [&str; 3] = [
 /// same tag keeps them. Kept for one version: a layout whose maps differ
 /// from layout 1's cannot alias them.
 pub(crate) fn pin_aliases(pin_dir: &Path, layout: &Path) -> Result<()> {
-    let pairs = LAYOUT1_MAPS
-        .iter()
+    let pairs = MapName::layout1()
         .map(|m| (layout.join(m), pin_dir.join(m)))
         .chain(
             LAYOUT1_PROGRAMS

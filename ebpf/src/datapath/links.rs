@@ -1,0 +1,364 @@
+//! The pinned links under `links/`: their names, their kinds, attaching,
+//! holding, releasing and collecting them.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{
+    links::{FdLink, PinnedLink},
+    tc::TcAttachOptions,
+    LinkOrder,
+};
+use tracing::{debug, info, warn};
+
+use super::{error_chain, AttachMode, Attachment, Datapath, HoldHook};
+use crate::{sys, Error, Result};
+
+/// What a link pinned under `links/` is: `<ifindex>_<suffix>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LinkKind {
+    /// The datapath's XDP program in this mode.
+    Xdp(AttachMode),
+    /// The hold program on this tc hook.
+    Hold(HoldHook),
+}
+
+impl LinkKind {
+    const ALL: [LinkKind; 4] = [
+        Self::Xdp(AttachMode::Native),
+        Self::Xdp(AttachMode::Generic),
+        Self::Hold(HoldHook::Ingress),
+        Self::Hold(HoldHook::Egress),
+    ];
+
+    const fn suffix(self) -> &'static str {
+        match self {
+            Self::Xdp(m) => m.as_str(),
+            Self::Hold(HoldHook::Ingress) => "hold_ingress",
+            Self::Hold(HoldHook::Egress) => "hold_egress",
+        }
+    }
+
+    fn parse(suffix: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.suffix() == suffix)
+    }
+
+    /// The kernel's view of the link pinned at `pin`.
+    pub(crate) fn state(self, pin: &Path) -> std::io::Result<sys::LinkState> {
+        match self {
+            Self::Xdp(_) => sys::pinned_xdp_link(pin),
+            Self::Hold(_) => sys::pinned_tcx_link(pin),
+        }
+    }
+
+    /// Whether the link pinned at `pin` is attached to `ifindex` still.
+    fn is_live(self, pin: &Path, ifindex: u32) -> bool {
+        matches!(self.state(pin), Ok(s) if s.ifindex == ifindex)
+    }
+}
+
+/// The pin of the link of `kind` on `ifindex`: the one home of the name.
+fn link_pin(pin_dir: &Path, ifindex: u32, kind: LinkKind) -> PathBuf {
+    pin_dir
+        .join("links")
+        .join(format!("{ifindex}_{}", kind.suffix()))
+}
+
+/// Detaches the link pinned at `pin` *now* (BPF_LINK_DETACH), then removes
+/// the pin. Unlinking a bpffs pin alone releases the link only when the
+/// inode's reference goes, later, from an RCU callback: the program would
+/// linger on the device for a moment, and the device's features with it (a
+/// veth peer's TSO is forced off while native XDP is on). `Ok(false)` if
+/// there was no pin.
+pub(super) fn unpin_link(pin: &Path) -> Result<bool> {
+    if !pin.exists() {
+        return Ok(false);
+    }
+    if let Err(e) = sys::detach_pinned_link(pin) {
+        warn!(pin = %pin.display(), error = %e, "BPF_LINK_DETACH failed; unpinning only");
+    }
+    match fs::remove_file(pin) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io("unpinning", pin, e)),
+    }
+}
+
+pub(crate) fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, LinkKind, PathBuf)>> {
+    let dir = pin_dir.join("links");
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io("listing", &dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("listing", &dir, e))?;
+        let name = entry.file_name();
+        let Some((idx, suffix)) = name.to_str().and_then(|n| n.split_once('_')) else {
+            continue;
+        };
+        if let (Ok(idx), Some(kind)) = (idx.parse::<u32>(), LinkKind::parse(suffix)) {
+            out.push((idx, kind, entry.path()));
+        }
+    }
+    Ok(out)
+}
+
+/// Detaches the XDP links of `ifindex`; whether there was one.
+fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+    unpin_kinds(pin_dir, ifindex, |k| matches!(k, LinkKind::Xdp(_)))
+}
+
+/// Removes the hold links of `ifindex`; whether there was one.
+fn release_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+    unpin_kinds(pin_dir, ifindex, |k| matches!(k, LinkKind::Hold(_)))
+}
+
+fn unpin_kinds(pin_dir: &Path, ifindex: u32, which: impl Fn(LinkKind) -> bool) -> Result<bool> {
+    let mut any = false;
+    for kind in LinkKind::ALL.into_iter().filter(|k| which(*k)) {
+        any |= unpin_link(&link_pin(pin_dir, ifindex, kind))?;
+    }
+    Ok(any)
+}
+
+/// Whether a hold link of `ifindex` is pinned under `pin_dir` (what the CNI's
+/// DEL and the agent read without opening the datapath).
+pub fn is_held(pin_dir: &Path, ifindex: u32) -> bool {
+    HoldHook::ALL
+        .into_iter()
+        .any(|h| link_pin(pin_dir, ifindex, LinkKind::Hold(h)).exists())
+}
+
+impl Datapath {
+    fn link_pin(&self, ifindex: u32, mode: AttachMode) -> PathBuf {
+        link_pin(&self.pin_dir, ifindex, LinkKind::Xdp(mode))
+    }
+
+    /// Holds the pod of host veth `ifindex` (named `ifname` in the calling
+    /// thread's network namespace): the hold program on both tc hooks of
+    /// the veth, first in their order, through pinned tcx links. Nothing
+    /// but ARP and neighbour discovery reaches or leaves the pod until
+    /// [`Datapath::release`]. Idempotent; whether anything was attached.
+    pub fn hold(&mut self, ifindex: u32, ifname: &str) -> Result<bool> {
+        let mut changed = false;
+        for hook in HoldHook::ALL {
+            let kind = LinkKind::Hold(hook);
+            let pin = link_pin(&self.pin_dir, ifindex, kind);
+            if pin.exists() {
+                if kind.is_live(&pin, ifindex) {
+                    continue;
+                }
+                fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            }
+            let id = self
+                .hold
+                .attach_with_options(
+                    ifname,
+                    hook.tc_type(),
+                    TcAttachOptions::TcxOrder(LinkOrder::first()),
+                )
+                .map_err(|e| {
+                    Error::program(format!("attaching the hold to {ifname} ({hook:?})"), e)
+                })?;
+            let link = self
+                .hold
+                .take_link(id)
+                .map_err(|e| Error::program("taking link", e))?;
+            let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
+                op: "converting to an fd link (kernel without tcx?)",
+                path: pin.clone(),
+                message: error_chain(&e),
+            })?;
+            fd_link.pin(&pin).map_err(|e| Error::Link {
+                op: "pinning link",
+                path: pin.clone(),
+                message: error_chain(&e),
+            })?;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    /// Detaches whatever links of host veth `ifindex` are pinned under
+    /// `pin_dir` (XDP and hold), without opening any layout's maps: what a
+    /// DEL does where this build's layout is not ready.
+    pub fn unlink(pin_dir: &Path, ifindex: u32) -> Result<bool> {
+        Ok(detach_pins(pin_dir, ifindex)? | release_pins(pin_dir, ifindex)?)
+    }
+
+    /// Ends the hold of host veth `ifindex`; whether there was one.
+    pub fn release(&mut self, ifindex: u32) -> Result<bool> {
+        release_pins(&self.pin_dir, ifindex)
+    }
+
+    /// Whether host veth `ifindex` is held (either hook).
+    pub fn is_held(&self, ifindex: u32) -> bool {
+        is_held(&self.pin_dir, ifindex)
+    }
+
+    /// Attaches the datapath to host veth `ifindex` (resolved in the calling
+    /// thread's network namespace) in `mode`, through a pinned link.
+    ///
+    /// Idempotent: a live link in the same mode running the current program is
+    /// left alone; one running another program is swapped atomically; one in
+    /// the other mode is replaced (the kernel allows one mode at a time).
+    pub fn attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment> {
+        let want = self.from_pod_program_id()?;
+        let other = self.link_pin(ifindex, mode.other());
+        if other.exists() {
+            unpin_link(&other)?;
+        }
+        let pin = self.link_pin(ifindex, mode);
+        if pin.exists() {
+            match sys::pinned_xdp_link(&pin) {
+                Ok(state) if state.ifindex == ifindex => {
+                    if state.prog_id == want {
+                        return Ok(Attachment {
+                            ifindex,
+                            mode,
+                            prog_id: want,
+                            link_id: state.link_id,
+                            changed: false,
+                        });
+                    }
+                    self.swap_link(&pin)?;
+                    return Ok(Attachment {
+                        ifindex,
+                        mode,
+                        prog_id: want,
+                        link_id: state.link_id,
+                        changed: true,
+                    });
+                }
+                Ok(state) => {
+                    debug!(?state, pin = %pin.display(), "removing defunct link pin");
+                }
+                Err(e) => warn!(error = %e, pin = %pin.display(), "unreadable link pin"),
+            }
+            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+        }
+
+        let id = self
+            .from_pod
+            .attach_to_if_index(ifindex, mode.xdp_mode())
+            .map_err(|e| Error::program(format!("attaching {mode} XDP to ifindex {ifindex}"), e))?;
+        let link = self
+            .from_pod
+            .take_link(id)
+            .map_err(|e| Error::program("taking link", e))?;
+        let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
+            op: "converting to an fd link (kernel without bpf_link for XDP?)",
+            path: pin.clone(),
+            message: error_chain(&e),
+        })?;
+        fd_link.pin(&pin).map_err(|e| Error::Link {
+            op: "pinning link",
+            path: pin.clone(),
+            message: error_chain(&e),
+        })?;
+        let state = sys::pinned_xdp_link(&pin).map_err(|e| Error::Link {
+            op: "reading link",
+            path: pin.clone(),
+            message: error_chain(&e),
+        })?;
+        Ok(Attachment {
+            ifindex,
+            mode,
+            prog_id: state.prog_id,
+            link_id: state.link_id,
+            changed: true,
+        })
+    }
+
+    pub(super) fn swap_link(&mut self, pin: &Path) -> Result<()> {
+        let link = PinnedLink::from_pin(pin).map_err(|e| Error::Link {
+            op: "opening link",
+            path: pin.to_path_buf(),
+            message: error_chain(&e),
+        })?;
+        let xdp_link =
+            aya::programs::xdp::XdpLink::try_from(FdLink::from(link)).map_err(|e| Error::Link {
+                op: "opening link",
+                path: pin.to_path_buf(),
+                message: error_chain(&e),
+            })?;
+        let id = self
+            .from_pod
+            .attach_to_link(xdp_link)
+            .map_err(|e| Error::program(format!("swapping program of {}", pin.display()), e))?;
+        // The pin keeps the link; dropping our fd detaches nothing.
+        drop(self.from_pod.take_link(id));
+        info!(pin = %pin.display(), "swapped program atomically");
+        Ok(())
+    }
+
+    pub(super) fn swap_all_links(&mut self) -> Result<()> {
+        for (ifindex, kind, pin) in self.link_pins()? {
+            if matches!(kind, LinkKind::Xdp(_)) && kind.is_live(&pin, ifindex) {
+                self.swap_link(&pin)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn refresh_cpumap_programs(&mut self) -> Result<()> {
+        for cpu in 0..self.maps.cpu_map.len() {
+            if let Some(qsize) = self.maps.cpu_queue_size(cpu)? {
+                self.enable_cpu(cpu, qsize)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The attachment of `ifindex`, if a live pinned link exists.
+    pub fn attachment(&self, ifindex: u32) -> Result<Option<Attachment>> {
+        for mode in [AttachMode::Native, AttachMode::Generic] {
+            let pin = self.link_pin(ifindex, mode);
+            if !pin.exists() {
+                continue;
+            }
+            if let Ok(s) = sys::pinned_xdp_link(&pin) {
+                if s.ifindex == ifindex {
+                    return Ok(Some(Attachment {
+                        ifindex,
+                        mode,
+                        prog_id: s.prog_id,
+                        link_id: s.link_id,
+                        changed: false,
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Detaches the datapath from `ifindex`; `Ok(false)` if it was not attached.
+    pub fn detach(&mut self, ifindex: u32) -> Result<bool> {
+        detach_pins(&self.pin_dir, ifindex)
+    }
+
+    fn link_pins(&self) -> Result<Vec<(u32, LinkKind, PathBuf)>> {
+        link_pins(&self.pin_dir)
+    }
+
+    /// Removes link pins (XDP and hold) whose device is gone (a pinned link
+    /// outlives its veth); returns the ifindexes cleaned.
+    pub fn gc_links(&mut self) -> Result<Vec<u32>> {
+        let mut removed = Vec::new();
+        for (ifindex, kind, pin) in self.link_pins()? {
+            if !kind.is_live(&pin, ifindex) {
+                match fs::remove_file(&pin) {
+                    Ok(()) => removed.push(ifindex),
+                    // The veth's DEL unpinned it first.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io("unpinning", &pin, e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+}

@@ -1,0 +1,377 @@
+//! Loading the datapath or taking over the pinned one, its atomic upgrade,
+//! its cpumap CPUs and its removal.
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    programs::{SchedClassifier, Xdp},
+    Ebpf, EbpfLoader,
+};
+use tracing::{debug, info};
+
+use super::{
+    error_chain, layout_dir,
+    links::{link_pins, unpin_link},
+    maps::MapName,
+    Datapath, Maps, CPUMAP_PROGRAM, FROM_POD_PROGRAM, HOLD_PROGRAM,
+};
+use crate::{Error, Result, DATAPATH_OBJECT};
+
+fn ensure_bpffs(dir: &Path) -> Result<()> {
+    let probe = if dir.exists() {
+        dir
+    } else {
+        dir.parent().unwrap_or(dir)
+    };
+    if !crate::bpffs::is_bpffs(probe)? {
+        return Err(Error::NotBpffs(probe.to_path_buf()));
+    }
+    Ok(())
+}
+
+impl Datapath {
+    /// Loads the datapath into `pin_dir`, or takes over the one pinned there.
+    ///
+    /// Maps are reused from their pins. A pinned program whose tag equals the
+    /// embedded one is reused as is, so nothing attached changes; a different
+    /// one is replaced and every pinned link is swapped to the new program
+    /// atomically (`bpf_link_update`), without a detach.
+    pub fn open(pin_dir: &Path) -> Result<Self> {
+        Self::open_object(pin_dir, DATAPATH_OBJECT)
+    }
+
+    /// [`Datapath::open`] with another build of the datapath object of this
+    /// layout (an upgrade, or a rollback).
+    pub fn open_object(pin_dir: &Path, object: &[u8]) -> Result<Self> {
+        Self::open_with(pin_dir, object, &mut |_| {})
+    }
+
+    /// [`Datapath::open_object`], calling `step` with the name of each step
+    /// of a migration from an older layout as it is reached
+    /// (`migrate:started`, `migrate:filled`, `migrate:swapping`,
+    /// `migrate:swapped`, `migrate:complete`, `migrate:removed`): the
+    /// agent's crash points.
+    pub fn open_with(pin_dir: &Path, object: &[u8], step: &mut dyn FnMut(&str)) -> Result<Self> {
+        ensure_bpffs(pin_dir)?;
+        let layout = layout_dir(pin_dir);
+        for dir in [
+            pin_dir.to_path_buf(),
+            pin_dir.join("links"),
+            // Layout 1's names for the programs (aliases: migrate.rs).
+            pin_dir.join("progs"),
+            layout.clone(),
+            layout.join("progs"),
+        ] {
+            fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
+            // Root's alone, whatever the umask: whoever can add a pin here
+            // or open a map can steer every pod's traffic. (The kernel makes
+            // the pins themselves 0600.)
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io("restricting", &dir, e))?;
+        }
+        ensure_bpffs(pin_dir)?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&layout)
+            .load(object)
+            .map_err(|e| Error::Load(Box::new(e)))?;
+        let maps = Maps::take(&mut ebpf)?;
+        let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;
+        let (cpumap, b) = Self::adopt_program(&mut ebpf, &layout, CPUMAP_PROGRAM)?;
+        // A held pod's links keep the program they were made with within a
+        // layout: it drops alike in every build, and the agent removes them
+        // once it has classified the pod (a migration moves them).
+        let hold = Self::adopt_hold_program(&mut ebpf, &layout)?;
+        let mut dp = Self {
+            pin_dir: pin_dir.to_path_buf(),
+            from_pod,
+            cpumap,
+            hold,
+            maps,
+            upgraded: a || b,
+            migration: None,
+        };
+        // An older layout first: its links move to this build's programs.
+        dp.migration = crate::migrate::converge(&mut dp, step)?;
+        if dp.upgraded {
+            dp.swap_all_links()?;
+            dp.refresh_cpumap_programs()?;
+        }
+        Ok(dp)
+    }
+
+    /// Opens the datapath pinned in `pin_dir` without loading anything: the
+    /// pinned maps and programs of this build's layout as they are (what the
+    /// CNI plugin uses; it never replaces programs). Fails if they are not
+    /// pinned there or not complete ([`crate::Pinned::ready`]).
+    pub fn open_existing(pin_dir: &Path) -> Result<Self> {
+        let maps = Maps::open_pinned(pin_dir)?;
+        let meta = maps.meta()?.unwrap_or_default();
+        if meta.state != crate::abi::META_COMPLETE {
+            return Err(Error::NotReady(format!(
+                "{} is being filled (from an older layout, or by an agent starting)",
+                layout_dir(pin_dir).display()
+            )));
+        }
+        let layout = layout_dir(pin_dir);
+        let prog = |name: &'static str, attach_type| {
+            let pin = layout.join("progs").join(name);
+            Xdp::from_pin(&pin, attach_type)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
+        };
+        Ok(Self {
+            pin_dir: pin_dir.to_path_buf(),
+            from_pod: prog(
+                FROM_POD_PROGRAM,
+                aya_obj::programs::XdpAttachType::Interface,
+            )?,
+            cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
+            hold: {
+                let pin = layout.join("progs").join(HOLD_PROGRAM);
+                SchedClassifier::from_pin(&pin)
+                    .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?
+            },
+            maps,
+            upgraded: false,
+            migration: None,
+        })
+    }
+
+    /// Loads the hold program and returns the one to use: the pinned one
+    /// (in the layout directory `layout`) if it has the same tag, else the
+    /// new one (now pinned).
+    fn adopt_hold_program(ebpf: &mut Ebpf, layout: &Path) -> Result<SchedClassifier> {
+        let name = HOLD_PROGRAM;
+        let pin = layout.join("progs").join(name);
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or(Error::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|e| Error::program(format!("program {name}"), e))?;
+        prog.load()
+            .map_err(|e| Error::program(format!("loading {name}"), e))?;
+        let tag = |p: &SchedClassifier| {
+            p.info()
+                .map(|i| i.tag())
+                .map_err(|e| Error::program(format!("info of {name}"), e))
+        };
+        let new_tag = tag(prog)?;
+        let from_pin = || {
+            SchedClassifier::from_pin(&pin)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
+        };
+        if pin.exists() {
+            let pinned = from_pin()?;
+            if tag(&pinned)? == new_tag {
+                return Ok(pinned);
+            }
+            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+        }
+        prog.pin(&pin).map_err(|e| Error::Link {
+            op: "pinning program",
+            path: pin.clone(),
+            message: error_chain(&e),
+        })?;
+        from_pin()
+    }
+
+    /// Loads `name` from the object and returns the program to use: the
+    /// pinned one (in the layout directory `layout`) if it has the same tag,
+    /// else the new one (now pinned).
+    fn adopt_program(ebpf: &mut Ebpf, layout: &Path, name: &'static str) -> Result<(Xdp, bool)> {
+        let pin = layout.join("progs").join(name);
+        let prog: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or(Error::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|e| Error::program(format!("program {name}"), e))?;
+        let attach_type = if name == CPUMAP_PROGRAM {
+            aya_obj::programs::XdpAttachType::CpuMap
+        } else {
+            aya_obj::programs::XdpAttachType::Interface
+        };
+        prog.load()
+            .map_err(|e| Error::program(format!("loading {name}"), e))?;
+        let new_tag = prog
+            .info()
+            .map_err(|e| Error::program(format!("info of {name}"), e))?
+            .tag();
+        let mut replaced = false;
+        if pin.exists() {
+            let pinned = Xdp::from_pin(&pin, attach_type)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?;
+            let old_tag = pinned
+                .info()
+                .map_err(|e| Error::program(format!("info of {}", pin.display()), e))?
+                .tag();
+            if old_tag == new_tag {
+                debug!(program = name, "reusing pinned program");
+                return Ok((pinned, false));
+            }
+            info!(program = name, old_tag, new_tag, "replacing pinned program");
+            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            replaced = true;
+        }
+        prog.pin(&pin).map_err(|e| Error::Link {
+            op: "pinning program",
+            path: pin.clone(),
+            message: error_chain(&e),
+        })?;
+        let pinned = Xdp::from_pin(&pin, attach_type)
+            .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?;
+        Ok((pinned, replaced))
+    }
+
+    /// The pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    /// Whether [`Datapath::open`] replaced pinned programs with new code.
+    pub fn upgraded(&self) -> bool {
+        self.upgraded
+    }
+
+    /// The migration from an older layout [`Datapath::open`] carried out,
+    /// if it found one.
+    pub fn migration(&self) -> Option<&crate::migrate::Migration> {
+        self.migration.as_ref()
+    }
+
+    /// This build of the programs: `<crate version>+<tag of the program on
+    /// host veths>`, as written in the datapath's meta.
+    pub fn build(&self) -> Result<String> {
+        let tag = self
+            .from_pod
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .tag();
+        Ok(format!("{}+{tag:016x}", env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Each program's name and kernel id.
+    pub fn program_ids(&self) -> Result<Vec<(&'static str, u32)>> {
+        let id =
+            |info: std::result::Result<aya::programs::ProgramInfo, aya::programs::ProgramError>| {
+                info.map(|i| i.id())
+                    .map_err(|e| Error::program("program info", e))
+            };
+        Ok(vec![
+            (FROM_POD_PROGRAM, id(self.from_pod.info())?),
+            (CPUMAP_PROGRAM, id(self.cpumap.info())?),
+            (HOLD_PROGRAM, id(self.hold.info())?),
+        ])
+    }
+
+    /// Kernel id of the hold program.
+    pub(crate) fn hold_program_id(&self) -> Result<u32> {
+        Ok(self
+            .hold
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .id())
+    }
+
+    pub(crate) fn swap_pinned_link(&mut self, pin: &Path) -> Result<()> {
+        self.swap_link(pin)
+    }
+
+    /// The maps.
+    pub fn maps(&self) -> &Maps {
+        &self.maps
+    }
+
+    /// The maps, to update.
+    pub fn maps_mut(&mut self) -> &mut Maps {
+        &mut self.maps
+    }
+
+    /// The program that runs on pod host veths, e.g. for `test_run`.
+    pub fn from_pod_program(&self) -> &Xdp {
+        &self.from_pod
+    }
+
+    /// Kernel id of the program that runs on host veths.
+    pub fn from_pod_program_id(&self) -> Result<u32> {
+        Ok(self
+            .from_pod
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .id())
+    }
+}
+
+impl Datapath {
+    /// Enables cpumap delivery on `cpu` with a queue of `queue_size` frames,
+    /// running the second-stage program there.
+    pub fn enable_cpu(&mut self, cpu: u32, queue_size: u32) -> Result<()> {
+        if cpu >= self.maps.cpu_map.len() {
+            return Err(Error::Invalid {
+                what: "cpu",
+                why: format!("{cpu} is beyond the cpumap ({})", self.maps.cpu_map.len()),
+            });
+        }
+        let fd = self
+            .cpumap
+            .fd()
+            .map_err(|e| Error::program("cpumap program fd", e))?;
+        self.maps
+            .cpu_map
+            .set(cpu, queue_size, Some(fd), 0)
+            .map_err(|e| Error::XdpMap {
+                op: format!("enabling cpumap CPU {cpu}"),
+                source: Box::new(e),
+            })
+    }
+
+    /// Disables cpumap delivery on `cpu`.
+    pub fn disable_cpu(&mut self, cpu: u32) -> Result<()> {
+        // The kernel frees a cpumap entry written with queue size 0
+        // (cpu_map_update_elem); aya 0.14 has no CpuMap::remove.
+        self.maps
+            .cpu_map
+            .set(cpu, 0, None, 0)
+            .map_err(|e| Error::XdpMap {
+                op: format!("disabling cpumap CPU {cpu}"),
+                source: Box::new(e),
+            })
+    }
+
+    /// The pins of a complete datapath missing under `pin_dir` (maps,
+    /// programs, the links directory): empty when nothing is.
+    pub fn missing_pins(pin_dir: &Path) -> Vec<PathBuf> {
+        let layout = layout_dir(pin_dir);
+        MapName::ALL
+            .iter()
+            .map(|m| layout.join(m.as_str()))
+            .chain(
+                [FROM_POD_PROGRAM, CPUMAP_PROGRAM, HOLD_PROGRAM]
+                    .iter()
+                    .map(|p| layout.join("progs").join(p)),
+            )
+            .chain([pin_dir.join("links")])
+            .filter(|p| !p.exists())
+            .collect()
+    }
+
+    /// Removes every pin under `pin_dir`, detaching the datapath (and every
+    /// hold) from every veth and freeing its maps once no process holds them.
+    pub fn uninstall(pin_dir: &Path) -> Result<()> {
+        if !pin_dir.exists() {
+            return Ok(());
+        }
+        for (_, _, pin) in link_pins(pin_dir)? {
+            unpin_link(&pin)?;
+        }
+        fs::remove_dir_all(pin_dir).map_err(|e| Error::io("removing", pin_dir, e))
+    }
+}

@@ -1,0 +1,80 @@
+//! Loading, pinning, attaching and feeding the XDP datapath.
+//!
+//! Pin layout under a directory on bpffs (default `/sys/fs/bpf/xdpcni`):
+//!
+//! ```text
+//! layout-2/                                    this build's layout (XDPCNI_LAYOUT)
+//!   meta                                       layout, state (filling/complete), build
+//!   endpoints4 endpoints6 tx_ports cpu_map nat_ports   maps, pinned by name by aya
+//!   counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
+//!   policy_namespaces policy_gate                      what the CNI reads to hold a new pod
+//!   progs/xdpcni_from_pod progs/xdpcni_cpumap  the programs in use
+//!   progs/xdpcni_hold                          the tc program of a held pod
+//! links/<ifindex>_native | _generic            one XDP bpf_link per host veth, shared by
+//!                                              every layout (bpffs refuses names with dots)
+//! links/<ifindex>_hold_ingress | _hold_egress  the two tcx links of a held pod
+//! ```
+//!
+//! Layout 1 (before layouts had a number) pinned the maps and `progs/` in the
+//! pin directory itself. Each layout has its own directory so that binaries
+//! of two layouts never share a map: [`Datapath::open`] migrates an older
+//! layout it finds into its own (`crate::migrate`), and a binary that finds
+//! only a layout it does not know leaves it alone.
+//!
+//! Everything that carries traffic is pinned, so the process that loaded it
+//! can exit (or crash) without detaching anything, and the next one reopens
+//! the same objects: [`Datapath::open`] reuses pinned programs whose tag
+//! matches the embedded object and swaps links atomically when it does not.
+
+mod links;
+mod load;
+mod maps;
+mod types;
+
+use std::path::{Path, PathBuf};
+
+use aya::programs::{SchedClassifier, Xdp};
+
+pub use links::is_held;
+pub(crate) use links::{link_pins, LinkKind};
+pub(crate) use maps::MapName;
+pub use maps::{Filled, MapFill, Maps};
+pub use types::{AttachMode, Attachment, Counters, HoldHook, L4Proto};
+
+/// Name of the program attached to pod host veths.
+pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
+/// Name of the cpumap second-stage program.
+pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";
+/// Name of the tc program that holds a pod until the agent classifies it.
+pub const HOLD_PROGRAM: &str = "xdpcni_hold";
+/// Default pin directory.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/xdpcni";
+
+/// The directory of this build's layout under `pin_dir`: its maps and
+/// `progs/` (the links stay in `pin_dir/links`, shared by every layout).
+pub fn layout_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join(format!("layout-{}", crate::abi::LAYOUT))
+}
+
+/// `e: its source: its source...`, since aya's errors put the errno in sources.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}
+
+/// The loaded datapath: programs, pinned links and maps.
+pub struct Datapath {
+    pub(crate) pin_dir: PathBuf,
+    from_pod: Xdp,
+    cpumap: Xdp,
+    pub(crate) hold: SchedClassifier,
+    pub(crate) maps: Maps,
+    upgraded: bool,
+    migration: Option<crate::migrate::Migration>,
+}

@@ -1,0 +1,175 @@
+//! The datapath's value types: how a program is attached, what a hold is on,
+//! an attachment, a veth's counters, a NAT'd port's protocol.
+
+use std::{fmt, str::FromStr};
+
+use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
+
+use crate::{
+    abi::{StatsValue, Verdict, VerdictKind},
+    Error, Result,
+};
+
+/// How the program runs on a host veth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttachMode {
+    /// Driver mode: veth runs it on `xdp_frame`s (needs GRO or XDP on the peer,
+    /// and tx checksum offload off in the pod for TCP; see KERNEL-NOTES).
+    Native,
+    /// skb mode: runs in the stack on the skb, keeps checksum state, but drops
+    /// redirected skbs larger than the target MTU (pod TSO must be off).
+    Generic,
+}
+
+impl AttachMode {
+    pub(super) const fn xdp_mode(self) -> AyaXdpMode {
+        match self {
+            Self::Native => AyaXdpMode::Driver,
+            Self::Generic => AyaXdpMode::Skb,
+        }
+    }
+
+    /// `native` or `generic`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        }
+    }
+
+    pub(super) const fn other(self) -> Self {
+        match self {
+            Self::Native => Self::Generic,
+            Self::Generic => Self::Native,
+        }
+    }
+}
+
+impl fmt::Display for AttachMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AttachMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "native" => Ok(Self::Native),
+            "generic" => Ok(Self::Generic),
+            other => Err(Error::Invalid {
+                what: "XDP mode",
+                why: format!("{other:?} is neither \"native\" nor \"generic\""),
+            }),
+        }
+    }
+}
+
+/// The tc hook of a host veth a hold is attached to: both, so that nothing
+/// reaches the pod and nothing leaves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HoldHook {
+    /// Frames from the pod (tcx ingress of the host veth).
+    Ingress,
+    /// Frames to the pod on the kernel path (tcx egress of the host veth).
+    Egress,
+}
+
+impl HoldHook {
+    /// Both hooks.
+    pub const ALL: [HoldHook; 2] = [Self::Ingress, Self::Egress];
+
+    pub(super) const fn tc_type(self) -> TcAttachType {
+        match self {
+            Self::Ingress => TcAttachType::Ingress,
+            Self::Egress => TcAttachType::Egress,
+        }
+    }
+}
+
+/// An XDP program attached to a host veth through a pinned link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    /// The host veth.
+    pub ifindex: u32,
+    /// Native or generic.
+    pub mode: AttachMode,
+    /// The kernel id of the attached program.
+    pub prog_id: u32,
+    /// The kernel id of the bpf_link.
+    pub link_id: u32,
+    /// Whether this call changed anything (new attach or program swap).
+    pub changed: bool,
+}
+
+/// Per-verdict totals of one host veth, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub(super) rows: Vec<(Verdict, StatsValue)>,
+}
+
+impl Counters {
+    /// Packets counted with `verdict`.
+    pub fn packets(&self, verdict: Verdict) -> u64 {
+        self.get(verdict).packets
+    }
+
+    /// Packets and bytes counted with `verdict`.
+    pub fn get(&self, verdict: Verdict) -> StatsValue {
+        self.rows
+            .iter()
+            .find(|(v, _)| *v == verdict)
+            .map(|(_, s)| *s)
+            .unwrap_or_default()
+    }
+
+    /// Every non-zero verdict.
+    pub fn iter(&self) -> impl Iterator<Item = (Verdict, StatsValue)> + '_ {
+        self.rows.iter().copied()
+    }
+
+    /// Packets passed to the kernel, for any reason.
+    pub fn passed(&self) -> u64 {
+        self.of_kind(VerdictKind::Kernel)
+    }
+
+    /// Packets this veth's program redirected to another pod (each
+    /// delivery once, on the sender's side).
+    pub fn forwarded(&self) -> u64 {
+        self.of_kind(VerdictKind::Forward)
+    }
+
+    /// Packets the fast path delivered to this veth's pod (the receive
+    /// side of another veth's `forwarded`).
+    pub fn received(&self) -> u64 {
+        self.of_kind(VerdictKind::Received)
+    }
+
+    /// Packets counted with any verdict of `kind`.
+    pub fn of_kind(&self, kind: VerdictKind) -> u64 {
+        self.rows
+            .iter()
+            .filter(|(v, _)| v.kind() == kind)
+            .map(|(_, s)| s.packets)
+            .sum()
+    }
+}
+
+/// L4 protocol of a NAT'd port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum L4Proto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl L4Proto {
+    pub(super) const fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+        }
+    }
+}
