@@ -885,6 +885,10 @@ const W_NP_REMOVE_P99: &str = "NetworkPolicy deleted -> allowed p99";
 const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
 const W_MIGRATE: &str = "Datapath migration from the previous release";
 const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
+/// The headroom rows: native devmap with no headroom asked, and the default
+/// native devmap measured again beside it.
+const HEADROOM_0: &str = "native devmap, headroom 0";
+const HEADROOM_PAIR: &str = "native devmap, beside headroom 0";
 /// The NetworkPolicy rows' paths.
 const NP_AGENT: &str = "agent (Kubernetes mode), pods on XDP";
 const NP_NONE: &str = "kernel path, no policy";
@@ -1344,8 +1348,22 @@ fn np_json(name: &str, spec: Value) -> Value {
 
 fn main() -> Result<()> {
     let o = parse_args();
-    let reps = o.reps as usize;
     install_signal_handlers()?;
+    let run = measure(&o)?;
+    let rows = summarise(&run.samples);
+    report(&o, &run, &rows)
+}
+
+/// What one run measured: every sample and the notes beside the table.
+struct Measured {
+    machine: String,
+    samples: Vec<Sample>,
+    notes: Vec<String>,
+}
+
+/// Builds every path and measures every workload on it, interleaved.
+fn measure(o: &Opts) -> Result<Measured> {
+    let reps = o.reps as usize;
     let dur = Duration::from_secs(u64::from(o.secs));
     let rounds = if o.quick { 200 } else { 5000 };
     let pods_for_add = if o.quick { 10 } else { 100 };
@@ -1499,7 +1517,7 @@ fn main() -> Result<()> {
     // The ceiling and the headroom effect, on their own nodes.
     if o.full() {
         let headroom0 = Bench::new(PathSpec {
-            label: "native devmap, headroom 0",
+            label: HEADROOM_0,
             kind: Kind::Xdpcni {
                 mode: "native",
                 redirect: "devmap",
@@ -1510,12 +1528,9 @@ fn main() -> Result<()> {
         })?;
         let native = &benches[2];
         for rep in 0..reps {
-            push(
-                W_UDP64,
-                native.spec.label,
-                1000 + rep,
-                pps(native, 22, dur)? / 1e6,
-            );
+            // Measured again beside headroom 0, a row of its own: the two
+            // are compared in the same minutes.
+            push(W_UDP64, HEADROOM_PAIR, rep, pps(native, 22, dur)? / 1e6);
             push(
                 W_UDP64,
                 headroom0.spec.label,
@@ -1583,28 +1598,36 @@ fn main() -> Result<()> {
             b.spec.label
         ));
     }
+    Ok(Measured {
+        machine,
+        samples,
+        notes: extra,
+    })
+}
 
-    // Summaries.
+/// One row of the table: a workload on a path, over its repetitions.
+struct Row {
+    workload: &'static str,
+    unit: &'static str,
+    path: String,
+    median: f64,
+    min: f64,
+    max: f64,
+    /// To ptp's median, > 1 better; `None` without a ptp figure.
+    ratio: Option<f64>,
+}
+
+/// Medians (min-max) of every workload on every path, in table order, with
+/// the ratio to ptp measured in the same run.
+fn summarise(samples: &[Sample]) -> Vec<Row> {
     let mut groups: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-    for s in &samples {
-        if s.rep >= 1000 {
-            continue; // headroom comparison re-runs, reported separately
-        }
+    for s in samples {
         groups
             .entry((s.workload.clone(), s.path.clone()))
             .or_default()
             .push(s.value);
     }
-    let mut table = String::new();
-    table.push_str(&format!(
-        "Machine: {machine}. {} repetitions x {} s per figure, medians (min-max); vs ptp > 1x is better.\n\n",
-        o.reps, o.secs
-    ));
-    table.push_str(
-        "| workload | path | median | min-max | vs ptp |\n| --- | --- | ---: | ---: | ---: |\n",
-    );
-    let mut summary = Vec::new();
-    let mut medians: BTreeMap<(String, String), f64> = BTreeMap::new();
+    let mut rows = Vec::new();
     for (w, unit, higher) in WORKLOADS {
         let base = groups
             .get(&(w.to_string(), PATHS[0].label.to_string()))
@@ -1612,7 +1635,8 @@ fn main() -> Result<()> {
         let mut paths: Vec<String> = PATHS.iter().map(|p| p.label.to_string()).collect();
         paths.extend(PINNED_CPUMAP.iter().map(|p| p.label.to_string()));
         paths.push(DIRECT.label.into());
-        paths.push("native devmap, headroom 0".into());
+        paths.push(HEADROOM_PAIR.into());
+        paths.push(HEADROOM_0.into());
         paths.extend(CEILINGS.iter().map(|c| c.0.to_string()));
         paths.extend([NP_AGENT, NP_NONE, NP_100].map(String::from));
         // Paths named at run time (the migration's pod count).
@@ -1628,23 +1652,52 @@ fn main() -> Result<()> {
             };
             let mut v = v.clone();
             let m = median(&mut v);
-            medians.insert((w.to_string(), p.clone()), m);
-            let (lo, hi) = (v[0], v[v.len() - 1]);
             let ratio = match base {
-                Some(b) if b > 0.0 && m > 0.0 => {
-                    let r = if *higher { m / b } else { b / m };
-                    format!("{r:.2}x")
-                }
-                _ => "-".into(),
+                Some(b) if b > 0.0 && m > 0.0 => Some(if *higher { m / b } else { b / m }),
+                _ => None,
             };
-            table.push_str(&format!(
-                "| {w} | {p} | {m:.3} {unit} | {lo:.3}-{hi:.3} | {ratio} |\n"
-            ));
-            summary.push(json!({"workload": w, "unit": unit, "path": p, "median": m, "min": lo, "max": hi, "ratio": ratio}));
+            rows.push(Row {
+                workload: w,
+                unit,
+                path: p,
+                median: m,
+                min: v[0],
+                max: v[v.len() - 1],
+                ratio,
+            });
         }
     }
+    rows
+}
+
+/// Prints the table, the notes and the target lines, and writes bench.md,
+/// bench.json and bench.png under `--out`.
+fn report(o: &Opts, run: &Measured, rows: &[Row]) -> Result<()> {
+    let medians: BTreeMap<(String, String), f64> = rows
+        .iter()
+        .map(|r| ((r.workload.to_string(), r.path.clone()), r.median))
+        .collect();
+    let mut table = String::new();
+    table.push_str(&format!(
+        "Machine: {}. {} repetitions x {} s per figure, medians (min-max); vs ptp > 1x is better.\n\n",
+        run.machine, o.reps, o.secs
+    ));
+    table.push_str(
+        "| workload | path | median | min-max | vs ptp |\n| --- | --- | ---: | ---: | ---: |\n",
+    );
+    let mut summary = Vec::new();
+    for r in rows {
+        let ratio = r
+            .ratio
+            .map_or_else(|| "-".to_string(), |x| format!("{x:.2}x"));
+        table.push_str(&format!(
+            "| {} | {} | {:.3} {} | {:.3}-{:.3} | {ratio} |\n",
+            r.workload, r.path, r.median, r.unit, r.min, r.max
+        ));
+        summary.push(json!({"workload": r.workload, "unit": r.unit, "path": r.path, "median": r.median, "min": r.min, "max": r.max, "ratio": ratio}));
+    }
     table.push('\n');
-    for e in &extra {
+    for e in &run.notes {
         table.push_str(&format!("- {e}\n"));
     }
     let targets = targets(&medians);
@@ -1665,7 +1718,7 @@ fn main() -> Result<()> {
         .iter()
         .map(|t| json!({"name": t.name, "value": t.value, "goal": t.goal, "atLeast": t.at_least, "what": t.what, "line": t.line()}))
         .collect();
-    let doc = json!({ "machine": machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": samples, "notes": extra, "targets": targets });
+    let doc = json!({ "machine": run.machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": run.samples, "notes": run.notes, "targets": targets });
     std::fs::write(o.out.join("bench.json"), serde_json::to_vec_pretty(&doc)?)?;
     let plot = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/plot.py");
     let status = Command::new("python3")
