@@ -91,20 +91,16 @@ pub fn apply(
     let mut problems: Vec<Problem> = done
         .refused
         .iter()
-        .map(|r| Problem {
-            key: "attach".into(),
-            value: r.mode.as_str().into(),
-            why: format!("the kernel refused {} XDP: {}", r.mode.as_str(), r.error),
-            fallback: fallback(XdpMode::Xdp(r.mode)).as_str().into(),
+        .map(|r| {
+            Problem::attach_refused(
+                r.mode.as_str(),
+                &r.error.to_string(),
+                fallback(XdpMode::Xdp(r.mode)).as_str(),
+            )
         })
         .collect();
     if let Some(full) = &done.map_full {
-        problems.push(Problem {
-            key: "datapath".into(),
-            value: target.as_str().into(),
-            why: full.clone(),
-            fallback: "kernel routing (off) until the map has room".into(),
-        });
+        problems.push(Problem::map_full(target.as_str(), full));
     }
     Ok(Applied {
         mode: done.mode,

@@ -38,6 +38,55 @@ pub struct Problem {
     pub fallback: String,
 }
 
+/// Every problem the agent reports (as an Event, in the status, in the
+/// log) is made here, so each kind reads the same wherever it arises.
+impl Problem {
+    /// An annotation (or node default) value that is refused.
+    fn refused_value(
+        key: &str,
+        value: &str,
+        why: impl Into<String>,
+        fallback: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            value: value.into(),
+            why: why.into(),
+            fallback: fallback.into(),
+        }
+    }
+
+    /// The kernel refused to attach `mode`; the pod gets `fallback`.
+    pub fn attach_refused(mode: &str, error: &str, fallback: &str) -> Self {
+        Self {
+            key: "attach".into(),
+            value: mode.into(),
+            why: format!("the kernel refused {mode} XDP: {error}"),
+            fallback: fallback.into(),
+        }
+    }
+
+    /// A datapath map is full: the pod's `target` mode waits for room.
+    pub fn map_full(target: &str, why: &str) -> Self {
+        Self {
+            key: "datapath".into(),
+            value: target.into(),
+            why: why.into(),
+            fallback: "kernel routing (off) until the map has room".into(),
+        }
+    }
+
+    /// The pod's host veth is gone (deleted outside the CNI).
+    pub fn veth_gone(host_veth: &str) -> Self {
+        Self {
+            key: "veth".into(),
+            value: host_veth.into(),
+            why: "the pod's host veth was deleted outside the CNI".into(),
+            fallback: "no network until the pod is deleted and re-created".into(),
+        }
+    }
+}
+
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -60,43 +109,43 @@ pub fn resolve(
     if let Some(v) = annotations.get(ANNOTATION_MODE) {
         match XdpMode::parse(v.trim()) {
             Some(m) => p.mode = m,
-            None => problems.push(Problem {
-                key: ANNOTATION_MODE.into(),
-                value: v.clone(),
-                why: "not one of native, generic, off".into(),
-                fallback: format!("the node default {}", defaults.mode.as_str()),
-            }),
+            None => problems.push(Problem::refused_value(
+                ANNOTATION_MODE,
+                v,
+                "not one of native, generic, off",
+                format!("the node default {}", defaults.mode.as_str()),
+            )),
         }
     }
     if let Some(v) = annotations.get(ANNOTATION_REDIRECT) {
         match RedirectPolicy::parse(v.trim()) {
             Some(r) => p.redirect = r,
-            None => problems.push(Problem {
-                key: ANNOTATION_REDIRECT.into(),
-                value: v.clone(),
-                why: "not one of devmap, cpumap".into(),
-                fallback: format!("the node default {}", defaults.redirect.as_str()),
-            }),
+            None => problems.push(Problem::refused_value(
+                ANNOTATION_REDIRECT,
+                v,
+                "not one of devmap, cpumap",
+                format!("the node default {}", defaults.redirect.as_str()),
+            )),
         }
     }
     if let Some(v) = annotations.get(ANNOTATION_CPUS) {
         match parse_cpu_list(v.trim()) {
             Ok(mask) if mask & !online == 0 => p.cpu_mask = mask,
-            Ok(mask) => problems.push(Problem {
-                key: ANNOTATION_CPUS.into(),
-                value: v.clone(),
-                why: format!(
+            Ok(mask) => problems.push(Problem::refused_value(
+                ANNOTATION_CPUS,
+                v,
+                format!(
                     "names offline CPUs (mask {:#x}, online {online:#x})",
                     mask & !online
                 ),
-                fallback: "all online CPUs".into(),
-            }),
-            Err(e) => problems.push(Problem {
-                key: ANNOTATION_CPUS.into(),
-                value: v.clone(),
-                why: e,
-                fallback: "all online CPUs".into(),
-            }),
+                "all online CPUs",
+            )),
+            Err(e) => problems.push(Problem::refused_value(
+                ANNOTATION_CPUS,
+                v,
+                e,
+                "all online CPUs",
+            )),
         }
     }
     if p.cpu_mask == 0 || p.cpu_mask & !online != 0 {

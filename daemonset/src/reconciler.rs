@@ -243,12 +243,7 @@ impl Reconciler {
                 code: WhyCode::VethGone,
                 text: "no network: the host veth was deleted outside the CNI".into(),
             };
-            let problem = Problem {
-                key: "veth".into(),
-                value: rec.host_veth.clone(),
-                why: "the pod's host veth was deleted outside the CNI".into(),
-                fallback: "no network until the pod is deleted and re-created".into(),
-            };
+            let problem = Problem::veth_gone(&rec.host_veth);
             return Ok(self.outcome(key, policy, why, Applied::nothing(), vec![problem]));
         }
         let held = self.dp.is_held(rec.host_ifindex);
