@@ -91,6 +91,9 @@ pub struct Core {
     agent_mode: Mutex<(&'static str, Option<String>)>,
     /// Record files that could not be read, as last listed.
     unreadable: Mutex<BTreeSet<String>>,
+    /// Those first seen since [`Core::newly_unreadable`] was last asked
+    /// (Kubernetes mode: each becomes an Event on the Node).
+    newly_unreadable: Mutex<Vec<String>>,
     converged: Mutex<HashMap<String, bool>>,
     ready: AtomicBool,
     blocked: Mutex<Blocked>,
@@ -207,6 +210,7 @@ impl Core {
             datapath,
             agent_mode: Mutex::new(("standalone", None)),
             unreadable: Mutex::new(BTreeSet::new()),
+            newly_unreadable: Mutex::new(Vec::new()),
             converged: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
             blocked: Mutex::new(Blocked::default()),
@@ -338,6 +342,17 @@ impl Core {
         Ok(())
     }
 
+    /// The unreadable record files first seen since the last call (each
+    /// `path: why`), for an Event: the file is kept for a human to look at.
+    pub fn newly_unreadable(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .newly_unreadable
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
     /// The CNI's attachment records (counted as a `records` error when the
     /// directory cannot be read, or a record in it: each unreadable file is
     /// logged once, and counted in /v1/status while it stays).
@@ -348,9 +363,17 @@ impl Core {
                     .unreadable
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
+                let mut new = self
+                    .newly_unreadable
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 for why in bad.iter().filter(|b| !unreadable.contains(*b)) {
                     warn!(record = %why, "a CNI record cannot be read: its pod is left out");
                     self.metrics.error(Stage::Records);
+                    // Bounded: standalone mode never asks.
+                    if new.len() < 64 {
+                        new.push(why.clone());
+                    }
                 }
                 *unreadable = bad.into_iter().collect();
                 records

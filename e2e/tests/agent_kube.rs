@@ -343,6 +343,40 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     assert!(note.contains("turbo") && note.contains("native"), "{note}");
     ping(&pods[0].0, b_ip, 2).unwrap();
 
+    // A record the agent cannot read: an Event on the Node naming the file,
+    // which is kept; the pods keep their network.
+    let garbage = net.dir.path().join("state").join("unreadable-test.json");
+    std::fs::write(&garbage, b"{not a record").unwrap();
+    // In kube-system: the namespace every API server since 1.19 takes Events
+    // about cluster-scoped objects in (this one is 1.20).
+    let node_events = |reason: &'static str| {
+        api.with_client(&net.node, move |c| async move {
+            let events: Api<Event> = Api::namespaced(c, "kube-system");
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node")
+                        && e.reason.as_deref() == Some(reason)
+                })
+                .filter_map(|e| e.note)
+                .collect::<Vec<_>>())
+        })
+        .unwrap()
+    };
+    let found = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        !node_events("XdpcniUnreadableRecord").is_empty()
+    });
+    assert!(found, "no Event on the Node within 10 s: {}", agent_log());
+    let note = node_events("XdpcniUnreadableRecord").join(" ");
+    assert!(note.contains("unreadable-test.json"), "{note}");
+    assert!(garbage.exists(), "the agent must keep an unreadable record");
+    ping(&pods[0].0, b_ip, 2).unwrap();
+    std::fs::remove_file(&garbage).unwrap();
+
     // An administrator's FORWARD rule naming a (what XDP would bypass): a
     // becomes kernel-only with an Event saying why, and comes back when the
     // rule goes.

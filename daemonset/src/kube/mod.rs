@@ -216,12 +216,60 @@ async fn publish(ctx: &Ctx, pod: &Pod, reason: &str, note: &str) {
     }
 }
 
+/// Who the agent's Events say reported them.
+const REPORTER: &str = "xdpcni-agent";
+
+/// The namespace of the Events about this Node. Not through kube's
+/// `Recorder`, which files a cluster-scoped object's Events in `default`:
+/// API servers before 1.23 (and 1.20.12) take events.k8s.io Events about a
+/// cluster-scoped object only in `kube-system`, which every version since
+/// 1.19 accepts; `kubectl describe node` finds them there (it looks in
+/// every namespace for an empty `regarding.namespace`).
+const NODE_EVENTS_NAMESPACE: &str = "kube-system";
+
+/// Creates a Warning Event about `node`, from this node's agent.
+async fn publish_node_event(
+    client: &Client,
+    node: &Node,
+    reason: &str,
+    note: &str,
+) -> kube::Result<()> {
+    use k8s_openapi::{
+        api::events::v1::Event as K8sEvent,
+        apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+        jiff::Timestamp,
+    };
+    let now = Timestamp::now();
+    let name = node.name_any();
+    let event = K8sEvent {
+        action: Some("ReadRecords".into()),
+        reason: Some(reason.into()),
+        note: Some(note.chars().take(1000).collect()),
+        type_: Some("Warning".into()),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(node.object_ref(&())),
+        reporting_controller: Some(REPORTER.into()),
+        reporting_instance: Some(name.clone()),
+        metadata: ObjectMeta {
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            namespace: Some(NODE_EVENTS_NAMESPACE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<K8sEvent>::namespaced(client.clone(), NODE_EVENTS_NAMESPACE)
+        .create(&kube::api::PostParams::default(), &event)
+        .await
+        .map(|_| ())
+}
+
 /// The node-wide work, once every cache has its first complete list, on each
 /// change of a Node or Endpoints object and every `intervalMs` (new records,
 /// resync): new records trigger their pods, records no pod claims get the
 /// node defaults, then NAT'd ports, collection, routes, readiness.
 struct NodeTask {
     ctx: Arc<Ctx>,
+    client: Client,
     node: String,
     pods: Store<Pod>,
     nodes: Store<Node>,
@@ -258,6 +306,33 @@ impl NodeTask {
         Ok(())
     }
 
+    /// An Event on this Node for each record file that has just become
+    /// unreadable: its pod is out of the agent's view until a human looks
+    /// (the file is kept, never deleted by the agent).
+    async fn report_unreadable(&self) {
+        let bad = self.ctx.core.newly_unreadable();
+        if bad.is_empty() {
+            return;
+        }
+        let Some(node) = self.nodes.get(&ObjectRef::new(&self.node)) else {
+            warn!(node = %self.node, "no Node object to report unreadable records on");
+            return;
+        };
+        for why in bad {
+            let note = format!(
+                "a CNI record of this node cannot be read, so the agent cannot reconcile \
+                 its pod (mode, datapath maps) until it is fixed or the pod is deleted; \
+                 the file is kept: {why}"
+            );
+            if let Err(e) =
+                publish_node_event(&self.client, &node, "XdpcniUnreadableRecord", &note).await
+            {
+                warn!(error = %e, "could not publish the Event");
+                self.ctx.core.metrics.error(Stage::Event);
+            }
+        }
+    }
+
     async fn pass(&self, netlink: &rtnetlink::Handle, seen: &mut HashSet<String>) -> Result<()> {
         let core = &self.ctx.core;
         if core.ensure_pinned().await {
@@ -265,6 +340,7 @@ impl NodeTask {
             seen.clear();
         }
         let records = core.records();
+        self.report_unreadable().await;
         let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
         // FORWARD rules naming pods: reconcile the pods whose state changed,
         // and tell the newly named ones why.
@@ -353,7 +429,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
-            controller: "xdpcni-agent".into(),
+            controller: REPORTER.into(),
             instance: Some(node.clone()),
         },
     );
@@ -389,6 +465,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     };
     let node_task = NodeTask {
         ctx: Arc::clone(&ctx),
+        client: client.clone(),
         node: node.clone(),
         pods: pods.clone(),
         nodes: drive(
