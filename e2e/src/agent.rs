@@ -12,7 +12,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
 use crate::{
-    cni::{agent_binary, http_get, Network, NodeProcess},
+    cni::{agent_binary, wait_ready, Network, NodeProcess},
     netns::Netns,
 };
 
@@ -75,13 +75,7 @@ impl StandaloneAgent {
             pods_file,
             log,
         };
-        let start = Instant::now();
-        while !matches!(http_get(&net.node, LISTEN, "/readyz"), Ok((200, _))) {
-            if start.elapsed() > Duration::from_secs(15) {
-                bail!("agent not ready after 15 s: {}", agent.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready(&net.node, LISTEN, Duration::from_secs(15), || agent.log())?;
         Ok(agent)
     }
 

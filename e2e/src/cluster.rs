@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
     networking::v1::NetworkPolicy,
@@ -24,7 +24,7 @@ use kube::{
 use serde_json::{json, Value};
 
 use crate::{
-    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
     kube::ApiServer,
     netns::Netns,
     PinDir,
@@ -160,14 +160,10 @@ impl KubeNode {
             &env,
             &self.agent_log_path(self.starts),
         )?);
-        let start = Instant::now();
-        while !matches!(http_get(&self.net.node, LISTEN, "/readyz"), Ok((200, _))) {
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("agent not ready: {}", self.agent_log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
+        wait_ready(&self.net.node, LISTEN, Duration::from_secs(30), || {
+            self.agent_log()
+        })
+        .map(drop)
     }
 
     /// Stops the agent with `signal` (its rules and holds stay in force).

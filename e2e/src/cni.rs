@@ -10,6 +10,7 @@ use std::{
     os::{fd::AsRawFd, unix::process::CommandExt},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
@@ -462,6 +463,24 @@ impl Drop for NodeProcess {
             let _ = c.wait();
         }
     }
+}
+
+/// Waits until the agent on `node` answers 200 on `/readyz` at `addr`, at
+/// most `within`; the error carries `log()` (the agent's log).
+pub fn wait_ready(
+    node: &Netns,
+    addr: &str,
+    within: Duration,
+    log: impl Fn() -> String,
+) -> Result<Duration> {
+    let start = Instant::now();
+    while !matches!(http_get(node, addr, "/readyz"), Ok((200, _))) {
+        if start.elapsed() > within {
+            bail!("agent not ready after {within:?}: {}", log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(start.elapsed())
 }
 
 /// `GET path` on `addr` from inside `node`: (status code, body).

@@ -75,6 +75,15 @@ impl Netns {
         run_out(&full)
     }
 
+    /// A veth pair: `name` here, `peer` in `peer_ns` (here when `None`).
+    pub fn add_veth(&self, name: &str, peer: &str, peer_ns: Option<&Netns>) -> Result<()> {
+        let mut args = vec!["link", "add", name, "type", "veth", "peer", "name", peer];
+        if let Some(ns) = peer_ns {
+            args.extend(["netns", ns.name()]);
+        }
+        self.ip(&args).map(drop)
+    }
+
     /// `ip netns exec NAME args...`
     pub fn exec(&self, args: &[&str]) -> Result<String> {
         let mut full = vec!["ip", "netns", "exec", &self.name];

@@ -103,18 +103,7 @@ impl Node {
         let host_veth = unique_name("xh");
         let ipv4 = Ipv4Addr::new(10, 77, 0, host);
         let ipv6 = Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, u16::from(host));
-        node.ip(&[
-            "link",
-            "add",
-            &host_veth,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            pod_ns.name(),
-        ])?;
+        node.add_veth(&host_veth, "eth0", Some(&pod_ns))?;
         node.ip(&["link", "set", &host_veth, "up"])?;
         let host_mac = node.mac(&host_veth)?;
         let host_mac_s = fmt_mac(&host_mac);

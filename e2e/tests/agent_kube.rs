@@ -24,7 +24,7 @@ use kube::{
 };
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
     kube::ApiServer,
     netns::Netns,
     traffic::ping,
@@ -165,15 +165,7 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     )
     .unwrap();
     let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let start = Instant::now();
-    while !matches!(http_get(&net.node, LISTEN, "/readyz"), Ok((200, _))) {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "agent not ready: {}",
-            agent_log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_ready(&net.node, LISTEN, Duration::from_secs(30), agent_log).unwrap();
 
     // The runtime creates the pods' networks through the CNI.
     let mut pods = Vec::new();
@@ -318,24 +310,29 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     wait_for("fallback to native", Duration::from_secs(2), || {
         mode(&ha) == "xdp"
     });
-    // The notes of the Events about pod a with `reason`.
-    let events_of = |reason: &'static str| {
-        api.with_client(&net.node, move |c| async move {
-            let events: Api<Event> = Api::namespaced(c, "default");
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("a")
-                        && e.reason.as_deref() == Some(reason)
-                })
-                .filter_map(|e| e.note)
-                .collect::<Vec<_>>())
-        })
-        .unwrap()
-    };
+    // The notes of the Events in namespace `ns` with `reason` about the
+    // object of `kind` named `name`.
+    let events =
+        |ns: &'static str, kind: &'static str, name: &'static str, reason: &'static str| {
+            api.with_client(&net.node, move |c| async move {
+                let events: Api<Event> = Api::namespaced(c, ns);
+                Ok(events
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|e| {
+                        let about = e.regarding.as_ref();
+                        about.and_then(|r| r.name.as_deref()) == Some(name)
+                            && about.and_then(|r| r.kind.as_deref()) == Some(kind)
+                            && e.reason.as_deref() == Some(reason)
+                    })
+                    .filter_map(|e| e.note)
+                    .collect::<Vec<_>>())
+            })
+            .unwrap()
+        };
+    let events_of = |reason: &'static str| events("default", "Pod", "a", reason);
     wait_for("an Event on pod a", Duration::from_secs(5), || {
         !events_of("XdpcniFallback").is_empty()
     });
@@ -349,23 +346,7 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     std::fs::write(&garbage, b"{not a record").unwrap();
     // In kube-system: the namespace every API server since 1.19 takes Events
     // about cluster-scoped objects in (this one is 1.20).
-    let node_events = |reason: &'static str| {
-        api.with_client(&net.node, move |c| async move {
-            let events: Api<Event> = Api::namespaced(c, "kube-system");
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|e| {
-                    e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node")
-                        && e.reason.as_deref() == Some(reason)
-                })
-                .filter_map(|e| e.note)
-                .collect::<Vec<_>>())
-        })
-        .unwrap()
-    };
+    let node_events = |reason: &'static str| events("kube-system", "Node", NODE, reason);
     let found = (0..100).any(|_| {
         std::thread::sleep(Duration::from_millis(100));
         !node_events("XdpcniUnreadableRecord").is_empty()
@@ -491,18 +472,7 @@ fn annotations_events_and_network_policies_from_the_api_server() {
     // Another node: a route to its pod CIDR via its InternalIP appears, and
     // goes with the node. (192.0.2.0/24 is made on-link for the gateway.)
     let link = xdpcni_e2e::unique_name("xg");
-    net.node
-        .ip(&[
-            "link",
-            "add",
-            &link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &format!("{link}p"),
-        ])
-        .unwrap();
+    net.node.add_veth(&link, &format!("{link}p"), None).unwrap();
     net.node
         .ip(&["addr", "add", "192.0.2.1/24", "dev", &link])
         .unwrap();

@@ -14,7 +14,7 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, http_raw, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, http_raw, result_ips, wait_ready, Call, Network, NodeProcess},
     in_netns,
     netns::Netns,
     traffic::{ping, tcp_transfer, BackgroundPing},
@@ -87,15 +87,10 @@ impl Node {
             &self.net.dir.path().join(log),
         )
         .unwrap();
-        let start = Instant::now();
-        while !matches!(http_get(&self.net.node, LISTEN, "/readyz"), Ok((200, _))) {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "agent not ready: {}",
-                self.log(log)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready(&self.net.node, LISTEN, Duration::from_secs(10), || {
+            self.log(log)
+        })
+        .unwrap();
         agent
     }
 

@@ -705,20 +705,7 @@ fn chained_with_portmap_and_bandwidth() {
     // A client outside the node, on a link to it: 192.0.2.1 (node) - .2 (client).
     let client = Netns::new("xq").unwrap();
     let link = xdpcni_e2e::unique_name("xk");
-    net.node
-        .ip(&[
-            "link",
-            "add",
-            &link,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "up0",
-            "netns",
-            client.name(),
-        ])
-        .unwrap();
+    net.node.add_veth(&link, "up0", Some(&client)).unwrap();
     net.node
         .ip(&["addr", "add", "192.0.2.1/24", "dev", &link])
         .unwrap();

@@ -20,7 +20,7 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
     netns::Netns,
     traffic::{ping, tcp_transfer, BackgroundPing},
     PinDir,
@@ -95,15 +95,10 @@ impl Node {
     /// Starts an agent and waits until it serves /readyz.
     fn start(&self, build: Build, log: &str) -> NodeProcess {
         let agent = self.agent(build, log, &[]);
-        let start = Instant::now();
-        while !matches!(http_get(&self.net.node, LISTEN, "/readyz"), Ok((200, _))) {
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "{build:?} agent not ready: {}",
-                self.log(log)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready(&self.net.node, LISTEN, Duration::from_secs(15), || {
+            format!("{build:?} agent: {}", self.log(log))
+        })
+        .unwrap();
         agent
     }
 

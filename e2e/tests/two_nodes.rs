@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, result_ips, wait_ready, Call, Network, NodeProcess},
     kube::ApiServer,
     netns::Netns,
     traffic::{ping, tcp_transfer, udp_echo},
@@ -103,16 +103,10 @@ impl TestNode {
             &log,
         )
         .unwrap();
-        let start = Instant::now();
-        while !matches!(http_get(&self.net.node, LISTEN, "/readyz"), Ok((200, _))) {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{} agent not ready: {}",
-                self.name,
-                self.agent_log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_ready(&self.net.node, LISTEN, Duration::from_secs(30), || {
+            format!("{} agent: {}", self.name, self.agent_log())
+        })
+        .unwrap();
         agent
     }
 
@@ -183,21 +177,7 @@ fn two_nodes_route_pods_across_the_wire_and_keep_xdp_on_each_node() {
     let n2 = TestNode::new("node-2", 2);
     // The wire: a veth pair from node-1's namespace into node-2's.
     let (w1, w2) = (unique_name("xw"), unique_name("xw"));
-    n1.net
-        .node
-        .ip(&[
-            "link",
-            "add",
-            &w1,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &w2,
-            "netns",
-            n2.net.node.name(),
-        ])
-        .unwrap();
+    n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node)).unwrap();
     for (n, w) in [(&n1, &w1), (&n2, &w2)] {
         n.net
             .node

@@ -300,18 +300,7 @@ impl Bench {
     /// Two pods joined by one veth pair (eth0 on both sides), 10.79.0.1/.2.
     fn direct(&mut self) -> Result<()> {
         let (a, b) = (Netns::new("xp")?, Netns::new("xp")?);
-        a.ip(&[
-            "link",
-            "add",
-            "eth0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            b.name(),
-        ])?;
+        a.add_veth("eth0", "eth0", Some(&b))?;
         for (ns, ip) in [(&a, "10.79.0.1"), (&b, "10.79.0.2")] {
             ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
             ns.ip(&["link", "set", "eth0", "up"])?;

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
     netns::Netns,
     traffic::{ping, tcp_transfer, udp_echo},
     PinDir,
@@ -56,16 +56,10 @@ fn main() -> Result<()> {
         &["standalone", "--config", &cfg.to_string_lossy()],
         &net.dir.path().join("agent.log"),
     )?;
-    let start = Instant::now();
-    while !matches!(http_get(&net.node, LISTEN, "/readyz"), Ok((200, _))) {
-        if start.elapsed() > Duration::from_secs(15) {
-            bail!(
-                "agent not ready: {}",
-                std::fs::read_to_string(net.dir.path().join("agent.log"))?
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let _start = Instant::now();
+    wait_ready(&net.node, LISTEN, Duration::from_secs(15), || {
+        std::fs::read_to_string(net.dir.path().join("agent.log")).unwrap_or_default()
+    })?;
     println!(
         "agent ready (pid {}), datapath pinned at {}",
         agent.pid(),

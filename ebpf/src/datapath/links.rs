@@ -59,6 +59,27 @@ impl LinkKind {
     }
 }
 
+/// Pins an attached program's `link` at `pin` as a bpf_link, so that the
+/// attachment outlives this process; `no_fd` is the error's wording when
+/// the kernel cannot make it an fd link.
+fn pin_link<L>(link: L, pin: &Path, no_fd: &'static str) -> Result<()>
+where
+    FdLink: TryFrom<L>,
+    <FdLink as TryFrom<L>>::Error: std::error::Error,
+{
+    let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
+        op: no_fd,
+        path: pin.to_path_buf(),
+        message: error_chain(&e),
+    })?;
+    fd_link.pin(pin).map_err(|e| Error::Link {
+        op: "pinning link",
+        path: pin.to_path_buf(),
+        message: error_chain(&e),
+    })?;
+    Ok(())
+}
+
 /// The pin of the link of `kind` on `ifindex`: the one home of the name.
 fn link_pin(pin_dir: &Path, ifindex: u32, kind: LinkKind) -> PathBuf {
     pin_dir
@@ -168,16 +189,7 @@ impl Datapath {
                 .hold
                 .take_link(id)
                 .map_err(|e| Error::program("taking link", e))?;
-            let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
-                op: "converting to an fd link (kernel without tcx?)",
-                path: pin.clone(),
-                message: error_chain(&e),
-            })?;
-            fd_link.pin(&pin).map_err(|e| Error::Link {
-                op: "pinning link",
-                path: pin.clone(),
-                message: error_chain(&e),
-            })?;
+            pin_link(link, &pin, "converting to an fd link (kernel without tcx?)")?;
             changed = true;
         }
         Ok(changed)
@@ -250,16 +262,11 @@ impl Datapath {
             .from_pod
             .take_link(id)
             .map_err(|e| Error::program("taking link", e))?;
-        let fd_link = FdLink::try_from(link).map_err(|e| Error::Link {
-            op: "converting to an fd link (kernel without bpf_link for XDP?)",
-            path: pin.clone(),
-            message: error_chain(&e),
-        })?;
-        fd_link.pin(&pin).map_err(|e| Error::Link {
-            op: "pinning link",
-            path: pin.clone(),
-            message: error_chain(&e),
-        })?;
+        pin_link(
+            link,
+            &pin,
+            "converting to an fd link (kernel without bpf_link for XDP?)",
+        )?;
         let state = sys::pinned_xdp_link(&pin).map_err(|e| Error::Link {
             op: "reading link",
             path: pin.clone(),
