@@ -11,7 +11,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex, PoisonError,
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -41,6 +41,27 @@ use crate::{
     },
     status::{self, Book, PodStatus, PolicyStatus, Status},
 };
+
+/// How often a converged pod is reconciled again without a change to it (a
+/// watch event, a record, a pods-file entry): repairs drift (a program
+/// detached by hand, a map entry removed). Both modes.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// How often the node-wide work reads the datapath and the routes again
+/// when nothing it depends on changed (records, NAT'd ports, Nodes).
+pub const NODE_RESYNC: Duration = Duration::from_secs(30);
+
+/// The input of the node-wide work's last run, and when.
+struct NodeMemo {
+    generation: u64,
+    nat: Option<BTreeSet<(IpAddr, L4Proto, u16)>>,
+    at: Instant,
+}
+
+impl NodeMemo {
+    fn same_input(&self, other: &Self) -> bool {
+        self.generation == other.generation && self.nat == other.nat
+    }
+}
 
 /// Set once SIGTERM or SIGINT arrived.
 #[derive(Clone, Debug)]
@@ -89,6 +110,12 @@ pub struct Core {
     datapath: status::DatapathStatus,
     /// `kubernetes` or `standalone`, and the node name.
     agent_mode: Mutex<(&'static str, Option<String>)>,
+    /// The CNI's records, read again only when the state directory changed.
+    records: Mutex<state::Cache>,
+    /// What the node-wide work last ran over without an error.
+    node_memo: Mutex<Option<NodeMemo>>,
+    /// The generation of the listing whose unreadable files were reported.
+    reported_generation: std::sync::atomic::AtomicU64,
     /// Record files that could not be read, as last listed.
     unreadable: Mutex<BTreeSet<String>>,
     /// Those first seen since [`Core::newly_unreadable`] was last asked
@@ -151,6 +178,7 @@ impl Core {
     }
 
     fn open_blocking(cfg: Config) -> Result<Arc<Self>> {
+        let records_dir = cfg.state_dir.clone();
         let online = online_cpus();
         let defaults = cfg.defaults(online)?;
         let dp = Datapath::open_with(
@@ -209,6 +237,9 @@ impl Core {
             maps,
             datapath,
             agent_mode: Mutex::new(("standalone", None)),
+            records: Mutex::new(state::Cache::new(&records_dir)),
+            node_memo: Mutex::new(None),
+            reported_generation: std::sync::atomic::AtomicU64::new(0),
             unreadable: Mutex::new(BTreeSet::new()),
             newly_unreadable: Mutex::new(Vec::new()),
             converged: Mutex::new(HashMap::new()),
@@ -355,35 +386,59 @@ impl Core {
 
     /// The CNI's attachment records (counted as a `records` error when the
     /// directory cannot be read, or a record in it: each unreadable file is
-    /// logged once, and counted in /v1/status while it stays).
-    pub fn records(&self) -> Vec<Record> {
-        match state::list_all(&self.cfg.state_dir) {
-            Ok((records, bad)) => {
-                let mut unreadable = self
-                    .unreadable
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let mut new = self
-                    .newly_unreadable
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                for why in bad.iter().filter(|b| !unreadable.contains(*b)) {
-                    warn!(record = %why, "a CNI record cannot be read: its pod is left out");
-                    self.metrics.error(Stage::Records);
-                    // Bounded: standalone mode never asks.
-                    if new.len() < 64 {
-                        new.push(why.clone());
-                    }
+    /// logged once, and counted in /v1/status while it stays). Read from
+    /// disk only when the state directory changed ([`state::Cache`]): every
+    /// pod reconcile asks.
+    pub fn records(&self) -> Arc<Vec<Record>> {
+        self.listing().records
+    }
+
+    /// [`Core::records`] with the listing's generation, which moves when
+    /// the records do.
+    pub fn listing(&self) -> state::Listing {
+        let got = self
+            .records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get();
+        match got {
+            Ok(listing) => {
+                let seen = self
+                    .reported_generation
+                    .swap(listing.generation, Ordering::Relaxed);
+                if seen != listing.generation {
+                    self.note_unreadable(&listing.bad);
                 }
-                *unreadable = bad.into_iter().collect();
-                records
+                listing
             }
             Err(e) => {
                 warn!(error = %e, "reading the CNI's records");
                 self.metrics.error(Stage::Records);
-                Vec::new()
+                state::Listing::default()
             }
         }
+    }
+
+    /// Logs, counts and queues (for an Event) each unreadable file not seen
+    /// in the previous listing.
+    fn note_unreadable(&self, bad: &[String]) {
+        let mut unreadable = self
+            .unreadable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut new = self
+            .newly_unreadable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for why in bad.iter().filter(|b| !unreadable.contains(*b)) {
+            warn!(record = %why, "a CNI record cannot be read: its pod is left out");
+            self.metrics.error(Stage::Records);
+            // Bounded: standalone mode never asks.
+            if new.len() < 64 {
+                new.push(why.clone());
+            }
+        }
+        *unreadable = bad.iter().cloned().collect();
     }
 
     /// What `/v1/status` answers: the book, the node's facts, and each pod's
@@ -620,6 +675,10 @@ impl Core {
             Ok(Ok(reloaded)) => {
                 if reloaded {
                     self.metrics.reloads.inc();
+                    *self
+                        .node_memo
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = None;
                     self.converged
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
@@ -640,13 +699,31 @@ impl Core {
         }
     }
 
-    /// The node-wide work over `records`: collection, and the NAT'd ports
-    /// when `nat` is given. Forgets pods without a live record.
+    /// The node-wide work over the records of `listing`: collection, and
+    /// the NAT'd ports when `nat` is given. Forgets pods without a live
+    /// record. What reads the datapath (collection, the NAT'd ports) runs
+    /// only when the records, `nat` or `force` (a pod reconciled this
+    /// pass: its veth may be gone) say something changed, or
+    /// [`NODE_RESYNC`] after it last ran: an idle node reads no map.
     pub async fn node_work(
         self: &Arc<Self>,
-        records: Vec<Record>,
+        listing: &state::Listing,
         nat: Option<BTreeSet<(IpAddr, L4Proto, u16)>>,
+        force: bool,
     ) {
+        let records = Arc::clone(&listing.records);
+        let memo = NodeMemo {
+            generation: listing.generation,
+            nat: nat.clone(),
+            at: Instant::now(),
+        };
+        let due = force
+            || self
+                .node_memo
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_none_or(|m| !m.same_input(&memo) || m.at.elapsed() >= NODE_RESYNC);
         let core = Arc::clone(self);
         let done = tokio::task::spawn_blocking(move || {
             let started = Instant::now();
@@ -654,21 +731,33 @@ impl Core {
                 .reconciler
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Err(e) = reconciler.collect(&records) {
-                warn!(error = %e, "collecting deleted pods' leftovers");
-                core.metrics.error(Stage::Gc);
+            let mut clean = due;
+            if due {
+                if let Err(e) = reconciler.collect(&records) {
+                    warn!(error = %e, "collecting deleted pods' leftovers");
+                    core.metrics.error(Stage::Gc);
+                    clean = false;
+                }
             }
-            if let Some(nat) = nat {
+            if let Some(nat) = nat.filter(|_| due) {
                 match reconciler.sync_nat_ports(&nat) {
                     Ok((0, 0)) => {}
                     Ok((added, removed)) => info!(added, removed, "NAT'd ports updated"),
                     Err(e) => {
                         warn!(error = %e, "NAT'd ports");
                         core.metrics.error(Stage::NatPorts);
+                        clean = false;
                     }
                 }
             }
             drop(reconciler);
+            if clean {
+                // Done without an error: nothing to do until the input changes.
+                *core
+                    .node_memo
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(memo);
+            }
             let live: std::collections::HashSet<&str> = records
                 .iter()
                 .filter(|r| is_live(r))

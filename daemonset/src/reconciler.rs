@@ -103,8 +103,10 @@ fn being_deleted(state_dir: &std::path::Path, rec: &Record) -> bool {
     }
 }
 
-/// Whether the record's host veth is still there (its ifindex still names it).
-fn veth_present(rec: &Record) -> bool {
+/// Whether the record's host veth is still there (its ifindex still names
+/// it): one ioctl, so standalone mode can skip a pod that did not change
+/// and still learn at once of a veth deleted behind the CNI's back.
+pub fn veth_present(rec: &Record) -> bool {
     link_name(rec.host_ifindex).is_some_and(|n| n == rec.host_veth.as_bytes())
 }
 

@@ -1,7 +1,10 @@
 //! Standalone mode: no Kubernetes. Each pod's annotations come from a local
 //! JSON file (`podsFile`), read every `intervalMs` and whenever the CNI
-//! writes or removes a record; every live record is reconciled through the
-//! core, then the node-wide work runs. There are no NetworkPolicies: the
+//! writes or removes a record; a live record is reconciled through the core
+//! when it or its input (annotations, kernel-only) changed since its last
+//! good reconcile, when that left it on kernel routing for a full map, or
+//! [`RESYNC`] after it (so an idle node does no per-pod work each pass),
+//! then the node-wide work runs. There are no NetworkPolicies: the
 //! policy gate lists no namespace, and a pod held at ADD (before the gate
 //! was written) is released at once. Used by the demo and by runtimes
 //! without Kubernetes.
@@ -9,7 +12,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -17,8 +20,8 @@ use tracing::{info, warn, Instrument};
 
 use crate::{
     config::{read_pods_file, Config},
-    daemon::{Core, Shutdown},
-    reconciler::{is_live, pod_key},
+    daemon::{Core, Shutdown, RESYNC},
+    reconciler::{is_live, pod_key, veth_present, PodInput},
 };
 
 /// Runs the standalone agent until SIGTERM/SIGINT. The datapath stays attached.
@@ -37,21 +40,35 @@ pub async fn run(cfg: Config) -> Result<()> {
     let records_changed = Arc::new(tokio::sync::Notify::new());
     core.watch_records(vec![Arc::clone(&records_changed)])?;
     let mut pods = HashMap::new();
+    // Each record's last good reconcile: the record and input it had, when.
+    let mut done: HashMap<String, (xdpcni_host::state::Record, PodInput, Instant)> = HashMap::new();
+    let mut gated_generation = None;
     while !shutdown.is_set() {
         match read_pods_file(&pods_file) {
             Ok(p) => pods = p,
             Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
         }
-        core.ensure_pinned().await;
-        // No policies here: new pods need no hold, and held ones are
-        // classified already. (A failure is counted; the next pass retries.)
-        let _ = core.write_gate(BTreeMap::new()).await;
-        let records = core.records();
+        if core.ensure_pinned().await {
+            // A fresh datapath: every pod is attached again, the gate too.
+            done.clear();
+            gated_generation = None;
+        }
+        let listing = core.listing();
+        let records = Arc::clone(&listing.records);
         let live: Vec<_> = records.iter().filter(|r| is_live(r)).cloned().collect();
-        core.release(live).await;
+        if gated_generation != Some(listing.generation) {
+            // No policies here: new pods need no hold, and held ones are
+            // classified already. (A failure is counted; the next pass
+            // retries.)
+            if core.write_gate(BTreeMap::new()).await.is_ok() {
+                gated_generation = Some(listing.generation);
+            }
+            core.release(live.clone()).await;
+        }
         core.scan_forward(&records).await;
-        let mut failed = false;
-        for rec in records.iter().filter(|r| is_live(r)) {
+        let (mut failed, mut reconciled) = (false, false);
+        done.retain(|id, _| live.iter().any(|r| &r.container_id == id));
+        for rec in &live {
             let (ns, name) = pod_key(rec);
             let key = if ns.is_empty() {
                 name.clone()
@@ -62,16 +79,36 @@ pub async fn run(cfg: Config) -> Result<()> {
                 &(ns.clone(), name.clone()),
                 pods.get(&key).cloned().unwrap_or_default(),
             );
+            if done.get(&rec.container_id).is_some_and(|(r, i, at)| {
+                r == rec && *i == input && at.elapsed() < RESYNC && veth_present(rec)
+            }) {
+                continue;
+            }
             // Standalone has no Events: the log and the counter carry problems.
+            reconciled = true;
             let span = tracing::info_span!("reconcile", namespace = %ns, pod = %name);
-            failed |= core
-                .reconcile_pod(rec.clone(), input)
+            match core
+                .reconcile_pod(rec.clone(), input.clone())
                 .instrument(span)
                 .await
-                .is_err();
+            {
+                Ok(outcome) if !outcome.map_full => {
+                    done.insert(
+                        rec.container_id.clone(),
+                        (rec.clone(), input, Instant::now()),
+                    );
+                }
+                Ok(_) => {
+                    done.remove(&rec.container_id);
+                }
+                Err(_) => {
+                    done.remove(&rec.container_id);
+                    failed = true;
+                }
+            }
         }
         let converged = !failed && core.all_converged(&records);
-        core.node_work(records, None).await;
+        core.node_work(&listing, None, reconciled).await;
         if converged {
             core.set_ready()?;
         }

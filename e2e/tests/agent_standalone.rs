@@ -583,12 +583,15 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     assert!(sample(&scrape, "xdpcni_reconcile_duration_seconds_count", &[]).unwrap() > 1.0);
     assert_eq!(http_get(&node.net.node, LISTEN, "/healthz").unwrap().0, 200);
 
-    // An endpoint whose veth vanished without a DEL is collected.
+    // An endpoint whose veth vanished without a DEL is collected: at the
+    // next change of the records (here a new pod; otherwise within the
+    // node work's 30 s resync; an idle pass reads no map).
     let mut maps = Maps::open_pinned(node.pins.path()).unwrap();
     let ghost: IpAddr = "10.78.0.250".parse().unwrap();
     let mut info = maps.endpoint(b_ip).unwrap().unwrap();
     info.ifindex = 999_999;
     maps.upsert_endpoint(ghost, &info).unwrap();
+    let (pc, _) = node.add_pod("c");
     let start = Instant::now();
     while maps.endpoint(ghost).unwrap().is_some() {
         assert!(
@@ -601,6 +604,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         maps.endpoint(b_ip).unwrap().is_some(),
         "live endpoints stay"
     );
+    node.del_pod("c", &pc);
 
     // SIGTERM: the agent exits cleanly and leaves the datapath attached.
     assert_eq!(agent.stop(libc::SIGTERM).unwrap(), Some(0));

@@ -6,6 +6,8 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
 };
 
 use serde::{Deserialize, Serialize};
@@ -167,6 +169,108 @@ pub fn list_all(dir: &Path) -> Result<(Vec<Record>, Vec<String>)> {
     Ok((out, bad))
 }
 
+/// What [`Cache::get`] answers: every record of the directory, the files
+/// that could not be read (as [`list_all`]), and a generation that changes
+/// whenever either did.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    /// The records.
+    pub records: Arc<Vec<Record>>,
+    /// `path: why` of each unreadable file.
+    pub bad: Arc<Vec<String>>,
+    /// Bumped each time the records or the unreadable files differ from
+    /// the previous listing.
+    pub generation: u64,
+}
+
+/// The records of a state directory, read again only when the directory
+/// changed: every writer (ADD, DEL, GC) creates, renames or removes a file
+/// in it, which moves the directory's mtime. A reader that asks once per
+/// pod reconcile (N pods: N reads of N files) reads each change once.
+///
+/// The mtime is trusted only when the listing was taken well after it
+/// ([`Cache::SETTLE`]): two changes within one tick of the file system's
+/// clock leave one mtime, so a listing taken in that tick is read again
+/// next time. Whatever the mtime says, a listing older than
+/// [`Cache::MAX_AGE`] is read again (a file edited in place by hand).
+#[derive(Debug)]
+pub struct Cache {
+    dir: PathBuf,
+    last: Option<Cached>,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Cached {
+    mtime: Option<SystemTime>,
+    trusted: bool,
+    at: Instant,
+    listing: Listing,
+}
+
+impl Cache {
+    /// How long after the directory's mtime a listing must be taken for the
+    /// mtime to tell every later change (file system clocks tick at most
+    /// every 10 ms).
+    pub const SETTLE: Duration = Duration::from_millis(100);
+    /// How old a listing may be before it is read again regardless.
+    pub const MAX_AGE: Duration = Duration::from_secs(30);
+
+    /// A cache of `dir` (nothing read yet).
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            last: None,
+            generation: 0,
+        }
+    }
+
+    fn mtime(&self) -> Result<Option<SystemTime>> {
+        match std::fs::metadata(&self.dir) {
+            Ok(m) => m
+                .modified()
+                .map(Some)
+                .map_err(|e| Error::io(format!("mtime of {}", self.dir.display()), e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(format!("stat {}", self.dir.display()), e)),
+        }
+    }
+
+    /// The records, from the last listing when the directory has not
+    /// changed since, else read again.
+    pub fn get(&mut self) -> Result<Listing> {
+        let mtime = self.mtime()?;
+        if let Some(c) = &self.last {
+            if c.trusted && c.mtime == mtime && c.at.elapsed() < Self::MAX_AGE {
+                return Ok(c.listing.clone());
+            }
+        }
+        let now = SystemTime::now();
+        let (mut records, bad) = list_all(&self.dir)?;
+        records.sort_by(|a, b| (&a.container_id, &a.ifname).cmp(&(&b.container_id, &b.ifname)));
+        let changed = self
+            .last
+            .as_ref()
+            .is_none_or(|c| *c.listing.records != records || *c.listing.bad != bad);
+        if changed {
+            self.generation += 1;
+        }
+        let trusted = mtime.is_some_and(|m| now.duration_since(m).is_ok_and(|d| d > Self::SETTLE));
+        let listing = Listing {
+            records: Arc::new(records),
+            bad: Arc::new(bad),
+            generation: self.generation,
+        };
+        self.last = Some(Cached {
+            mtime,
+            trusted,
+            at: Instant::now(),
+            listing: listing.clone(),
+        });
+        Ok(listing)
+    }
+}
+
 /// The host veth name of an attachment: `xdp` + 12 hex digits of a 64-bit
 /// FNV-1a hash of container ID and interface (15 bytes, the kernel's limit).
 pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
@@ -221,5 +325,56 @@ mod tests {
             .map(|i| host_veth_name(&format!("{i:064x}"), "eth0"))
             .collect();
         assert_eq!(names.len(), 10_000);
+    }
+
+    /// The cache reads a directory again only when a writer changed it: a
+    /// file edited in place (no rename) after a trusted listing is not seen
+    /// until the next save or remove, which are.
+    #[test]
+    fn the_cache_reads_again_only_what_writers_changed() {
+        let dir = std::env::temp_dir().join(format!("xdpcni-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rec = |id: &str| -> Record {
+            serde_json::from_value(serde_json::json!({
+                "containerId": id, "ifname": "eth0", "netns": "/run/netns/x",
+                "hostVeth": "xdpabc", "hostIfindex": 7,
+                "hostMac": "02:00:00:00:00:01", "podMac": "0a:58:0a:01:00:02",
+                "ips": ["10.1.0.2"], "mtu": 1500, "headroomRequested": 256,
+                "headroomEffective": null,
+            }))
+            .unwrap()
+        };
+        // The directory's mtime a second back: a listing now is trusted.
+        let age = |dir: &Path| {
+            let past = SystemTime::now() - Duration::from_secs(1);
+            std::fs::File::open(dir)
+                .unwrap()
+                .set_modified(past)
+                .unwrap();
+        };
+        save(&dir, &rec("a")).unwrap();
+        age(&dir);
+        let mut cache = Cache::new(&dir);
+        let first = cache.get().unwrap();
+        assert_eq!(first.records.len(), 1);
+        // Edited in place: the directory did not change, nor the answer.
+        let file = path(&dir, "a", "eth0");
+        let mut edited = rec("a");
+        edited.mtu = 9000;
+        std::fs::write(&file, serde_json::to_vec(&edited).unwrap()).unwrap();
+        let again = cache.get().unwrap();
+        assert_eq!(again.generation, first.generation);
+        assert_eq!(again.records[0].mtu, 1500, "answered from the cache");
+        // A save (rename into the directory) is seen, with the edit.
+        save(&dir, &rec("b")).unwrap();
+        let now = cache.get().unwrap();
+        assert_eq!(now.records.len(), 2);
+        assert_eq!(now.records[0].mtu, 9000);
+        assert!(now.generation > first.generation);
+        // Read within SETTLE of the change: not trusted, read again, and a
+        // removal right after is seen although the mtime may not move.
+        remove(&dir, "b", "eth0").unwrap();
+        assert_eq!(cache.get().unwrap().records.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,7 +13,7 @@ use std::{
     collections::{BTreeSet, HashSet},
     net::IpAddr,
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -38,17 +38,14 @@ use xdpcni_host::state::Record;
 
 use crate::{
     config::Config,
-    daemon::{Core, ReconcileError, Shutdown},
+    daemon::{Core, ReconcileError, Shutdown, NODE_RESYNC, RESYNC},
     metrics::Stage,
-    reconciler::{is_live, orphans, pod_key, PodKey},
+    reconciler::{is_live, orphans, pod_key, veth_present, PodKey},
     routes,
 };
 
 use self::policies::PolicyTask;
 
-/// How often a converged pod is reconciled again without an event: repairs
-/// drift (a program detached by hand, a map entry removed).
-const RESYNC: Duration = Duration::from_secs(300);
 /// How soon a pod whose reconcile failed is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -165,8 +162,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
     let records: Vec<Record> = ctx
         .core
         .records()
-        .into_iter()
+        .iter()
         .filter(|r| is_live(r) && pod_key(r) == key)
+        .cloned()
         .collect();
     if records.is_empty() {
         // No network yet: the node task triggers this pod when the CNI
@@ -174,13 +172,18 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
         return Ok(Action::await_change());
     }
     let input = ctx.core.pod_input(&key, pod.annotations().clone());
+    let mut next = RESYNC;
     for rec in records {
         let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
         if !outcome.new_problems.is_empty() {
             publish_problems(&ctx, &pod, &outcome.new_problems).await;
         }
+        if outcome.map_full {
+            // Room may come back at any time: look again soon.
+            next = RETRY;
+        }
     }
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(next))
 }
 
 /// A failed pod reconcile: counted by kind, retried after [`RETRY`].
@@ -295,8 +298,9 @@ impl NodeTask {
         tokio::spawn(conn);
         let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
         let mut seen: HashSet<String> = HashSet::new();
+        let mut routed = None;
         while !shutdown.is_set() {
-            self.pass(&netlink, &mut seen).await?;
+            self.pass(&netlink, &mut seen, &mut routed).await?;
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = self.changed.notified() => {}
@@ -333,13 +337,22 @@ impl NodeTask {
         }
     }
 
-    async fn pass(&self, netlink: &rtnetlink::Handle, seen: &mut HashSet<String>) -> Result<()> {
+    /// One pass; `routed` is the routes last put in place and when (they
+    /// are read from the kernel again only when the Nodes ask for others,
+    /// or [`NODE_RESYNC`] after: a route removed by hand comes back then).
+    async fn pass(
+        &self,
+        netlink: &rtnetlink::Handle,
+        seen: &mut HashSet<String>,
+        routed: &mut Option<(BTreeSet<routes::NodeRoute>, Instant)>,
+    ) -> Result<()> {
         let core = &self.ctx.core;
         if core.ensure_pinned().await {
             // A fresh datapath: every pod is attached again.
             seen.clear();
         }
-        let records = core.records();
+        let listing = core.listing();
+        let records = Arc::clone(&listing.records);
         self.report_unreadable().await;
         let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
         // FORWARD rules naming pods: reconcile the pods whose state changed,
@@ -391,13 +404,26 @@ impl NodeTask {
                 .await;
         }
         let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
-        core.node_work(records.clone(), Some(nat)).await;
-        match routes::sync(netlink, &routes::desired(&self.nodes.state(), &self.node)).await {
-            Ok((0, 0)) => {}
-            Ok((added, removed)) => info!(added, removed, "node routes updated"),
-            Err(e) => {
-                warn!(error = %e, "node routes");
-                core.metrics.error(Stage::Routes);
+        // A record whose veth is gone: collect now, not at the resync.
+        let vanished = live.iter().any(|r| !veth_present(r));
+        core.node_work(&listing, Some(nat), vanished).await;
+        let want = routes::desired(&self.nodes.state(), &self.node);
+        if routed
+            .as_ref()
+            .is_none_or(|(had, at)| *had != want || at.elapsed() >= NODE_RESYNC)
+        {
+            match routes::sync(netlink, &want).await {
+                Ok((added, removed)) => {
+                    if (added, removed) != (0, 0) {
+                        info!(added, removed, "node routes updated");
+                    }
+                    *routed = Some((want, Instant::now()));
+                }
+                Err(e) => {
+                    warn!(error = %e, "node routes");
+                    core.metrics.error(Stage::Routes);
+                    *routed = None;
+                }
             }
         }
         if core.all_converged(&records) {

@@ -100,7 +100,12 @@ impl PolicyTask {
 
     async fn pass(&self, reported: &mut HashSet<String>) {
         let core = &self.core;
-        let records: Vec<Record> = core.records().into_iter().filter(is_live).collect();
+        let records: Vec<Record> = core
+            .records()
+            .iter()
+            .filter(|r| is_live(r))
+            .cloned()
+            .collect();
         let local: Vec<LocalPod> = records
             .iter()
             .filter(|r| !r.pod_name.is_empty())
