@@ -89,6 +89,11 @@ impl StandaloneAgent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Its PID (0 once it is stopped).
+    pub fn pid(&self) -> u32 {
+        self.process.as_ref().map_or(0, NodeProcess::pid)
+    }
+
     /// Stops it with `signal`; its exit code.
     pub fn stop(mut self, signal: i32) -> Result<Option<i32>> {
         match self.process.take() {

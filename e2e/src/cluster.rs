@@ -292,6 +292,19 @@ impl KubeNode {
     /// status, the server.
     pub fn add_network(
         &self,
+        pod: (String, String),
+        netns: Netns,
+        ips: &[IpAddr],
+    ) -> Result<TestPod> {
+        let mut pod = self.attach(pod, netns, ips)?;
+        self.serve(&mut pod)?;
+        Ok(pod)
+    }
+
+    /// [`Self::add_network`] without the server: what the scale benchmark
+    /// fills a node with.
+    pub fn attach(
+        &self,
         (namespace, name): (String, String),
         netns: Netns,
         ips: &[IpAddr],
@@ -329,11 +342,24 @@ impl KubeNode {
                 .await?;
             Ok(())
         })?;
+        Ok(TestPod {
+            namespace,
+            name,
+            netns,
+            ips,
+            host,
+            server: None,
+        })
+    }
+
+    /// Starts `podtool serve` on [`PORTS`] in `pod`; returns once it answers.
+    fn serve(&self, pod: &mut TestPod) -> Result<()> {
+        let (namespace, name, netns) = (&pod.namespace, &pod.name, &pod.netns);
         let ports: Vec<String> = PORTS.iter().map(u16::to_string).collect();
         let mut argv = vec!["serve"];
         argv.extend(ports.iter().map(String::as_str));
         let server = NodeProcess::spawn_env(
-            &netns,
+            netns,
             &podtool()?,
             &argv,
             &[("PODTOOL_NAME", &format!("{namespace}/{name}"))],
@@ -345,7 +371,7 @@ impl KubeNode {
         )?;
         // Serving once the last port it binds answers inside the pod.
         let last = PORTS[PORTS.len() - 1];
-        crate::in_netns(&netns, move || {
+        crate::in_netns(netns, move || {
             let start = Instant::now();
             while std::net::TcpStream::connect(("127.0.0.1", last)).is_err() {
                 ensure!(
@@ -356,14 +382,8 @@ impl KubeNode {
             }
             Ok(())
         })?;
-        Ok(TestPod {
-            namespace,
-            name,
-            netns,
-            ips,
-            host,
-            server: Some(server),
-        })
+        pod.server = Some(server);
+        Ok(())
     }
 
     /// DEL of the pod's network and deletion of its object.

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod cluster;
 pub mod cni;
 pub mod kube;
+pub mod measure;
 pub mod netns;
 pub mod packet;
 pub mod testrun;
