@@ -27,8 +27,11 @@ use xdpcni_e2e::{
     agent::{wait_mode, StandaloneAgent},
     cni::{Call, Network, REFERENCE_PLUGINS},
     in_netns,
+    measure::{
+        busy_between, cpu_times, frame_between, median, percentile, raw_sink_rate, rx_packets,
+        BpfStats, Fwd, Op, Target,
+    },
     netns::Netns,
-    packet::{eth, ipv4, udp, ETH_P_IP, IPPROTO_UDP},
     traffic::{raw_flood, tcp_rr, udp_flood},
     PinDir,
 };
@@ -78,6 +81,9 @@ enum Kind {
         /// Leave mode and redirect out of the config: the CNI's defaults,
         /// checked against `mode`/`redirect` from the attachment record.
         defaults: bool,
+        /// Cilium's same-node technique on the pods (mode `off`): a tc
+        /// ingress program on each host veth redirecting to the peer.
+        peer: bool,
     },
 }
 
@@ -96,6 +102,7 @@ const fn xdp(label: &'static str, mode: &'static str, redirect: &'static str) ->
             headroom: 256,
             cpus: None,
             defaults: false,
+            peer: false,
         },
     }
 }
@@ -115,6 +122,7 @@ const PINNED_CPUMAP: &[PathSpec] = &[
             headroom: 256,
             cpus: Some("1"),
             defaults: false,
+            peer: false,
         },
     },
     PathSpec {
@@ -125,6 +133,7 @@ const PINNED_CPUMAP: &[PathSpec] = &[
             headroom: 256,
             cpus: Some("1"),
             defaults: false,
+            peer: false,
         },
     },
 ];
@@ -145,10 +154,27 @@ const PATHS: &[PathSpec] = &[
             headroom: 256,
             cpus: None,
             defaults: true,
+            peer: false,
         },
     },
     xdp("generic cpumap", "generic", "cpumap"),
+    PathSpec {
+        label: PEER_PATH,
+        kind: Kind::Xdpcni {
+            mode: "off",
+            redirect: "devmap",
+            headroom: 256,
+            cpus: None,
+            defaults: false,
+            peer: true,
+        },
+    },
 ];
+
+/// Cilium's same-node technique as a reference path: tc ingress and
+/// `bpf_redirect_peer` on the host veths of CNI-made pods in mode `off`
+/// (bench.bpf.c's `tc_redirect_peer`).
+const PEER_PATH: &str = "tc redirect_peer (Cilium's same-node technique)";
 
 /// A node of two pods made through real CNI calls (and, for xdpcni, the
 /// real agent that attaches their fast path), torn down on Drop.
@@ -161,6 +187,8 @@ struct Bench {
     hosts: Vec<String>,
     conf_patch: Value,
     agent: Option<StandaloneAgent>,
+    /// The tc program of the peer path, attached while it lives.
+    peer: Option<PeerRedirect>,
 }
 
 const DIRECT: PathSpec = PathSpec {
@@ -225,6 +253,7 @@ impl Bench {
             hosts: Vec::new(),
             conf_patch,
             agent,
+            peer: None,
         };
         if spec.kind == Kind::Direct {
             b.direct()?;
@@ -251,7 +280,13 @@ impl Bench {
             b.ips.push(ip);
             b.pods.push(pod);
         }
-        if let Kind::Xdpcni { mode, redirect, .. } = spec.kind {
+        if let Kind::Xdpcni {
+            mode,
+            redirect,
+            peer,
+            ..
+        } = spec.kind
+        {
             // Both pods in the path's mode, as the agent attached them (for
             // the default path: what the agent does by default).
             let want = match mode {
@@ -290,6 +325,9 @@ impl Bench {
             // what the ceiling swaps out).
             if let Some(agent) = b.agent.take() {
                 agent.stop(libc::SIGTERM)?;
+            }
+            if peer {
+                b.peer = Some(PeerRedirect::attach(&b)?);
             }
         }
         Ok(b)
@@ -335,14 +373,6 @@ impl Drop for Bench {
     }
 }
 
-fn rx_packets(ns: &Netns) -> Result<u64> {
-    let out = ns.ip(&["-s", "-j", "link", "show", "eth0"])?;
-    let v: Value = serde_json::from_str(&out)?;
-    v[0]["stats64"]["rx"]["packets"]
-        .as_u64()
-        .context("no rx stats")
-}
-
 /// Packets per second delivered to pod 1's eth0 from pod 0's flood.
 fn pps(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
     check_interrupt()?;
@@ -373,128 +403,10 @@ enum Sink {
     RawTable,
 }
 
-/// The destination port of the forwarding workload (discard).
-const FWD_PORT: u16 = 9;
-
-fn link_mac(out: &str) -> Result<[u8; 6]> {
-    let v: Value = serde_json::from_str(out)?;
-    xdpcni_e2e::netns::parse_mac(v[0]["address"].as_str().context("no MAC")?)
-}
-
 /// A 64-byte UDP frame from pod 0 to pod 1 as pod 0's eth0 would put it on
 /// the wire: to the host veth's MAC (the pod's gateway), valid IPv4 header.
 fn fwd_frame(b: &Bench) -> Result<Vec<u8>> {
     frame_between(&b.net.node, &b.hosts[0], &b.pods[0], b.ips[0], b.ips[1])
-}
-
-/// [`fwd_frame`] from the pod `from` (host veth `host` in `node`) at `src`
-/// to `dst`.
-fn frame_between(
-    node: &Netns,
-    host: &str,
-    from: &Netns,
-    src: IpAddr,
-    dst: IpAddr,
-) -> Result<Vec<u8>> {
-    let (IpAddr::V4(src), IpAddr::V4(dst)) = (src, dst) else {
-        bail!("the forwarding workload is IPv4");
-    };
-    let host_mac = link_mac(&node.ip(&["-j", "link", "show", host])?)?;
-    let pod_mac = link_mac(&from.ip(&["-j", "link", "show", "eth0"])?)?;
-    let f = eth(
-        host_mac,
-        pod_mac,
-        ETH_P_IP,
-        &ipv4(src, dst, 64, IPPROTO_UDP, &udp(9000, FWD_PORT, &[0x5a; 22])),
-    );
-    ensure!(f.len() == 64, "frame is {} bytes", f.len());
-    Ok(f)
-}
-
-/// (busy, total) jiffies of each CPU, from /proc/stat.
-fn cpu_times() -> Result<Vec<(u64, u64)>> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let mut out = Vec::new();
-    for line in stat.lines() {
-        let mut f = line.split_whitespace();
-        match f.next() {
-            Some(c) if c.starts_with("cpu") && c.len() > 3 => {}
-            _ => continue,
-        }
-        let v: Vec<u64> = f.filter_map(|x| x.parse().ok()).collect();
-        ensure!(v.len() >= 5, "short /proc/stat line: {line}");
-        let total: u64 = v.iter().sum();
-        // idle + iowait are not busy
-        out.push((total - v[3] - v[4], total));
-    }
-    Ok(out)
-}
-
-/// Busy share (0..1) of each CPU between two `cpu_times` samples.
-fn busy_between(before: &[(u64, u64)], after: &[(u64, u64)]) -> Vec<f64> {
-    before
-        .iter()
-        .zip(after)
-        .map(|(b, a)| {
-            let total = a.1.saturating_sub(b.1);
-            if total == 0 {
-                0.0
-            } else {
-                a.0.saturating_sub(b.0) as f64 / total as f64
-            }
-        })
-        .collect()
-}
-
-/// What a forwarding run measured.
-struct Fwd {
-    /// Frames per second that reached the sink.
-    rate: f64,
-    /// Busy share of each CPU while the sender ran.
-    busy: Vec<f64>,
-}
-
-/// Frames per second of `frame` that reached an iptables raw-table DROP in
-/// `to` while `from`'s raw sender ran with one thread per entry of `cpus`.
-fn raw_sink_rate(
-    from: &Netns,
-    to: &Netns,
-    frame: &[u8],
-    cpus: &[Option<usize>],
-    dur: Duration,
-) -> Result<Fwd> {
-    let port = FWD_PORT.to_string();
-    let rule = [
-        "PREROUTING",
-        "-i",
-        "eth0",
-        "-p",
-        "udp",
-        "--dport",
-        &port,
-        "-j",
-        "DROP",
-    ];
-    let iptables = |op: &str| -> Result<String> {
-        let mut args = vec!["iptables", "-w", "-t", "raw", op];
-        args.extend(rule);
-        to.exec(&args)
-    };
-    iptables("-A")?;
-    let before = rx_packets(to);
-    let t0 = cpu_times()?;
-    let start = Instant::now();
-    let sent = raw_flood(from, "eth0", frame, cpus, dur);
-    let busy = busy_between(&t0, &cpu_times()?);
-    std::thread::sleep(Duration::from_millis(100));
-    let after = rx_packets(to);
-    let elapsed = start.elapsed();
-    iptables("-D")?;
-    sent?;
-    Ok(Fwd {
-        rate: (after? - before?) as f64 / elapsed.as_secs_f64(),
-        busy,
-    })
 }
 
 /// Frames per second that reached `sink` in pod 1 while pod 0's raw sender
@@ -726,21 +638,50 @@ impl DropSink {
     }
 }
 
-/// `kernel.bpf_stats_enabled`, restored to what it was on Drop.
-struct BpfStats(String);
-
-impl BpfStats {
-    fn enable() -> Result<Self> {
-        const P: &str = "/proc/sys/kernel/bpf_stats_enabled";
-        let old = std::fs::read_to_string(P)?.trim().to_string();
-        std::fs::write(P, "1")?;
-        Ok(Self(old))
-    }
+/// bench.bpf.c's `tc_redirect_peer` on both host veths of a node (tcx
+/// ingress), its map holding both pods; dropping it detaches the program.
+struct PeerRedirect {
+    /// Held for its Drop, which detaches the program.
+    _loaded: aya::Ebpf,
 }
 
-impl Drop for BpfStats {
-    fn drop(&mut self) {
-        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0);
+impl PeerRedirect {
+    fn attach(b: &Bench) -> Result<Self> {
+        use aya::programs::{tc::TcAttachType, SchedClassifier};
+        use xdpcni_ebpf::abi::{ipv4_key, EndpointInfo};
+        let records = xdpcni_host::state::list(&b.net.dir.path().join("state"))?;
+        ensure!(records.len() == 2, "{} records, wanted 2", records.len());
+        let hosts = b.hosts.clone();
+        in_netns(&b.net.node, move || {
+            let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
+            let mut map: aya::maps::HashMap<_, u32, EndpointInfo> = ebpf
+                .map_mut("peer_endpoints")
+                .context("peer_endpoints")?
+                .try_into()?;
+            for r in &records {
+                for ip in &r.ips {
+                    if let IpAddr::V4(v4) = ip {
+                        let info = EndpointInfo {
+                            ifindex: r.host_ifindex,
+                            pod_mac: r.pod_mac.0,
+                            host_mac: r.host_mac.0,
+                            ..Default::default()
+                        };
+                        map.insert(ipv4_key(*v4), info, 0)?;
+                    }
+                }
+            }
+            let prog: &mut SchedClassifier = ebpf
+                .program_mut("tc_redirect_peer")
+                .context("tc_redirect_peer")?
+                .try_into()?;
+            prog.load()?;
+            for h in &hosts {
+                prog.attach(h, TcAttachType::Ingress)
+                    .with_context(|| format!("tcx ingress on {h}"))?;
+            }
+            Ok(Self { _loaded: ebpf })
+        })
     }
 }
 
@@ -835,22 +776,6 @@ fn parse_args() -> Opts {
     o
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let idx = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[idx.min(v.len() - 1)]
-}
-
 const W_UDP64: &str = "UDP 64-byte frames";
 const W_UDP1400: &str = "UDP 1400-byte payload";
 const W_TCP: &str = "TCP 1 stream (iperf3)";
@@ -927,32 +852,6 @@ const XDP_PATHS: &[&str] = &[
     "generic cpumap",
 ];
 
-/// One goal of issue 9, printed as `target NAME: VALUE (goal OP N) met|missed`.
-struct Target {
-    name: &'static str,
-    value: Option<f64>,
-    at_least: bool,
-    goal: f64,
-    what: String,
-}
-
-impl Target {
-    /// `target NAME: VALUE (goal OP N) met|missed`, exactly: scripts read it.
-    fn line(&self) -> String {
-        let op = if self.at_least { ">=" } else { "<=" };
-        let (value, met) = match self.value {
-            Some(v) if self.at_least => (format!("{v:.2}"), v >= self.goal),
-            Some(v) => (format!("{v:.2}"), v <= self.goal),
-            None => ("none".to_string(), false),
-        };
-        let verdict = if met { "met" } else { "missed" };
-        format!(
-            "target {}: {value} (goal {op} {}) {verdict}",
-            self.name, self.goal
-        )
-    }
-}
-
 /// The goals of issue 9, from the medians of this run.
 fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
     let get = |w: &str, p: &str| m.get(&(w.to_string(), p.to_string())).copied();
@@ -976,18 +875,36 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             .filter_map(|p| get(w, p).map(|v| (v, p.to_string())))
             .max_by(|a, b| a.0.total_cmp(&b.0))
     };
+    let vs_peer = |w: &str| match (get(w, DEFAULT_PATH), get(w, PEER_PATH)) {
+        (Some(d), Some(p)) if p > 0.0 => Some(d / p),
+        _ => None,
+    };
     let mut out = vec![
+        Target {
+            name: "default_vs_peer_udp64",
+            value: vs_peer(W_UDP64),
+            op: Op::AtLeast,
+            goal: 1.0,
+            what: format!("{DEFAULT_PATH} (the default) vs {PEER_PATH}, UDP 64-byte frames"),
+        },
+        Target {
+            name: "default_vs_peer_tcp",
+            value: vs_peer(W_TCP),
+            op: Op::AtLeast,
+            goal: 1.0,
+            what: format!("{DEFAULT_PATH} (the default) vs {PEER_PATH}, TCP 1 stream"),
+        },
         Target {
             name: "tcp_default",
             value: ratio(W_TCP, DEFAULT_PATH, true),
-            at_least: true,
+            op: Op::AtLeast,
             goal: 0.9,
             what: format!("{DEFAULT_PATH} (the default) vs ptp"),
         },
         Target {
             name: "tcp_generic",
             value: ratio(W_TCP, "generic devmap", true),
-            at_least: true,
+            op: Op::AtLeast,
             goal: 0.85,
             what: "generic devmap vs ptp".into(),
         },
@@ -1032,7 +949,7 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
         out.push(Target {
             name,
             value,
-            at_least: true,
+            op: Op::AtLeast,
             goal,
             what: what + &bound,
         });
@@ -1040,7 +957,7 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
     out.push(Target {
         name: "prog_ns_redirect",
         value: get(W_PROG_NS, "native devmap"),
-        at_least: false,
+        op: Op::AtMost,
         goal: 150.0,
         what: "native devmap, bpf_stats under the UDP 64-byte flood, median of the repetitions"
             .into(),
@@ -1053,7 +970,7 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
     out.push(Target {
         name: "cpumap_pinned",
         value: c.as_ref().zip(d.as_ref()).map(|(c, d)| c.0 / d.0),
-        at_least: true,
+        op: Op::AtLeast,
         goal: 1.1,
         what: match (c, d) {
             (Some(c), Some(d)) => format!("best cpumap ({}) vs best devmap ({})", c.1, d.1),
@@ -1445,7 +1362,10 @@ fn measure(o: &Opts) -> Result<Measured> {
             }
         }
         if o.workload(W_FWD_XDP) {
-            for b in &order {
+            // A packet bpf_redirect_peer hands to the pod's eth0 enters its
+            // receive path past the veth's (native) XDP hook: no XDP sink
+            // sees it, so the peer path has no row here.
+            for b in order.iter().filter(|b| b.spec.label != PEER_PATH) {
                 let r = fwd(b, Sink::XdpDrop, &all_cpus, dur)?;
                 push(W_FWD_XDP, b.spec.label, rep, r.rate / 1e6);
             }
@@ -1513,6 +1433,7 @@ fn measure(o: &Opts) -> Result<Measured> {
                 headroom: 0,
                 cpus: None,
                 defaults: false,
+                peer: false,
             },
         })?;
         let native = &benches[2];
@@ -1703,10 +1624,7 @@ fn report(o: &Opts, run: &Measured, rows: &[Row]) -> Result<()> {
 
     std::fs::create_dir_all(&o.out)?;
     std::fs::write(o.out.join("bench.md"), &table)?;
-    let targets: Vec<Value> = targets
-        .iter()
-        .map(|t| json!({"name": t.name, "value": t.value, "goal": t.goal, "atLeast": t.at_least, "what": t.what, "line": t.line()}))
-        .collect();
+    let targets: Vec<Value> = targets.iter().map(Target::json).collect();
     let doc = json!({ "machine": run.machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": run.samples, "notes": run.notes, "targets": targets });
     std::fs::write(o.out.join("bench.json"), serde_json::to_vec_pretty(&doc)?)?;
     let plot = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/plot.py");
