@@ -149,6 +149,11 @@ target/debug/bench --quick --out target/bench-quick >/dev/null
 test -s target/bench-quick/bench.png
 python3 scripts/check-bench.py target/bench-quick/bench.md
 
+step "scale benchmark smoke test (every figure at full size, once; not the numbers)"
+target/debug/scale --quick --out target/scale-quick >/dev/null
+test -s target/scale-quick/scale.png
+python3 scripts/check-scale.py target/scale-quick/scale.md
+
 step "a real Kubernetes node: e2e/k8s/run.sh"
 k8s_rc=0
 bash e2e/k8s/run.sh 2>&1 | tee -a "$log" || k8s_rc=$?
