@@ -50,7 +50,7 @@ struct {
 	__type(value, struct endpoint_info);
 } peer_endpoints SEC(".maps");
 
-SEC("tc")
+SEC("classifier")
 int tc_redirect_peer(struct __sk_buff *skb)
 {
 	void *data = (void *)(long)skb->data;

@@ -652,7 +652,7 @@ impl PeerRedirect {
         let records = xdpcni_host::state::list(&b.net.dir.path().join("state"))?;
         ensure!(records.len() == 2, "{} records, wanted 2", records.len());
         let hosts = b.hosts.clone();
-        in_netns(&b.net.node, move || {
+        let loaded = in_netns(&b.net.node, move || {
             let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
             let mut map: aya::maps::HashMap<_, u32, EndpointInfo> = ebpf
                 .map_mut("peer_endpoints")
@@ -681,7 +681,31 @@ impl PeerRedirect {
                     .with_context(|| format!("tcx ingress on {h}"))?;
             }
             Ok(Self { _loaded: ebpf })
-        })
+        })?;
+        // The program carries pod-to-pod traffic: pings pass and the node's
+        // kernel forwards none of them.
+        let forwarded = || -> Result<u64> {
+            let snmp = b.net.node.exec(&["cat", "/proc/net/snmp"])?;
+            let mut ip = snmp.lines().filter(|l| l.starts_with("Ip:"));
+            let (names, values) = (ip.next().context("Ip:")?, ip.next().context("Ip:")?);
+            names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .find(|(n, _)| *n == "ForwDatagrams")
+                .context("no ForwDatagrams")?
+                .1
+                .parse()
+                .map_err(Into::into)
+        };
+        let before = forwarded()?;
+        xdpcni_e2e::traffic::ping(&b.pods[0], b.ips[1], 3)?;
+        let after = forwarded()?;
+        ensure!(
+            after == before,
+            "{PEER_PATH}: the kernel forwarded {} packets: the program did not redirect",
+            after - before
+        );
+        Ok(loaded)
     }
 }
 

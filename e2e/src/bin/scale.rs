@@ -128,6 +128,14 @@ impl Opts {
             20
         }
     }
+    /// Policy updates per repetition (each ~2.5 s with 1000 policies).
+    fn policy_changes(&self) -> usize {
+        if self.quick {
+            2
+        } else {
+            5
+        }
+    }
     fn flood(&self) -> Duration {
         Duration::from_secs(if self.quick { 1 } else { 3 })
     }
@@ -826,9 +834,9 @@ fn policies(o: &Opts, run: &mut Run, x: &XdpcniNode) -> Result<()> {
     let before = node.metrics()?;
     for rep in 0..o.reps() {
         let mut ms = Vec::new();
-        for k in 0..o.changes() {
+        for k in 0..o.policy_changes() {
             check_interrupt()?;
-            let i = POLICIES + rep * o.changes() + k;
+            let i = POLICIES + rep * o.policy_changes() + k;
             let t = Instant::now();
             node.create_policy(policy(i))?;
             time_until("policy in force", Duration::from_secs(10), || {
