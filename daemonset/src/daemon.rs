@@ -779,6 +779,12 @@ impl Core {
         }
     }
 
+    /// A pass of the node task that found nothing to do: the status's last
+    /// node pass moves all the same.
+    pub fn idle_pass(&self) {
+        self.book.node_pass();
+    }
+
     /// Reads the node's FORWARD rules when `forwardScanMs` has passed since
     /// the last read, and returns which pods they newly name or no longer
     /// name (the caller reconciles those).

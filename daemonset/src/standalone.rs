@@ -1,10 +1,11 @@
 //! Standalone mode: no Kubernetes. Each pod's annotations come from a local
 //! JSON file (`podsFile`), read every `intervalMs` and whenever the CNI
-//! writes or removes a record; a live record is reconciled through the core
+//! writes or removes a record. A pass does per-pod work only when the file,
+//! the records, a veth or a FORWARD rule changed, or [`NODE_RESYNC`] after
+//! the last full pass; then a live record is reconciled through the core
 //! when it or its input (annotations, kernel-only) changed since its last
-//! good reconcile, when that left it on kernel routing for a full map, or
-//! [`RESYNC`] after it (so an idle node does no per-pod work each pass),
-//! then the node-wide work runs. There are no NetworkPolicies: the
+//! good reconcile, its veth is gone, a full map left it on kernel routing,
+//! or [`RESYNC`] after it, and the node-wide work runs. There are no NetworkPolicies: the
 //! policy gate lists no namespace, and a pod held at ADD (before the gate
 //! was written) is released at once. Used by the demo and by runtimes
 //! without Kubernetes.
@@ -20,7 +21,7 @@ use tracing::{info, warn, Instrument};
 
 use crate::{
     config::{read_pods_file, Config},
-    daemon::{Core, Shutdown, RESYNC},
+    daemon::{Core, Shutdown, NODE_RESYNC, RESYNC},
     reconciler::{is_live, pod_key, veth_present, PodInput},
 };
 
@@ -43,18 +44,46 @@ pub async fn run(cfg: Config) -> Result<()> {
     // Each record's last good reconcile: the record and input it had, when.
     let mut done: HashMap<String, (xdpcni_host::state::Record, PodInput, Instant)> = HashMap::new();
     let mut gated_generation = None;
+    // The records' generation of the last pass that left every pod done.
+    let mut settled: Option<(u64, Instant)> = None;
     while !shutdown.is_set() {
+        let mut pods_changed = false;
         match read_pods_file(&pods_file) {
-            Ok(p) => pods = p,
+            Ok(p) => {
+                pods_changed = p != pods;
+                pods = p;
+            }
             Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
         }
-        if core.ensure_pinned().await {
+        let reloaded = core.ensure_pinned().await;
+        if reloaded {
             // A fresh datapath: every pod is attached again, the gate too.
             done.clear();
             gated_generation = None;
         }
         let listing = core.listing();
         let records = Arc::clone(&listing.records);
+        // Nothing changed since a pass that left every pod done, every veth
+        // is there and no FORWARD rule changed: no per-pod work this pass.
+        let vanished = records.iter().any(|r| is_live(r) && !veth_present(r));
+        let forward = core.scan_forward(&records).await;
+        let quiet = !pods_changed
+            && !reloaded
+            && !vanished
+            && forward.added.is_empty()
+            && forward.removed.is_empty()
+            && settled.is_some_and(|(generation, at)| {
+                generation == listing.generation && at.elapsed() < NODE_RESYNC
+            });
+        if quiet {
+            core.idle_pass();
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = records_changed.notified() => {}
+                _ = shutdown.clone().wait() => {}
+            }
+            continue;
+        }
         let live: Vec<_> = records.iter().filter(|r| is_live(r)).cloned().collect();
         if gated_generation != Some(listing.generation) {
             // No policies here: new pods need no hold, and held ones are
@@ -65,7 +94,6 @@ pub async fn run(cfg: Config) -> Result<()> {
             }
             core.release(live.clone()).await;
         }
-        core.scan_forward(&records).await;
         let (mut failed, mut reconciled) = (false, false);
         done.retain(|id, _| live.iter().any(|r| &r.container_id == id));
         for rec in &live {
@@ -108,10 +136,12 @@ pub async fn run(cfg: Config) -> Result<()> {
             }
         }
         let converged = !failed && core.all_converged(&records);
-        core.node_work(&listing, None, reconciled).await;
+        core.node_work(&listing, None, reconciled || vanished).await;
         if converged {
             core.set_ready()?;
         }
+        settled =
+            (converged && done.len() == live.len()).then(|| (listing.generation, Instant::now()));
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = records_changed.notified() => {}

@@ -299,13 +299,16 @@ impl NodeTask {
         let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
         let mut seen: HashSet<String> = HashSet::new();
         let mut routed = None;
+        let mut full: Option<(u64, Instant)> = None;
+        let mut woken = true;
         while !shutdown.is_set() {
-            self.pass(&netlink, &mut seen, &mut routed).await?;
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = self.changed.notified() => {}
-                _ = shutdown.clone().wait() => {}
-            }
+            self.pass(&netlink, &mut seen, &mut routed, &mut full, woken)
+                .await?;
+            woken = tokio::select! {
+                _ = tokio::time::sleep(interval) => false,
+                _ = self.changed.notified() => true,
+                _ = shutdown.clone().wait() => false,
+            };
         }
         Ok(())
     }
@@ -340,24 +343,48 @@ impl NodeTask {
     /// One pass; `routed` is the routes last put in place and when (they
     /// are read from the kernel again only when the Nodes ask for others,
     /// or [`NODE_RESYNC`] after: a route removed by hand comes back then).
+    ///
+    /// A pass the timer started (`woken` false: no watch event, no record
+    /// written) over the same records as the last full pass, with the pins
+    /// in place, every veth there and no FORWARD rule change, ends after
+    /// those checks: an idle node does no per-pod work each `intervalMs`;
+    /// `full` is the records' generation and time of the last full pass,
+    /// and one runs at least every [`NODE_RESYNC`].
     async fn pass(
         &self,
         netlink: &rtnetlink::Handle,
         seen: &mut HashSet<String>,
         routed: &mut Option<(BTreeSet<routes::NodeRoute>, Instant)>,
+        full: &mut Option<(u64, Instant)>,
+        woken: bool,
     ) -> Result<()> {
         let core = &self.ctx.core;
-        if core.ensure_pinned().await {
+        let reloaded = core.ensure_pinned().await;
+        if reloaded {
             // A fresh datapath: every pod is attached again.
             seen.clear();
         }
         let listing = core.listing();
         let records = Arc::clone(&listing.records);
-        self.report_unreadable().await;
-        let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
+        // A record whose veth is gone: collect now, not at the resync.
+        let vanished = records.iter().any(|r| is_live(r) && !veth_present(r));
         // FORWARD rules naming pods: reconcile the pods whose state changed,
         // and tell the newly named ones why.
         let change = core.scan_forward(&records).await;
+        let quiet = !woken
+            && !reloaded
+            && !vanished
+            && change.added.is_empty()
+            && change.removed.is_empty()
+            && full.is_some_and(|(generation, at)| {
+                generation == listing.generation && at.elapsed() < NODE_RESYNC
+            });
+        if quiet {
+            core.idle_pass();
+            return Ok(());
+        }
+        self.report_unreadable().await;
+        let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
         let pod_list = self.pods.state();
         for (key, rule) in &change.added {
             if let Some(pod) = pod_list
@@ -404,8 +431,6 @@ impl NodeTask {
                 .await;
         }
         let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
-        // A record whose veth is gone: collect now, not at the resync.
-        let vanished = live.iter().any(|r| !veth_present(r));
         core.node_work(&listing, Some(nat), vanished).await;
         let want = routes::desired(&self.nodes.state(), &self.node);
         if routed
@@ -426,9 +451,12 @@ impl NodeTask {
                 }
             }
         }
-        if core.all_converged(&records) {
+        let converged = core.all_converged(&records);
+        if converged {
             core.set_ready()?;
         }
+        // Only a pass that left everything in place makes the next quiet.
+        *full = (converged && routed.is_some()).then(|| (listing.generation, Instant::now()));
         Ok(())
     }
 }
