@@ -60,7 +60,7 @@ use nftables::{
 
 use super::{
     addrs::AddrSet,
-    model::{Direction, Enforcement, Peers, Ports, Rule},
+    model::{Direction, Enforcement, Peers, PortRange, Ports, Rule},
 };
 use crate::reconciler::PodKey;
 
@@ -311,25 +311,37 @@ fn allow_rules(
         }
         Ports::Only { numeric, named } => {
             if !numeric.is_empty() {
-                let ports = anon_set(
-                    numeric
-                        .iter()
-                        .map(|r| {
-                            let p = if r.lo == r.hi {
-                                Expression::Number(u32::from(r.lo))
-                            } else {
-                                range(
-                                    Expression::Number(u32::from(r.lo)),
-                                    Expression::Number(u32::from(r.hi)),
-                                )
-                            };
-                            concat(vec![s(r.proto.nft()), p])
-                        })
-                        .collect(),
-                );
+                let number = |r: &PortRange| {
+                    if r.lo == r.hi {
+                        Expression::Number(u32::from(r.lo))
+                    } else {
+                        range(
+                            Expression::Number(u32::from(r.lo)),
+                            Expression::Number(u32::from(r.hi)),
+                        )
+                    }
+                };
+                // One protocol and port (or range), the common rule: two
+                // plain matches. An anonymous set is a set of its own in the
+                // kernel, and the kernel names each new one by walking the
+                // table's sets: 2000 of them (1000 one-port policies, both
+                // directions) made a transaction 8x slower on this kernel
+                // (2.2 s against 0.26 s, `nft -j -f` of the same rules).
+                let port_match: Vec<Statement<'static>> = match numeric.as_slice() {
+                    [one] => vec![is(l4(), s(one.proto.nft())), is(port.clone(), number(one))],
+                    _ => vec![is(
+                        concat(vec![l4(), port.clone()]),
+                        anon_set(
+                            numeric
+                                .iter()
+                                .map(|r| concat(vec![s(r.proto.nft()), number(r)]))
+                                .collect(),
+                        ),
+                    )],
+                };
                 for m in &peer_matches {
                     let mut v: Vec<Statement<'static>> = m.iter().cloned().collect();
-                    v.push(is(concat(vec![l4(), port.clone()]), ports.clone()));
+                    v.extend(port_match.iter().cloned());
                     v.push(Statement::Return(None));
                     out.push(v);
                 }
@@ -858,8 +870,8 @@ mod tests {
             rules_of(&cmds, "in_x/web")[0],
             json!([
                 { "match": { "op": "==", "left": { "payload": { "protocol": "ip", "field": "saddr" } }, "right": "@ingress_x/p_0_4" } },
-                { "match": { "op": "==", "left": { "concat": [{ "meta": { "key": "l4proto" } }, { "payload": { "protocol": "th", "field": "dport" } }] },
-                  "right": { "set": [{ "concat": ["tcp", 80] }] } } },
+                { "match": { "op": "==", "left": { "meta": { "key": "l4proto" } }, "right": "tcp" } },
+                { "match": { "op": "==", "left": { "payload": { "protocol": "th", "field": "dport" } }, "right": 80 } },
                 { "return": null },
             ])
         );
@@ -869,8 +881,8 @@ mod tests {
             rules_of(&cmds, "inr_x/web")[0],
             json!([
                 { "match": { "op": "==", "left": { "payload": { "protocol": "ip", "field": "daddr" } }, "right": "@ingress_x/p_0_4" } },
-                { "match": { "op": "==", "left": { "concat": [{ "meta": { "key": "l4proto" } }, { "payload": { "protocol": "th", "field": "sport" } }] },
-                  "right": { "set": [{ "concat": ["tcp", 80] }] } } },
+                { "match": { "op": "==", "left": { "meta": { "key": "l4proto" } }, "right": "tcp" } },
+                { "match": { "op": "==", "left": { "payload": { "protocol": "th", "field": "sport" } }, "right": 80 } },
                 { "return": null },
             ])
         );
