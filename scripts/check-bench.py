@@ -44,8 +44,8 @@ ROWS = {
     "Agent start with a migration, to ready": None,
 }
 TARGETS = {
-    "default_vs_peer_udp64": ">= 1.0",
-    "default_vs_peer_tcp": ">= 1.0",
+    "default_vs_peer_udp64": ">= 1",
+    "default_vs_peer_tcp": ">= 1",
     "tcp_default": ">= 0.9",
     "tcp_generic": ">= 0.85",
     "udp64_best": ">= 1.15",
