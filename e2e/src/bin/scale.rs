@@ -695,6 +695,10 @@ fn cluster_section(o: &Opts, run: &mut Run) -> Result<()> {
     // port of one local pod (20 per pod).
     let ips: Vec<IpAddr> = x.pods.iter().map(|p| p.ip(false)).collect();
     let ips = Arc::new(ips);
+    // The node task's passes while the Services arrive (each Endpoints
+    // event wakes a full one) and at rest after: an idle window alone may
+    // hold none, full passes running every 30 s.
+    let before = node.metrics()?;
     let t = Instant::now();
     let svc_ips = Arc::clone(&ips);
     for_all(node, 0..SERVICES, move |c, i| {
@@ -720,7 +724,6 @@ fn cluster_section(o: &Opts, run: &mut Run) -> Result<()> {
         t.elapsed().as_secs_f64() * 1e3,
     );
     run.push(F_NAT_PORTS, "entries", XDPCNI, 0, f64::from(nat()?));
-    let before = node.metrics()?;
     idle_cpu(o, run, F_IDLE_CPU_ALL, pid)?;
     let after = node.metrics()?;
     for (q, f) in [(0.5, F_NODE_TASK_P50), (0.99, F_NODE_TASK_P99)] {
