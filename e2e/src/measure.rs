@@ -112,6 +112,57 @@ impl Target {
     }
 }
 
+/// The end of a report: one line per note, the target lines, and what each
+/// target compares.
+pub fn report_tail(notes: &[String], targets: &[Target]) -> String {
+    let mut md = String::new();
+    md.push('\n');
+    for n in notes {
+        md.push_str(&format!("- {n}\n"));
+    }
+    md.push('\n');
+    for t in targets {
+        md.push_str(&t.line());
+        md.push('\n');
+    }
+    md.push('\n');
+    for t in targets {
+        md.push_str(&format!("- {}: {}\n", t.name, t.what));
+    }
+    md
+}
+
+/// Prints `md` and writes `STEM.md`, `STEM.json` (`doc`) and `STEM.png`
+/// (drawn by `e2e/bench/PLOT` with python3 and matplotlib) under `out`.
+pub fn write_report(
+    out: &std::path::Path,
+    stem: &str,
+    md: &str,
+    doc: &Value,
+    plot: &str,
+) -> Result<()> {
+    println!("{md}");
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join(format!("{stem}.md")), md)?;
+    let json = out.join(format!("{stem}.json"));
+    std::fs::write(&json, serde_json::to_vec_pretty(doc)?)?;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("bench")
+        .join(plot);
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&json)
+        .arg(out.join(format!("{stem}.png")))
+        .status()
+        .context("running python3 for the chart")?;
+    ensure!(status.success(), "chart rendering failed");
+    eprintln!(
+        "{stem}: wrote {0}/{stem}.md, {stem}.json, {stem}.png",
+        out.display()
+    );
+    Ok(())
+}
+
 /// `kernel.bpf_stats_enabled`, restored to what it was on Drop.
 pub struct BpfStats(String);
 

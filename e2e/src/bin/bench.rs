@@ -28,8 +28,8 @@ use xdpcni_e2e::{
     cni::{Call, Network, REFERENCE_PLUGINS},
     in_netns,
     measure::{
-        busy_between, cpu_times, frame_between, median, percentile, raw_sink_rate, rx_packets,
-        BpfStats, Fwd, Op, Target,
+        busy_between, cpu_times, frame_between, median, percentile, raw_sink_rate, report_tail,
+        rx_packets, write_report, BpfStats, Fwd, Op, Target,
     },
     netns::Netns,
     traffic::{raw_flood, tcp_rr, udp_flood},
@@ -1632,38 +1632,10 @@ fn report(o: &Opts, run: &Measured, rows: &[Row]) -> Result<()> {
         ));
         summary.push(json!({"workload": r.workload, "unit": r.unit, "path": r.path, "median": r.median, "min": r.min, "max": r.max, "ratio": ratio}));
     }
-    table.push('\n');
-    for e in &run.notes {
-        table.push_str(&format!("- {e}\n"));
-    }
     let targets = targets(&medians);
-    table.push('\n');
-    for t in &targets {
-        table.push_str(&t.line());
-        table.push('\n');
-    }
-    table.push('\n');
-    for t in &targets {
-        table.push_str(&format!("- {}: {}\n", t.name, t.what));
-    }
-    println!("{table}");
-
-    std::fs::create_dir_all(&o.out)?;
-    std::fs::write(o.out.join("bench.md"), &table)?;
+    table.push_str(&report_tail(&run.notes, &targets));
     let targets: Vec<Value> = targets.iter().map(Target::json).collect();
     let doc = json!({ "machine": run.machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": run.samples, "notes": run.notes, "targets": targets });
-    std::fs::write(o.out.join("bench.json"), serde_json::to_vec_pretty(&doc)?)?;
-    let plot = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/plot.py");
-    let status = Command::new("python3")
-        .arg(&plot)
-        .arg(o.out.join("bench.json"))
-        .arg(o.out.join("bench.png"))
-        .status()
-        .context("running python3 for the chart")?;
-    ensure!(status.success(), "chart rendering failed");
-    eprintln!(
-        "bench: wrote {}/bench.md, bench.json, bench.png",
-        o.out.display()
-    );
+    write_report(&o.out, "bench", &table, &doc, "plot.py")?;
     Ok(())
 }

@@ -27,7 +27,6 @@ use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     path::{Path, PathBuf},
-    process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -50,7 +49,7 @@ use xdpcni_e2e::{
     cni::{http_get, Call, Network, REFERENCE_PLUGINS},
     measure::{
         frame_between, median, percentile, process_cpu_percent, process_rss_mib, raw_sink_rate,
-        BpfStats, Op, Target,
+        report_tail, write_report, BpfStats, Op, Target,
     },
     netns::Netns,
     traffic::udp_flood,
@@ -1121,41 +1120,14 @@ fn report(o: &Opts, run: &Run) -> Result<()> {
             summary.push(json!({ "figure": figure, "unit": unit, "path": path, "median": m, "min": lo, "max": hi }));
         }
     }
-    md.push('\n');
-    for n in &run.notes {
-        md.push_str(&format!("- {n}\n"));
-    }
     let targets = targets(run);
-    md.push('\n');
-    for t in &targets {
-        md.push_str(&t.line());
-        md.push('\n');
-    }
-    md.push('\n');
-    for t in &targets {
-        md.push_str(&format!("- {}: {}\n", t.name, t.what));
-    }
-    println!("{md}");
-    std::fs::create_dir_all(&o.out)?;
-    std::fs::write(o.out.join("scale.md"), &md)?;
+    md.push_str(&report_tail(&run.notes, &targets));
     let doc = json!({
         "quick": o.quick, "reps": o.reps(), "fills": FILLS, "summary": summary,
         "samples": run.samples, "notes": run.notes,
         "targets": targets.iter().map(Target::json).collect::<Vec<_>>(),
         "node": NODE,
     });
-    std::fs::write(o.out.join("scale.json"), serde_json::to_vec_pretty(&doc)?)?;
-    let plot = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/scale_plot.py");
-    let status = Command::new("python3")
-        .arg(&plot)
-        .arg(o.out.join("scale.json"))
-        .arg(o.out.join("scale.png"))
-        .status()
-        .context("running python3 for the chart")?;
-    ensure!(status.success(), "chart rendering failed");
-    eprintln!(
-        "scale: wrote {}/scale.md, scale.json, scale.png",
-        o.out.display()
-    );
+    write_report(&o.out, "scale", &md, &doc, "scale_plot.py")?;
     Ok(())
 }
