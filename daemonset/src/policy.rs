@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use xdpcni_ebpf::abi::RedirectPolicy;
 use xdpcni_host::pod::{parse_cpu_list, XdpMode};
 
-/// `xdpcni.io/xdp-mode`: `native`, `generic` or `off`.
+/// `xdpcni.io/xdp-mode`: `native`, `tc`, `generic` or `off` (XdpMode::ALL).
 pub const ANNOTATION_MODE: &str = "xdpcni.io/xdp-mode";
 /// `xdpcni.io/redirect`: `devmap` or `cpumap`.
 pub const ANNOTATION_REDIRECT: &str = "xdpcni.io/redirect";
@@ -112,7 +112,7 @@ pub fn resolve(
             None => problems.push(Problem::refused_value(
                 ANNOTATION_MODE,
                 v,
-                "not one of native, generic, off",
+                format!("not one of {}", XdpMode::names()),
                 format!("the node default {}", defaults.mode.as_str()),
             )),
         }
@@ -186,6 +186,7 @@ mod tests {
         for (v, m) in [
             ("native", XdpMode::Xdp(AttachMode::Native)),
             ("generic", XdpMode::Xdp(AttachMode::Generic)),
+            ("tc", XdpMode::Xdp(AttachMode::Tc)),
             ("off", XdpMode::Off),
         ] {
             let (p, probs) = resolve(&ann(&[(ANNOTATION_MODE, v)]), &DEF, 0b11);

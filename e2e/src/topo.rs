@@ -55,24 +55,12 @@ impl Pod {
         [IpAddr::V4(self.ipv4), IpAddr::V6(self.ipv6)]
     }
 
-    /// Applies what KERNEL-NOTES says the pod side of each mode needs:
-    /// GRO on eth0 always (a veth only receives redirected frames with GRO or
-    /// XDP on it); native: tx checksum offload off (xdp_frame loses
-    /// CHECKSUM_PARTIAL); generic (hybrid): TSO and checksum offload on, the
-    /// datapath passes GSO super-packets to the kernel.
+    /// Applies the pod side of `mode` as the CNI plugin and agent do
+    /// (`xdpcni_host::pod::offloads`, the one home of that table).
     pub fn apply_mode_offloads(&self, mode: AttachMode) -> Result<()> {
-        match mode {
-            AttachMode::Native => {
-                self.ns
-                    .exec(&["ethtool", "-K", "eth0", "gro", "on", "tx", "off"])?;
-            }
-            AttachMode::Generic => {
-                self.ns.exec(&[
-                    "ethtool", "-K", "eth0", "gro", "on", "tx", "on", "tso", "on",
-                ])?;
-            }
-        }
-        Ok(())
+        let settings = xdpcni_host::pod::offloads(xdpcni_host::pod::XdpMode::Xdp(mode));
+        xdpcni_host::pod::set_offloads(&self.ns.path(), "eth0", &settings)
+            .with_context(|| format!("{mode} offloads on eth0 in {}", self.ns.name()))
     }
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
 /*
  * xdpcni datapath ABI: every map key, value and constant shared between the
- * XDP programs under ebpf/src/ and userspace.
+ * programs under ebpf/src/ (XDP and tc) and userspace.
  *
  * WARNING: each struct here has a #[repr(C)] twin in ebpf/src/abi.rs, with
  * compile-time size and offset assertions. Change both together. Padding is
@@ -174,8 +174,9 @@ struct policy_gate {
 	X(RX_FASTPATH, 16, RECEIVED,                                                               \
 	  "counted on the destination's host veth for each frame the fast path delivered to it")   \
 	X(PASS_GSO, 17, KERNEL,                                                                    \
-	  "L3 length above the sender's MTU: a GSO super-packet (generic mode keeps the pod's "    \
-	  "TSO); the kernel path segments it")                                                     \
+	  "L3 length above the sender's MTU: a GSO super-packet (generic and tc modes keep the "   \
+	  "pod's TSO) that XDP cannot redirect, or on tc one whose segments exceed the MTU: the "  \
+	  "kernel path segments it")                                                               \
 	X(PASS_OTHERHOST, 18, KERNEL,                                                              \
 	  "destination MAC is unicast but not the ingress host veth's: the kernel drops it "       \
 	  "(PACKET_OTHERHOST), so must the fast path")                                             \
@@ -189,7 +190,10 @@ struct policy_gate {
 	X(DROP_HELD, 22, DROP,                                                                     \
 	  "to or from a pod held since its CNI ADD until the agent has classified it (its "        \
 	  "namespace has NetworkPolicies, or the agent has not listed them yet); counted by the "  \
-	  "tc hold program, ARP and neighbour discovery excepted")
+	  "tc hold program, ARP and neighbour discovery excepted")                                 \
+	X(REDIRECT_PEER, 23, FORWARD,                                                              \
+	  "tc mode: MACs rewritten, TTL/hop limit decremented as for redirect_devmap, handed to "  \
+	  "the destination pod's eth0 with bpf_redirect_peer (GSO super-packets included)")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array

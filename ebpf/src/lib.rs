@@ -20,6 +20,7 @@ pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::{
     is_held, layout_dir, AttachMode, Attachment, Counters, Datapath, Filled, HoldHook, L4Proto,
     MapFill, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM,
+    TC_FROM_POD_PROGRAM,
 };
 pub use error::{Error, Result};
 pub use migrate::{Migration, Pinned};

@@ -221,7 +221,7 @@ fn swap_foreign(dp: &mut Datapath, ours: &[u32], step: &mut dyn FnMut(&str)) -> 
     let mut links = 0;
     for (_, kind, pin) in foreign_links(&dp.pin_dir.clone(), ours)? {
         match kind {
-            LinkKind::Xdp(_) => dp.swap_pinned_link(&pin)?,
+            LinkKind::Datapath(mode) => dp.swap_pinned_link(&pin, mode)?,
             LinkKind::Hold(_) => {
                 let fd = dp
                     .hold
@@ -251,7 +251,11 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
     let build = dp.build()?;
     let meta = dp.maps.meta()?.unwrap_or_default();
     let complete = DatapathMeta::new(META_COMPLETE, &build);
-    let ours = [dp.from_pod_program_id()?, dp.hold_program_id()?];
+    let ours = [
+        dp.from_pod_program_id()?,
+        dp.tc_from_pod_program_id()?,
+        dp.hold_program_id()?,
+    ];
     let separate = separate_layout1(&pin_dir, &layout);
     if separate.is_empty()
         || (meta.state == META_COMPLETE && foreign_links(&pin_dir, &ours)?.is_empty())

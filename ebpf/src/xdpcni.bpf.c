@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0-only
 /*
  * xdpcni datapath: runs on the host side of every pod veth (the packets the
- * pod sent) and redirects pod-to-pod traffic straight to the destination's
- * host veth, through a devmap or a cpumap. Everything it is not sure about
- * goes to the kernel with XDP_PASS: kernel routing is always the fallback.
+ * pod sent) and delivers pod-to-pod traffic straight to the destination pod.
+ * Two hooks, one set of decisions: the XDP program redirects through a devmap
+ * or a cpumap to the destination's host veth; the tc program (tcx ingress)
+ * hands the skb to the destination pod's eth0 with bpf_redirect_peer. Both run
+ * the same parse -> validate -> decide stages below on a struct frame and
+ * count into the same rows; everything they are not sure about goes to the
+ * kernel (XDP_PASS, TC_ACT_UNSPEC): kernel routing is always the fallback.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -165,17 +169,22 @@ static __always_inline int action_of(__u32 v)
 	return XDP_PASS;
 }
 
+/* The same verdict as a tc action: a pass lets the next tcx program run. */
+static __always_inline int tc_action_of(__u32 v)
+{
+	__u32 bit = 1u << v;
+
+	if (bit & XDPCNI_DROP_VERDICTS)
+		return TC_ACT_SHOT;
+	if (bit & XDPCNI_REDIRECT_VERDICTS)
+		return TC_ACT_REDIRECT;
+	return TC_ACT_UNSPEC;
+}
+
 /* Counts on the ingress veth, found through port_slots: the slow paths. */
 static __always_inline int verdict(struct xdp_md *ctx, __u32 v)
 {
 	count(slot_of(ctx->ingress_ifindex), v, ctx->data_end - ctx->data);
-	return action_of(v);
-}
-
-/* Counts on the sender's endpoint slot, once its source is validated. */
-static __always_inline int ep_verdict(const struct endpoint_info *src, __u32 v, __u64 bytes)
-{
-	count(src->stats_slot, v, bytes);
 	return action_of(v);
 }
 
@@ -238,8 +247,23 @@ static __always_inline struct endpoint_info *lookup_endpoint(const struct addr *
 	return bpf_map_lookup_elem(&endpoints6, a->addr);
 }
 
+/*
+ * What the stages see of a frame, whichever hook it came from: its linear
+ * bytes, its whole length (an skb's may extend past data_end), and for an
+ * skb its GSO segment size (0: one wire frame; always 0 on XDP, which cannot
+ * redirect a super-packet).
+ */
+struct frame {
+	void *data;
+	void *data_end;
+	__u32 len;
+	__u32 gso_size;
+};
+
 struct packet {
 	struct ethhdr *eth;
+	void *l4;     /* the L4 header, checked readable for its first 6 bytes */
+	__u32 l4_off; /* its offset from the L3 header */
 	struct addr src;
 	struct addr dst;
 	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
@@ -264,6 +288,7 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 
 	if ((void *)(h + 1) > data_end)
 		return XDPCNI_V_PASS_MALFORMED;
+	p->l4 = l4;
 	switch (p->proto) {
 	case IPPROTO_TCP:
 	case IPPROTO_UDP:
@@ -312,8 +337,9 @@ static __always_inline int ipv4_header_ok(const struct iphdr *iph)
  * validation), then what only the kernel's forwarding does (options,
  * fragments).
  */
-static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end)
+static __always_inline int parse_ipv4(struct packet *p, void *l3, const struct frame *f)
 {
+	void *data_end = f->data_end;
 	struct iphdr *iph = l3;
 	__u32 hlen;
 
@@ -344,16 +370,18 @@ static __always_inline int parse_ipv4(struct packet *p, void *l3, void *data_end
 	if (!ipv4_header_ok(iph))
 		return XDPCNI_V_PASS_BAD_CHECKSUM;
 	/* Truncated (dropped) or padded (trimmed): the kernel's business. */
-	if (l3 + p->l3_len != data_end)
+	if (ETH_HLEN + p->l3_len != f->len)
 		return XDPCNI_V_PASS_BAD_LENGTH;
 	/* Non-first fragments carry no ports: leave reassembly to the kernel. */
 	if (iph->frag_off & bpf_htons(IP_MF_ | IP_OFFSET_))
 		return XDPCNI_V_PASS_L4;
+	p->l4_off = hlen;
 	return parse_l4(p, l3 + hlen, data_end, 0);
 }
 
-static __always_inline int parse_ipv6(struct packet *p, void *l3, void *data_end)
+static __always_inline int parse_ipv6(struct packet *p, void *l3, const struct frame *f)
 {
+	void *data_end = f->data_end;
 	struct ipv6hdr *ip6h = l3;
 
 	if ((void *)(ip6h + 1) > data_end)
@@ -372,9 +400,10 @@ static __always_inline int parse_ipv6(struct packet *p, void *l3, void *data_end
 	p->ttl = &ip6h->hop_limit;
 	p->csum = 0;
 	/* Truncated, padded, or a jumbogram (payload length 0). */
-	if (l3 + p->l3_len != data_end)
+	if (ETH_HLEN + p->l3_len != f->len)
 		return XDPCNI_V_PASS_BAD_LENGTH;
 	/* Extension headers (fragments included) take the kernel path. */
+	p->l4_off = sizeof(*ip6h);
 	return parse_l4(p, ip6h + 1, data_end, 1);
 }
 
@@ -409,19 +438,19 @@ static __always_inline void decrement_ttl(struct packet *p)
  * Stage 1, parse: Ethernet, IPv4/IPv6, the L4 head. STAGE_OK, or the verdict
  * of a frame the fast path does not handle.
  */
-static __always_inline int parse(struct packet *p, void *data, void *data_end)
+static __always_inline int parse(struct packet *p, const struct frame *f)
 {
-	struct ethhdr *eth = data;
+	struct ethhdr *eth = f->data;
 
-	if ((void *)(eth + 1) > data_end)
+	if ((void *)(eth + 1) > f->data_end)
 		return XDPCNI_V_PASS_MALFORMED;
 	p->eth = eth;
 	if (eth->h_dest[0] & 1)
 		return XDPCNI_V_PASS_MULTICAST;
 	if (eth->h_proto == bpf_htons(ETH_P_IP))
-		return parse_ipv4(p, eth + 1, data_end);
+		return parse_ipv4(p, eth + 1, f);
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
-		return parse_ipv6(p, eth + 1, data_end);
+		return parse_ipv6(p, eth + 1, f);
 	return XDPCNI_V_PASS_NOT_IP;
 }
 
@@ -451,12 +480,58 @@ static __always_inline int mac_equal(const __u8 *a, const __u8 *b)
 }
 
 /*
+ * The length of each segment of a GSO super-packet, from the L3 header on:
+ * headers plus the segment size. TCP's header length is read from the
+ * packet; UDP's is 8. 0 when it cannot be known here (the caller passes).
+ */
+static __always_inline __u32 gso_segment_len(const struct packet *p, const struct frame *f)
+{
+	__u8 *doff;
+
+	if (p->proto == IPPROTO_UDP)
+		return p->l4_off + 8 + f->gso_size;
+	if (p->proto != IPPROTO_TCP)
+		return 0;
+	doff = (__u8 *)p->l4 + 12;
+	if ((void *)(doff + 1) > f->data_end)
+		return 0;
+	return p->l4_off + (*doff >> 4) * 4 + f->gso_size;
+}
+
+/*
+ * The MTU checks: a real frame must fit the destination's MTU (else the
+ * kernel fragments or sends PTB); a GSO super-packet (longer than the
+ * sender's MTU) only an skb hook can hand on whole, when each of its
+ * segments fits both MTUs, which is what the kernel's forwarding checks
+ * (skb_gso_validate_network_len).
+ */
+static __always_inline int check_mtu(const struct packet *p, const struct frame *f,
+				     const struct endpoint_info *src,
+				     const struct endpoint_info *dst)
+{
+	__u32 seg;
+
+	if (p->l3_len <= src->mtu)
+		return p->l3_len > dst->mtu ? XDPCNI_V_PASS_MTU : STAGE_OK;
+	if (!f->gso_size)
+		return XDPCNI_V_PASS_GSO;
+	seg = gso_segment_len(p, f);
+	if (!seg || seg > src->mtu)
+		return XDPCNI_V_PASS_GSO;
+	if (seg > dst->mtu)
+		return XDPCNI_V_PASS_MTU;
+	return STAGE_OK;
+}
+
+/*
  * Stage 3, decide: STAGE_OK with *dst set when the fast path may deliver the
  * packet exactly as kernel routing would; otherwise the kernel's verdict.
  */
-static __always_inline int decide(const struct packet *p, const struct endpoint_info *src,
-				  struct endpoint_info **dst_out)
+static __always_inline int decide(const struct packet *p, const struct frame *f,
+				  const struct endpoint_info *src, struct endpoint_info **dst_out)
 {
+	int r;
+
 	struct endpoint_info *dst;
 
 	/* Not addressed to the host veth: the kernel would not route it. */
@@ -473,13 +548,12 @@ static __always_inline int decide(const struct packet *p, const struct endpoint_
 		return XDPCNI_V_PASS_TTL;
 	/*
 	 * Longer than the sender's own MTU: no wire frame, a GSO super-packet
-	 * (generic mode keeps the pod's TSO). Redirecting it would drop it
-	 * (xdp_ok_fwd_dev); the kernel path segments it.
+	 * (generic and tc modes keep the pod's TSO). XDP redirecting it would
+	 * drop it (xdp_ok_fwd_dev): the kernel path segments it.
 	 */
-	if (p->l3_len > src->mtu)
-		return XDPCNI_V_PASS_GSO;
-	if (p->l3_len > dst->mtu)
-		return XDPCNI_V_PASS_MTU;
+	r = check_mtu(p, f, src, dst);
+	if (r != STAGE_OK)
+		return r;
 	if (p->sport) {
 		/*
 		 * A flow from or to a port the kernel NATs takes the kernel path
@@ -511,9 +585,43 @@ static __always_inline int decide(const struct packet *p, const struct endpoint_
 }
 
 /*
- * Stage 4, rewrite and redirect: pick the target first (bpf_redirect_map()
- * only records it, and gives XDP_PASS when the entry is missing, before the
- * packet is touched), then TTL and MACs as the kernel's forwarding would.
+ * Stages 1-3 on either hook: STAGE_OK with *src and *dst set when the fast
+ * path may deliver the frame; otherwise its verdict, with *src set once the
+ * source is validated (the verdict counts on the sender's slot) and NULL
+ * before (on the ingress veth's).
+ */
+static __always_inline int classify(struct packet *p, const struct frame *f, __u32 ingress,
+				    struct endpoint_info **src, struct endpoint_info **dst)
+{
+	int r = parse(p, f);
+
+	*src = 0;
+	*dst = 0;
+	if (before_source(r))
+		return r;
+	*src = validate(p, ingress);
+	if (!*src)
+		return XDPCNI_V_DROP_SPOOFED;
+	if (r != STAGE_OK)
+		return r;
+	r = decide(p, f, *src, dst);
+	if (r == STAGE_OK && !*dst)
+		return XDPCNI_V_PASS_NO_ENDPOINT;
+	return r;
+}
+
+/* TTL and MACs as the kernel's forwarding would set them. */
+static __always_inline void rewrite(struct packet *p, const struct endpoint_info *dst)
+{
+	decrement_ttl(p);
+	__builtin_memcpy(p->eth->h_dest, dst->pod_mac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, dst->host_mac, ETH_ALEN);
+}
+
+/*
+ * Stage 4 on XDP, rewrite and redirect: pick the target first
+ * (bpf_redirect_map() only records it, and gives XDP_PASS when the entry is
+ * missing, before the packet is touched), then rewrite.
  */
 static __always_inline int rewrite_redirect(struct packet *p, const struct endpoint_info *dst,
 					    __u64 bytes)
@@ -532,40 +640,100 @@ static __always_inline int rewrite_redirect(struct packet *p, const struct endpo
 	if (target != XDP_REDIRECT)
 		return XDPCNI_V_PASS_NO_TARGET;
 
-	decrement_ttl(p);
-	__builtin_memcpy(p->eth->h_dest, dst->pod_mac, ETH_ALEN);
-	__builtin_memcpy(p->eth->h_source, dst->host_mac, ETH_ALEN);
+	rewrite(p, dst);
 	if (r == XDPCNI_V_REDIRECT_DEVMAP)
 		count(dst->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
 	return r;
 }
 
-/* From a pod: parse -> validate -> decide -> rewrite+redirect, each a verdict. */
+/*
+ * Stage 4 on tc: the destination's host veth must be a redirect target
+ * still (what bpf_redirect_map checks on XDP), then rewrite and hand the skb
+ * to that veth's peer, the destination pod's eth0, which receives it at once
+ * (no backlog round, GSO kept). The destination's cpumap policy is XDP's: an
+ * skb is already on a CPU's receive path.
+ */
+static __always_inline int rewrite_redirect_peer(struct packet *p, const struct endpoint_info *dst,
+						 __u64 bytes)
+{
+	__u32 ifindex = dst->ifindex;
+
+	if (!bpf_map_lookup_elem(&tx_ports, &ifindex))
+		return XDPCNI_V_PASS_NO_TARGET;
+	rewrite(p, dst);
+	bpf_redirect_peer(ifindex, 0);
+	count(dst->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
+	return XDPCNI_V_REDIRECT_PEER;
+}
+
+/* From a pod on XDP: parse -> validate -> decide -> rewrite+redirect. */
 SEC("xdp")
 int xdpcni_from_pod(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
-	struct endpoint_info *src, *dst = 0;
+	struct frame f = {
+	    .data = (void *)(long)ctx->data,
+	    .data_end = (void *)(long)ctx->data_end,
+	};
+	struct endpoint_info *src, *dst;
 	struct packet p = {};
-	__u64 bytes = data_end - data;
 	int r;
 
 #ifdef XDPCNI_UPGRADE_TEST
 	/* Same behaviour, other instructions (another tag): tests upgrades. */
 	asm volatile("r0 = 0" ::: "r0");
 #endif
-	r = parse(&p, data, data_end);
-	if (before_source(r))
-		return verdict(ctx, r);
-	src = validate(&p, ctx->ingress_ifindex);
+	f.len = f.data_end - f.data;
+	r = classify(&p, &f, ctx->ingress_ifindex, &src, &dst);
 	if (!src)
-		return verdict(ctx, XDPCNI_V_DROP_SPOOFED);
+		return verdict(ctx, r);
 	if (r == STAGE_OK)
-		r = decide(&p, src, &dst);
-	if (r == STAGE_OK && dst)
-		r = rewrite_redirect(&p, dst, bytes);
-	return ep_verdict(src, r, bytes);
+		r = rewrite_redirect(&p, dst, f.len);
+	count(src->stats_slot, r, f.len);
+	return action_of(r);
+}
+
+/* Headers the stages read, at most: Ethernet, IPv6 (or IPv4 without options), a TCP header. */
+#define XDPCNI_TC_PULL (ETH_HLEN + 40 + 60)
+
+/*
+ * From a pod on tc (tcx ingress of its host veth, after any hold): the same
+ * stages on the skb, then bpf_redirect_peer. A VLAN tag the stack carries
+ * out of band is a frame the XDP hook would see tagged: not IP.
+ */
+SEC("classifier")
+int xdpcni_tc_from_pod(struct __sk_buff *skb)
+{
+	struct frame f = {};
+	struct endpoint_info *src, *dst;
+	struct packet p = {};
+	__u32 slot, head;
+	int r;
+
+#ifdef XDPCNI_UPGRADE_TEST
+	asm volatile("r0 = 0" ::: "r0");
+#endif
+	/*
+	 * The headers into the linear part where the pod's stack did not put
+	 * them (a frame short and linear already is not touched).
+	 */
+	head = skb->len < XDPCNI_TC_PULL ? skb->len : XDPCNI_TC_PULL;
+	if ((void *)(long)skb->data + head > (void *)(long)skb->data_end)
+		bpf_skb_pull_data(skb, head);
+	f.data = (void *)(long)skb->data;
+	f.data_end = (void *)(long)skb->data_end;
+	f.len = skb->len;
+	f.gso_size = skb->gso_size;
+	if (skb->vlan_present) {
+		r = XDPCNI_V_PASS_NOT_IP;
+		src = 0;
+	} else {
+		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst);
+	}
+	if (r == STAGE_OK)
+		r = rewrite_redirect_peer(&p, dst, f.len);
+	slot = src ? src->stats_slot : slot_of(skb->ingress_ifindex);
+	count(slot, r, f.len);
+	return tc_action_of(r);
 }
 
 /*

@@ -17,7 +17,8 @@ use crate::{
 /// cpumap queue size of a CPU enabled for a pod.
 pub const CPUMAP_QUEUE: u32 = 2048;
 
-/// The XDP mode asked for a pod: an attach mode, or kernel routing only.
+/// The mode asked for a pod: an attach mode of the datapath (XDP native or
+/// generic, or the tc hook), or kernel routing only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpMode {
     /// Attach in this mode.
@@ -31,19 +32,29 @@ pub enum XdpMode {
 pub const DEFAULT_MODE: XdpMode = XdpMode::Xdp(AttachMode::Generic);
 
 impl XdpMode {
-    /// Every mode, fastest first (the fallback order).
-    pub const ALL: [XdpMode; 3] = [
+    /// Every mode, in the fallback order: native XDP (the fastest where
+    /// the destination consumes in XDP), the tc hook (the fastest into
+    /// sockets; needs tcx, kernel 6.6), generic XDP (any kernel with XDP),
+    /// kernel routing (always works).
+    pub const ALL: [XdpMode; 4] = [
         Self::Xdp(AttachMode::Native),
+        Self::Xdp(AttachMode::Tc),
         Self::Xdp(AttachMode::Generic),
         Self::Off,
     ];
 
-    /// Parses `native`, `generic` or `off`.
+    /// Parses `native`, `tc`, `generic` or `off`.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|m| m.as_str() == s)
     }
 
-    /// `native`, `generic` or `off`.
+    /// The modes, as an error message lists them.
+    pub fn names() -> String {
+        let names: Vec<&str> = Self::ALL.iter().map(|m| m.as_str()).collect();
+        names.join(", ")
+    }
+
+    /// `native`, `tc`, `generic` or `off`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Xdp(m) => m.as_str(),
@@ -64,7 +75,7 @@ impl serde::Serialize for XdpMode {
     }
 }
 
-/// Reads `native`, `generic` or `off`; also `none`, which records written
+/// Reads `native`, `tc`, `generic` or `off`; also `none`, which records written
 /// before the mode was typed used for "no datapath pinned" (kernel routing).
 impl<'de> serde::Deserialize<'de> for XdpMode {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -72,17 +83,18 @@ impl<'de> serde::Deserialize<'de> for XdpMode {
         match s.as_str() {
             "none" => Ok(Self::Off),
             s => Self::parse(s).ok_or_else(|| {
-                serde::de::Error::custom(format!("XDP mode {s:?} is not native, generic or off"))
+                serde::de::Error::custom(format!("mode {s:?} is not one of {}", Self::names()))
             }),
         }
     }
 }
 
-/// The next mode to try when the kernel refuses `mode`: native, then
-/// generic, then kernel routing, which always works.
+/// The next mode to try when the kernel refuses `mode`: native, then tc,
+/// then generic, then kernel routing, which always works.
 pub fn fallback(mode: XdpMode) -> XdpMode {
     match mode {
-        XdpMode::Xdp(AttachMode::Native) => XdpMode::Xdp(AttachMode::Generic),
+        XdpMode::Xdp(AttachMode::Native) => XdpMode::Xdp(AttachMode::Tc),
+        XdpMode::Xdp(AttachMode::Tc) => XdpMode::Xdp(AttachMode::Generic),
         XdpMode::Xdp(AttachMode::Generic) | XdpMode::Off => XdpMode::Off,
     }
 }
@@ -92,7 +104,8 @@ pub fn fallback(mode: XdpMode) -> XdpMode {
 /// or XDP on the peer. Native: tx checksum off (an `xdp_frame` has no
 /// CHECKSUM_PARTIAL state; the kernel strips TSO itself while native XDP is
 /// attached). Generic is the hybrid: TSO and checksum offload on, the
-/// datapath passes GSO super-packets to the kernel (`pass_gso`).
+/// datapath passes GSO super-packets to the kernel (`pass_gso`). tc keeps
+/// every offload and redirects the super-packets whole.
 pub fn offloads(mode: XdpMode) -> Vec<(Offload, bool)> {
     let mut v = before(mode);
     v.extend(after(mode));
@@ -106,8 +119,9 @@ pub fn before(target: XdpMode) -> Vec<(Offload, bool)> {
         XdpMode::Xdp(AttachMode::Native) => {
             vec![(Offload::Gro, true), (Offload::TxChecksum, false)]
         }
-        XdpMode::Xdp(AttachMode::Generic) => vec![(Offload::Gro, true)],
-        XdpMode::Off => vec![(Offload::Gro, true)],
+        XdpMode::Xdp(AttachMode::Generic | AttachMode::Tc) | XdpMode::Off => {
+            vec![(Offload::Gro, true)]
+        }
     }
 }
 
@@ -115,7 +129,7 @@ pub fn before(target: XdpMode) -> Vec<(Offload, bool)> {
 pub fn after(target: XdpMode) -> Vec<(Offload, bool)> {
     match target {
         XdpMode::Xdp(AttachMode::Native) => vec![],
-        XdpMode::Xdp(AttachMode::Generic) | XdpMode::Off => {
+        XdpMode::Xdp(AttachMode::Generic | AttachMode::Tc) | XdpMode::Off => {
             vec![(Offload::TxChecksum, true), (Offload::Tso, true)]
         }
     }
@@ -488,6 +502,8 @@ mod tests {
     #[test]
     fn fallback_chain_ends_in_kernel_routing() {
         let m = fallback(XdpMode::Xdp(AttachMode::Native));
+        assert_eq!(m, XdpMode::Xdp(AttachMode::Tc));
+        let m = fallback(m);
         assert_eq!(m, XdpMode::Xdp(AttachMode::Generic));
         assert_eq!(fallback(m), XdpMode::Off);
         assert_eq!(fallback(XdpMode::Off), XdpMode::Off);
@@ -506,12 +522,13 @@ mod tests {
         let generic = offloads(XdpMode::Xdp(AttachMode::Generic));
         assert_eq!(generic, vec![(Gro, true), (TxChecksum, true), (Tso, true)]);
         assert_eq!(offloads(XdpMode::Off), generic, "off keeps every offload");
+        assert_eq!(
+            offloads(XdpMode::Xdp(AttachMode::Tc)),
+            generic,
+            "tc keeps every offload"
+        );
         // A switch never relaxes before the attach what the target forbids.
-        for m in [
-            XdpMode::Xdp(AttachMode::Native),
-            XdpMode::Xdp(AttachMode::Generic),
-            XdpMode::Off,
-        ] {
+        for m in XdpMode::ALL {
             for (o, on) in before(m) {
                 assert!(!after(m).contains(&(o, !on)), "{m}: {o:?} flips back");
             }
@@ -520,7 +537,7 @@ mod tests {
 
     #[test]
     fn modes_parse_and_print() {
-        for s in ["native", "generic", "off"] {
+        for s in ["native", "tc", "generic", "off"] {
             assert_eq!(XdpMode::parse(s).map(|m| m.to_string()), Some(s.into()));
         }
         assert_eq!(XdpMode::parse("Native"), None);

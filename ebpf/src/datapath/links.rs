@@ -6,10 +6,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use std::os::fd::AsFd;
+
 use aya::programs::{
     links::{FdLink, PinnedLink},
     tc::TcAttachOptions,
-    LinkOrder,
+    LinkOrder, TcAttachType,
 };
 use tracing::{debug, info, warn};
 
@@ -19,23 +21,24 @@ use crate::{sys, Error, Result};
 /// What a link pinned under `links/` is: `<ifindex>_<suffix>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum LinkKind {
-    /// The datapath's XDP program in this mode.
-    Xdp(AttachMode),
+    /// The datapath's program in this mode (XDP, or tc on tcx ingress).
+    Datapath(AttachMode),
     /// The hold program on this tc hook.
     Hold(HoldHook),
 }
 
 impl LinkKind {
-    const ALL: [LinkKind; 4] = [
-        Self::Xdp(AttachMode::Native),
-        Self::Xdp(AttachMode::Generic),
+    const ALL: [LinkKind; 5] = [
+        Self::Datapath(AttachMode::Native),
+        Self::Datapath(AttachMode::Generic),
+        Self::Datapath(AttachMode::Tc),
         Self::Hold(HoldHook::Ingress),
         Self::Hold(HoldHook::Egress),
     ];
 
     const fn suffix(self) -> &'static str {
         match self {
-            Self::Xdp(m) => m.as_str(),
+            Self::Datapath(m) => m.as_str(),
             Self::Hold(HoldHook::Ingress) => "hold_ingress",
             Self::Hold(HoldHook::Egress) => "hold_egress",
         }
@@ -48,8 +51,8 @@ impl LinkKind {
     /// The kernel's view of the link pinned at `pin`.
     pub(crate) fn state(self, pin: &Path) -> std::io::Result<sys::LinkState> {
         match self {
-            Self::Xdp(_) => sys::pinned_xdp_link(pin),
-            Self::Hold(_) => sys::pinned_tcx_link(pin),
+            Self::Datapath(m) if m.is_xdp() => sys::pinned_xdp_link(pin),
+            Self::Datapath(_) | Self::Hold(_) => sys::pinned_tcx_link(pin),
         }
     }
 
@@ -128,9 +131,27 @@ pub(crate) fn link_pins(pin_dir: &Path) -> Result<Vec<(u32, LinkKind, PathBuf)>>
     Ok(out)
 }
 
-/// Detaches the XDP links of `ifindex`; whether there was one.
+/// Detaches the datapath links of `ifindex` (XDP and tc); whether there was one.
 fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
-    unpin_kinds(pin_dir, ifindex, |k| matches!(k, LinkKind::Xdp(_)))
+    unpin_kinds(pin_dir, ifindex, |k| matches!(k, LinkKind::Datapath(_)))
+}
+
+/// The name of `ifindex` in the calling thread's network namespace (aya
+/// attaches tc programs by name).
+fn ifname_of(ifindex: u32) -> Result<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf holds IF_NAMESIZE bytes, as if_indextoname(3) requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return Err(Error::io(
+            "resolving the name of",
+            format!("ifindex {ifindex}"),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
 }
 
 /// Removes the hold links of `ifindex`; whether there was one.
@@ -156,7 +177,7 @@ pub fn is_held(pin_dir: &Path, ifindex: u32) -> bool {
 
 impl Datapath {
     fn link_pin(&self, ifindex: u32, mode: AttachMode) -> PathBuf {
-        link_pin(&self.pin_dir, ifindex, LinkKind::Xdp(mode))
+        link_pin(&self.pin_dir, ifindex, LinkKind::Datapath(mode))
     }
 
     /// Holds the pod of host veth `ifindex` (named `ifname` in the calling
@@ -202,6 +223,57 @@ impl Datapath {
         Ok(detach_pins(pin_dir, ifindex)? | release_pins(pin_dir, ifindex)?)
     }
 
+    /// The kernel id of the program that runs on a host veth in `mode`.
+    fn program_id_for(&self, mode: AttachMode) -> Result<u32> {
+        if mode.is_xdp() {
+            self.from_pod_program_id()
+        } else {
+            self.tc_from_pod_program_id()
+        }
+    }
+
+    /// Creates the link of `mode` on `ifindex` and pins it at `pin`.
+    fn create_link(&mut self, ifindex: u32, mode: AttachMode, pin: &Path) -> Result<()> {
+        match mode.xdp_mode() {
+            Some(flags) => {
+                let id = self
+                    .from_pod
+                    .attach_to_if_index(ifindex, flags)
+                    .map_err(|e| {
+                        Error::program(format!("attaching {mode} XDP to ifindex {ifindex}"), e)
+                    })?;
+                let link = self
+                    .from_pod
+                    .take_link(id)
+                    .map_err(|e| Error::program("taking link", e))?;
+                pin_link(
+                    link,
+                    pin,
+                    "converting to an fd link (kernel without bpf_link for XDP?)",
+                )
+            }
+            None => {
+                let ifname = ifname_of(ifindex)?;
+                // Last in the tcx chain: a hold (first) sees every frame before it.
+                let id = self
+                    .tc_from_pod
+                    .attach_with_options(
+                        &ifname,
+                        TcAttachType::Ingress,
+                        TcAttachOptions::TcxOrder(LinkOrder::last()),
+                    )
+                    .map_err(|e| {
+                        Error::program(format!("attaching the tc datapath to {ifname}"), e)
+                    })?;
+                let link = self
+                    .tc_from_pod
+                    .take_link(id)
+                    .map_err(|e| Error::program("taking link", e))?;
+                pin_link(link, pin, "converting to an fd link (kernel without tcx?)")
+            }
+        }
+    }
+
     /// Ends the hold of host veth `ifindex`; whether there was one.
     pub fn release(&mut self, ifindex: u32) -> Result<bool> {
         release_pins(&self.pin_dir, ifindex)
@@ -216,58 +288,52 @@ impl Datapath {
     /// thread's network namespace) in `mode`, through a pinned link.
     ///
     /// Idempotent: a live link in the same mode running the current program is
-    /// left alone; one running another program is swapped atomically; one in
-    /// the other mode is replaced (the kernel allows one mode at a time).
+    /// left alone; one running another program is swapped atomically. A link
+    /// of the other XDP mode goes *before* the new one comes (the kernel
+    /// allows one XDP mode at a time: between the two, packets take kernel
+    /// routing); a link on the other hook (XDP <-> tc) goes only *after* it,
+    /// so that one of the two hooks carries every frame throughout (with both
+    /// on, XDP sees a frame first and tc what XDP passed).
     pub fn attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment> {
-        let want = self.from_pod_program_id()?;
-        let other = self.link_pin(ifindex, mode.other());
-        if other.exists() {
-            unpin_link(&other)?;
+        let want = self.program_id_for(mode)?;
+        let kind = LinkKind::Datapath(mode);
+        if mode.is_xdp() {
+            for other in AttachMode::ALL
+                .into_iter()
+                .filter(|m| m.is_xdp() && *m != mode)
+            {
+                unpin_link(&self.link_pin(ifindex, other))?;
+            }
         }
         let pin = self.link_pin(ifindex, mode);
+        let mut changed = true;
+        let mut existing = None;
         if pin.exists() {
-            match sys::pinned_xdp_link(&pin) {
-                Ok(state) if state.ifindex == ifindex => {
-                    if state.prog_id == want {
-                        return Ok(Attachment {
-                            ifindex,
-                            mode,
-                            prog_id: want,
-                            link_id: state.link_id,
-                            changed: false,
-                        });
-                    }
-                    self.swap_link(&pin)?;
-                    return Ok(Attachment {
-                        ifindex,
-                        mode,
-                        prog_id: want,
-                        link_id: state.link_id,
-                        changed: true,
-                    });
-                }
+            match kind.state(&pin) {
+                Ok(state) if state.ifindex == ifindex => existing = Some(state),
                 Ok(state) => {
                     debug!(?state, pin = %pin.display(), "removing defunct link pin");
                 }
                 Err(e) => warn!(error = %e, pin = %pin.display(), "unreadable link pin"),
             }
-            fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            if existing.is_none() {
+                fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            }
         }
-
-        let id = self
-            .from_pod
-            .attach_to_if_index(ifindex, mode.xdp_mode())
-            .map_err(|e| Error::program(format!("attaching {mode} XDP to ifindex {ifindex}"), e))?;
-        let link = self
-            .from_pod
-            .take_link(id)
-            .map_err(|e| Error::program("taking link", e))?;
-        pin_link(
-            link,
-            &pin,
-            "converting to an fd link (kernel without bpf_link for XDP?)",
-        )?;
-        let state = sys::pinned_xdp_link(&pin).map_err(|e| Error::Link {
+        match existing {
+            Some(state) if state.prog_id == want => changed = false,
+            Some(_) => self.swap_link(&pin, mode)?,
+            None => self.create_link(ifindex, mode, &pin)?,
+        }
+        // The other hook's link, now that this one carries the frames (also
+        // one left by a switch killed between the two steps).
+        for other in AttachMode::ALL
+            .into_iter()
+            .filter(|m| m.is_xdp() != mode.is_xdp())
+        {
+            changed |= unpin_link(&self.link_pin(ifindex, other))?;
+        }
+        let state = kind.state(&pin).map_err(|e| Error::Link {
             op: "reading link",
             path: pin.clone(),
             message: error_chain(&e),
@@ -277,11 +343,26 @@ impl Datapath {
             mode,
             prog_id: state.prog_id,
             link_id: state.link_id,
-            changed: true,
+            changed,
         })
     }
 
-    pub(super) fn swap_link(&mut self, pin: &Path) -> Result<()> {
+    /// Moves the link pinned at `pin` (of `mode`) to this build's program,
+    /// atomically.
+    pub(super) fn swap_link(&mut self, pin: &Path, mode: AttachMode) -> Result<()> {
+        if !mode.is_xdp() {
+            let fd = self
+                .tc_from_pod
+                .fd()
+                .map_err(|e| Error::program("tc program fd", e))?;
+            sys::update_pinned_link(pin, fd.as_fd()).map_err(|e| Error::Link {
+                op: "swapping the tc program",
+                path: pin.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            info!(pin = %pin.display(), "swapped program atomically");
+            return Ok(());
+        }
         let link = PinnedLink::from_pin(pin).map_err(|e| Error::Link {
             op: "opening link",
             path: pin.to_path_buf(),
@@ -305,8 +386,10 @@ impl Datapath {
 
     pub(super) fn swap_all_links(&mut self) -> Result<()> {
         for (ifindex, kind, pin) in self.link_pins()? {
-            if matches!(kind, LinkKind::Xdp(_)) && kind.is_live(&pin, ifindex) {
-                self.swap_link(&pin)?;
+            if let LinkKind::Datapath(mode) = kind {
+                if kind.is_live(&pin, ifindex) {
+                    self.swap_link(&pin, mode)?;
+                }
             }
         }
         Ok(())
@@ -321,14 +404,15 @@ impl Datapath {
         Ok(())
     }
 
-    /// The attachment of `ifindex`, if a live pinned link exists.
+    /// The attachment of `ifindex`, if a live pinned link exists (an XDP
+    /// one first: with both hooks on, mid-switch, XDP sees frames first).
     pub fn attachment(&self, ifindex: u32) -> Result<Option<Attachment>> {
-        for mode in [AttachMode::Native, AttachMode::Generic] {
+        for mode in AttachMode::ALL {
             let pin = self.link_pin(ifindex, mode);
             if !pin.exists() {
                 continue;
             }
-            if let Ok(s) = sys::pinned_xdp_link(&pin) {
+            if let Ok(s) = LinkKind::Datapath(mode).state(&pin) {
                 if s.ifindex == ifindex {
                     return Ok(Some(Attachment {
                         ifindex,

@@ -17,7 +17,7 @@ use super::{
     error_chain, layout_dir,
     links::{link_pins, unpin_link},
     maps::MapName,
-    Datapath, Maps, CPUMAP_PROGRAM, FROM_POD_PROGRAM, HOLD_PROGRAM,
+    Datapath, Maps, CPUMAP_PROGRAM, FROM_POD_PROGRAM, HOLD_PROGRAM, TC_FROM_POD_PROGRAM,
 };
 use crate::{Error, Result, DATAPATH_OBJECT};
 
@@ -81,17 +81,19 @@ impl Datapath {
         let maps = Maps::take(&mut ebpf)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;
         let (cpumap, b) = Self::adopt_program(&mut ebpf, &layout, CPUMAP_PROGRAM)?;
+        let (tc_from_pod, c) = Self::adopt_classifier(&mut ebpf, &layout, TC_FROM_POD_PROGRAM)?;
         // A held pod's links keep the program they were made with within a
         // layout: it drops alike in every build, and the agent removes them
         // once it has classified the pod (a migration moves them).
-        let hold = Self::adopt_hold_program(&mut ebpf, &layout)?;
+        let (hold, _) = Self::adopt_classifier(&mut ebpf, &layout, HOLD_PROGRAM)?;
         let mut dp = Self {
             pin_dir: pin_dir.to_path_buf(),
             from_pod,
+            tc_from_pod,
             cpumap,
             hold,
             maps,
-            upgraded: a || b,
+            upgraded: a || b || c,
             migration: None,
         };
         // An older layout first: its links move to this build's programs.
@@ -122,29 +124,34 @@ impl Datapath {
             Xdp::from_pin(&pin, attach_type)
                 .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
         };
+        let classifier = |name: &'static str| {
+            let pin = layout.join("progs").join(name);
+            SchedClassifier::from_pin(&pin)
+                .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
+        };
         Ok(Self {
             pin_dir: pin_dir.to_path_buf(),
             from_pod: prog(
                 FROM_POD_PROGRAM,
                 aya_obj::programs::XdpAttachType::Interface,
             )?,
+            tc_from_pod: classifier(TC_FROM_POD_PROGRAM)?,
             cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
-            hold: {
-                let pin = layout.join("progs").join(HOLD_PROGRAM);
-                SchedClassifier::from_pin(&pin)
-                    .map_err(|e| Error::program(format!("opening {}", pin.display()), e))?
-            },
+            hold: classifier(HOLD_PROGRAM)?,
             maps,
             upgraded: false,
             migration: None,
         })
     }
 
-    /// Loads the hold program and returns the one to use: the pinned one
-    /// (in the layout directory `layout`) if it has the same tag, else the
-    /// new one (now pinned).
-    fn adopt_hold_program(ebpf: &mut Ebpf, layout: &Path) -> Result<SchedClassifier> {
-        let name = HOLD_PROGRAM;
+    /// Loads the tc program `name` and returns the one to use: the pinned
+    /// one (in the layout directory `layout`) if it has the same tag, else
+    /// the new one (now pinned), and whether it replaced a pinned one.
+    fn adopt_classifier(
+        ebpf: &mut Ebpf,
+        layout: &Path,
+        name: &'static str,
+    ) -> Result<(SchedClassifier, bool)> {
         let pin = layout.join("progs").join(name);
         let prog: &mut SchedClassifier = ebpf
             .program_mut(name)
@@ -166,19 +173,21 @@ impl Datapath {
             SchedClassifier::from_pin(&pin)
                 .map_err(|e| Error::program(format!("opening {}", pin.display()), e))
         };
+        let mut replaced = false;
         if pin.exists() {
             let pinned = from_pin()?;
             if tag(&pinned)? == new_tag {
-                return Ok(pinned);
+                return Ok((pinned, false));
             }
             fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+            replaced = true;
         }
         prog.pin(&pin).map_err(|e| Error::Link {
             op: "pinning program",
             path: pin.clone(),
             message: error_chain(&e),
         })?;
-        from_pin()
+        Ok((from_pin()?, replaced))
     }
 
     /// Loads `name` from the object and returns the program to use: the
@@ -267,6 +276,7 @@ impl Datapath {
             };
         Ok(vec![
             (FROM_POD_PROGRAM, id(self.from_pod.info())?),
+            (TC_FROM_POD_PROGRAM, id(self.tc_from_pod.info())?),
             (CPUMAP_PROGRAM, id(self.cpumap.info())?),
             (HOLD_PROGRAM, id(self.hold.info())?),
         ])
@@ -281,8 +291,8 @@ impl Datapath {
             .id())
     }
 
-    pub(crate) fn swap_pinned_link(&mut self, pin: &Path) -> Result<()> {
-        self.swap_link(pin)
+    pub(crate) fn swap_pinned_link(&mut self, pin: &Path, mode: super::AttachMode) -> Result<()> {
+        self.swap_link(pin, mode)
     }
 
     /// The maps.
@@ -307,6 +317,20 @@ impl Datapath {
             .info()
             .map_err(|e| Error::program("program info", e))?
             .id())
+    }
+
+    /// Kernel id of the datapath's tc program (mode tc).
+    pub fn tc_from_pod_program_id(&self) -> Result<u32> {
+        Ok(self
+            .tc_from_pod
+            .info()
+            .map_err(|e| Error::program("program info", e))?
+            .id())
+    }
+
+    /// The datapath's tc program, e.g. for `test_run`.
+    pub fn tc_from_pod_program(&self) -> &SchedClassifier {
+        &self.tc_from_pod
     }
 }
 
@@ -354,9 +378,14 @@ impl Datapath {
             .iter()
             .map(|m| layout.join(m.as_str()))
             .chain(
-                [FROM_POD_PROGRAM, CPUMAP_PROGRAM, HOLD_PROGRAM]
-                    .iter()
-                    .map(|p| layout.join("progs").join(p)),
+                [
+                    FROM_POD_PROGRAM,
+                    TC_FROM_POD_PROGRAM,
+                    CPUMAP_PROGRAM,
+                    HOLD_PROGRAM,
+                ]
+                .iter()
+                .map(|p| layout.join("progs").join(p)),
             )
             .chain([pin_dir.join("links")])
             .filter(|p| !p.exists())

@@ -10,8 +10,10 @@
 //!   policy_namespaces policy_gate                      what the CNI reads to hold a new pod
 //!   progs/xdpcni_from_pod progs/xdpcni_cpumap  the programs in use
 //!   progs/xdpcni_hold                          the tc program of a held pod
-//! links/<ifindex>_native | _generic            one XDP bpf_link per host veth, shared by
-//!                                              every layout (bpffs refuses names with dots)
+//!   progs/xdpcni_tc_from_pod                   the datapath on the tc hook (mode tc)
+//! links/<ifindex>_native | _generic | _tc      one datapath bpf_link per host veth (XDP, or
+//!                                              tcx ingress), shared by every layout (bpffs
+//!                                              refuses names with dots); two mid-switch
 //! links/<ifindex>_hold_ingress | _hold_egress  the two tcx links of a held pod
 //! ```
 //!
@@ -43,6 +45,8 @@ pub use types::{AttachMode, Attachment, Counters, HoldHook, L4Proto};
 
 /// Name of the program attached to pod host veths.
 pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
+/// Name of the same datapath on the tc hook (tcx ingress of host veths).
+pub const TC_FROM_POD_PROGRAM: &str = "xdpcni_tc_from_pod";
 /// Name of the cpumap second-stage program.
 pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";
 /// Name of the tc program that holds a pod until the agent classifies it.
@@ -72,6 +76,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub struct Datapath {
     pub(crate) pin_dir: PathBuf,
     from_pod: Xdp,
+    tc_from_pod: SchedClassifier,
     cpumap: Xdp,
     pub(crate) hold: SchedClassifier,
     pub(crate) maps: Maps,

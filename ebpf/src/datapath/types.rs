@@ -10,38 +10,48 @@ use crate::{
     Error, Result,
 };
 
-/// How the program runs on a host veth.
+/// How the datapath runs on a host veth: one of the two XDP modes, or the
+/// tc hook.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttachMode {
     /// Driver mode: veth runs it on `xdp_frame`s (needs GRO or XDP on the peer,
     /// and tx checksum offload off in the pod for TCP; see KERNEL-NOTES).
     Native,
     /// skb mode: runs in the stack on the skb, keeps checksum state, but drops
-    /// redirected skbs larger than the target MTU (pod TSO must be off).
+    /// redirected skbs larger than the target MTU (GSO super-packets go to
+    /// the kernel path).
     Generic,
+    /// The tc program on the host veth's tcx ingress: the same decisions on
+    /// the skb, delivered with `bpf_redirect_peer` into the destination
+    /// pod's eth0 (GSO super-packets kept).
+    Tc,
 }
 
 impl AttachMode {
-    pub(super) const fn xdp_mode(self) -> AyaXdpMode {
+    /// Every mode.
+    pub const ALL: [AttachMode; 3] = [Self::Native, Self::Generic, Self::Tc];
+
+    /// The XDP attach flag of an XDP mode; `None` for tc.
+    pub(super) const fn xdp_mode(self) -> Option<AyaXdpMode> {
         match self {
-            Self::Native => AyaXdpMode::Driver,
-            Self::Generic => AyaXdpMode::Skb,
+            Self::Native => Some(AyaXdpMode::Driver),
+            Self::Generic => Some(AyaXdpMode::Skb),
+            Self::Tc => None,
         }
     }
 
-    /// `native` or `generic`.
+    /// `native`, `generic` or `tc`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Native => "native",
             Self::Generic => "generic",
+            Self::Tc => "tc",
         }
     }
 
-    pub(super) const fn other(self) -> Self {
-        match self {
-            Self::Native => Self::Generic,
-            Self::Generic => Self::Native,
-        }
+    /// Whether this mode runs on the XDP hook (one XDP mode per device).
+    pub const fn is_xdp(self) -> bool {
+        !matches!(self, Self::Tc)
     }
 }
 
@@ -58,9 +68,10 @@ impl FromStr for AttachMode {
         match s {
             "native" => Ok(Self::Native),
             "generic" => Ok(Self::Generic),
+            "tc" => Ok(Self::Tc),
             other => Err(Error::Invalid {
-                what: "XDP mode",
-                why: format!("{other:?} is neither \"native\" nor \"generic\""),
+                what: "attach mode",
+                why: format!("{other:?} is not \"native\", \"generic\" or \"tc\""),
             }),
         }
     }
@@ -88,12 +99,12 @@ impl HoldHook {
     }
 }
 
-/// An XDP program attached to a host veth through a pinned link.
+/// The datapath attached to a host veth through a pinned link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Attachment {
     /// The host veth.
     pub ifindex: u32,
-    /// Native or generic.
+    /// Native, generic or tc.
     pub mode: AttachMode,
     /// The kernel id of the attached program.
     pub prog_id: u32,
