@@ -5,11 +5,13 @@
 //! frames sent with an AF_PACKET socket from inside a pod (so malformed and
 //! unusual frames can be sent); everything that then arrives at a's and b's
 //! eth0 is captured. The probes run once with every pod in `off` (kernel
-//! routing) and once in each XDP mode (native/generic x devmap/cpumap), and
-//! the captures must be equal byte for byte, unless the probe is in
-//! INTENDED, each with its reason. Then a seeded random run (seed printed,
-//! `XDPCNI_EQ_SEED` / `XDPCNI_EQ_FRAMES` to replay or lengthen) compares a
-//! few thousand generated frames the same way.
+//! routing) and once in each arrangement of modes, and the captures must be
+//! equal byte for byte, unless the probe is in INTENDED, each with its
+//! reason: every pod in each XDP mode (native/generic x devmap/cpumap), every
+//! pod in tc, and the mixed pairs (the sender a in tc and b, c in native,
+//! generic or off, and each of those the other way round). Then a seeded
+//! random run (seed printed, `XDPCNI_EQ_SEED` / `XDPCNI_EQ_FRAMES` to replay
+//! or lengthen) compares a few thousand generated frames the same way.
 //!
 //! What is not compared, and why: frames the node itself sends to resolve a
 //! pod's address (ARP, neighbour solicitations) exist only on the kernel
@@ -51,7 +53,7 @@ const ETH_P_8021Q: u16 = 0x8100;
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
 /// The XDP modes compared against `off`.
-const MODES: [(&str, AttachMode, RedirectPolicy); 4] = [
+const XDP_MODES: [(&str, AttachMode, RedirectPolicy); 4] = [
     ("native/devmap", AttachMode::Native, RedirectPolicy::Devmap),
     ("native/cpumap", AttachMode::Native, RedirectPolicy::Cpumap),
     (
@@ -66,14 +68,79 @@ const MODES: [(&str, AttachMode, RedirectPolicy); 4] = [
     ),
 ];
 
+/// An arrangement of the pods' modes: a (the sender of almost every probe)
+/// in one, b (the receiver) and c in another.
+#[derive(Clone, Copy, Debug)]
+struct Setup {
+    a: (XdpMode, RedirectPolicy),
+    others: (XdpMode, RedirectPolicy),
+}
+
+impl Setup {
+    /// Every pod in `mode`.
+    const fn all(mode: XdpMode, redirect: RedirectPolicy) -> Self {
+        Self {
+            a: (mode, redirect),
+            others: (mode, redirect),
+        }
+    }
+
+    fn name(&self) -> String {
+        let one = |(m, r): (XdpMode, RedirectPolicy)| match m {
+            XdpMode::Xdp(AttachMode::Native | AttachMode::Generic) => {
+                format!("{m}/{}", r.as_str())
+            }
+            _ => m.to_string(),
+        };
+        if self.a == self.others {
+            one(self.a)
+        } else {
+            format!("a {} -> b {}", one(self.a), one(self.others))
+        }
+    }
+}
+
+/// Every pod in each XDP mode.
+fn xdp_setups() -> Vec<Setup> {
+    XDP_MODES
+        .iter()
+        .map(|(_, m, r)| Setup::all(XdpMode::Xdp(*m), *r))
+        .collect()
+}
+
+const TC: (XdpMode, RedirectPolicy) = (XdpMode::Xdp(AttachMode::Tc), RedirectPolicy::Devmap);
+
+/// Every pod in tc.
+fn tc_setups() -> Vec<Setup> {
+    vec![Setup::all(TC.0, TC.1)]
+}
+
+/// tc against each other mode, both ways: the sender in tc and the
+/// receiver in native, generic or off, then the other way round (b's
+/// replies and b's probes cross in the other direction in each). A tc
+/// sender ignores its destination's cpumap policy (two_pods.rs shows it).
+fn tc_mixed_setups() -> Vec<Setup> {
+    let others = [
+        (XdpMode::Xdp(AttachMode::Native), RedirectPolicy::Devmap),
+        (XdpMode::Xdp(AttachMode::Generic), RedirectPolicy::Devmap),
+        (XdpMode::Off, RedirectPolicy::Devmap),
+    ];
+    let mut v = Vec::new();
+    for o in others {
+        v.push(Setup { a: TC, others: o });
+        v.push(Setup { a: o, others: TC });
+    }
+    v
+}
+
 /// Probes whose captures may differ, and why. Each is a limit of any fast
 /// path that bypasses netfilter; the README's "what the fast path does not
 /// see" says what a user should do about it.
 const INTENDED: &[(&str, &str)] = &[(
     "v4 FORWARD DROP rule by port only",
-    "XDP runs before netfilter, and the agent detects only FORWARD rules that \
-     name a pod address (-s/-d); a rule matching ports alone is not seen \
-     (README: what the fast path does not see)",
+    "the fast path (XDP, and tc ingress) runs before netfilter, and the agent \
+     detects only FORWARD rules that name a pod address (-s/-d); a rule \
+     matching ports alone is not seen (README: what the fast path does not see)",
 )];
 
 struct Pod {
@@ -268,7 +335,13 @@ impl Lab {
 
     /// Every pod in `mode` with `redirect`, as the agent would make it.
     fn set_mode(&self, mode: XdpMode, redirect: RedirectPolicy) {
-        self.set_mode_of(&["a", "b", "c"], mode, redirect);
+        self.set_setup(&Setup::all(mode, redirect));
+    }
+
+    /// The pods as `setup` arranges them, as the agent would make them.
+    fn set_setup(&self, setup: &Setup) {
+        self.set_mode_of(&["a"], setup.a.0, setup.a.1);
+        self.set_mode_of(&["b", "c"], setup.others.0, setup.others.1);
         // Warm the node's neighbour entries both ways, as traffic would.
         for (from, to) in [(&self.a, &self.b), (&self.b, &self.a)] {
             ping(&from.ns, IpAddr::V4(to.v4), 1).unwrap_or_default();
@@ -411,9 +484,9 @@ fn normalise(frame: &mut [u8]) {
     frame[24..26].copy_from_slice(&c.to_be_bytes());
 }
 
-/// Runs a probe with the pods in `mode` (restored after a probe whose
-/// FORWARD rules made some of them kernel-only).
-fn run_probe(lab: &Lab, probe: &Probe, mode: XdpMode, redirect: RedirectPolicy) -> Seen {
+/// Runs a probe with the pods as `setup` arranges them (restored after a
+/// probe whose FORWARD rules made some of them kernel-only).
+fn run_probe(lab: &Lab, probe: &Probe, setup: &Setup) -> Seen {
     for cmd in &probe.node_setup {
         let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
         lab.net.node.exec(&args).unwrap();
@@ -429,7 +502,7 @@ fn run_probe(lab: &Lab, probe: &Probe, mode: XdpMode, redirect: RedirectPolicy) 
         lab.net.node.exec(&args).unwrap();
     }
     if !named.is_empty() {
-        lab.set_mode(mode, redirect);
+        lab.set_setup(setup);
     }
     seen
 }
@@ -963,6 +1036,23 @@ fn probes(lab: &Lab) -> Vec<Probe> {
 /// Runs every probe in `off`, then in each XDP mode, and compares.
 #[test]
 fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
+    compare_probes(&xdp_setups());
+}
+
+/// The same probes with every pod in tc: the same decisions on the skb.
+#[test]
+fn tc_every_probe_arrives_as_kernel_routing_delivers_it() {
+    compare_probes(&tc_setups());
+}
+
+/// The same probes across tc and every other mode, both ways.
+#[test]
+fn tc_mixed_pairs_every_probe_arrives_as_kernel_routing_delivers_it() {
+    compare_probes(&tc_mixed_setups());
+}
+
+/// Runs every probe in `off`, then in each of `setups`, and compares.
+fn compare_probes(setups: &[Setup]) {
     let lab = Lab::new();
     // What the agent does for a Service backend: b:5353/udp is NAT'd.
     in_netns(&lab.net.node, || {
@@ -976,7 +1066,7 @@ fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
     lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
     let kernel: Vec<Seen> = probes
         .iter()
-        .map(|p| run_probe(&lab, p, XdpMode::Off, RedirectPolicy::Devmap))
+        .map(|p| run_probe(&lab, p, &Setup::all(XdpMode::Off, RedirectPolicy::Devmap)))
         .collect();
     // The harness must see something: most probes reach b or come back.
     let delivered = kernel.iter().filter(|s| !s.at_b.is_empty()).count();
@@ -987,10 +1077,11 @@ fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
     );
     let mut failures = Vec::new();
     let mut intended_seen = BTreeMap::new();
-    for (mode_name, mode, redirect) in MODES {
-        lab.set_mode(XdpMode::Xdp(mode), redirect);
+    for setup in setups {
+        let mode_name = setup.name();
+        lab.set_setup(setup);
         for (probe, want) in probes.iter().zip(&kernel) {
-            let got = run_probe(&lab, probe, XdpMode::Xdp(mode), redirect);
+            let got = run_probe(&lab, probe, setup);
             if &got == want {
                 continue;
             }
@@ -1014,14 +1105,14 @@ fn every_probe_arrives_as_kernel_routing_delivers_it_in_every_xdp_mode() {
     for (name, _) in INTENDED {
         if !intended_seen.contains_key(*name) {
             failures.push(format!(
-                "{name}: listed in INTENDED but delivered as the kernel does in every mode"
+                "{name}: listed in INTENDED but delivered as the kernel does in every setup"
             ));
         }
     }
     eprintln!(
-        "{} probes x {} modes compared with kernel routing; {} reached b via the kernel",
+        "{} probes x {} setups compared with kernel routing; {} reached b via the kernel",
         probes.len(),
-        MODES.len(),
+        setups.len(),
         delivered
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -1246,6 +1337,19 @@ fn seed_and_frames() -> (u64, usize) {
 /// mode, compared batch by batch (20 frames, sorted within the batch).
 #[test]
 fn seeded_random_frames_arrive_as_kernel_routing_delivers_them_in_every_xdp_mode() {
+    compare_random(&xdp_setups());
+}
+
+/// The same seeded frames with every pod in tc, then a in tc and b in each
+/// XDP mode and off, and the other way round.
+#[test]
+fn tc_seeded_random_frames_arrive_as_kernel_routing_delivers_them() {
+    let mut setups = tc_setups();
+    setups.extend(tc_mixed_setups());
+    compare_random(&setups);
+}
+
+fn compare_random(setups: &[Setup]) {
     const BATCH: usize = 20;
     let (seed, n) = seed_and_frames();
     eprintln!("random equivalence: seed {seed} ({n} frames); replay with XDPCNI_EQ_SEED={seed} XDPCNI_EQ_FRAMES={n}");
@@ -1267,8 +1371,9 @@ fn seeded_random_frames_arrive_as_kernel_routing_delivers_them_in_every_xdp_mode
         "only {reached} of {n} frames reached b via the kernel"
     );
     let mut failures = Vec::new();
-    for (mode_name, mode, redirect) in MODES {
-        lab.set_mode(XdpMode::Xdp(mode), redirect);
+    for setup in setups {
+        let mode_name = setup.name();
+        lab.set_setup(setup);
         for (i, (batch, want)) in batches.iter().zip(&kernel).enumerate() {
             let got = send_and_capture(&lab, batch);
             if &got != want {
@@ -1284,8 +1389,8 @@ fn seeded_random_frames_arrive_as_kernel_routing_delivers_them_in_every_xdp_mode
     }
     lab.set_mode(XdpMode::Off, RedirectPolicy::Devmap);
     eprintln!(
-        "random equivalence: {n} frames x {} modes; via the kernel {reached} reached b, {back} came back to a",
-        MODES.len()
+        "random equivalence: {n} frames x {} setups; via the kernel {reached} reached b, {back} came back to a",
+        setups.len()
     );
     assert!(
         failures.is_empty(),
@@ -1297,14 +1402,15 @@ fn seeded_random_frames_arrive_as_kernel_routing_delivers_them_in_every_xdp_mode
 
 // ---- hostile pods ------------------------------------------------------
 
-/// Every path a pod can be on: kernel routing, then each XDP mode.
+/// Every path a pod can be on: kernel routing, then each XDP mode, then tc.
 fn every_path() -> Vec<(String, XdpMode, RedirectPolicy)> {
     let mut v = vec![("off".to_string(), XdpMode::Off, RedirectPolicy::Devmap)];
     v.extend(
-        MODES
+        XDP_MODES
             .iter()
             .map(|(n, m, r)| (n.to_string(), XdpMode::Xdp(*m), *r)),
     );
+    v.push(("tc".to_string(), TC.0, TC.1));
     v
 }
 
