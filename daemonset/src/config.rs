@@ -93,7 +93,11 @@ impl Config {
     /// The node defaults, validated against the `online` CPU mask.
     pub fn defaults(&self, online: u64) -> Result<Policy> {
         let mode = XdpMode::parse(&self.xdp_mode).with_context(|| {
-            format!("xdpMode {:?} is not native, generic or off", self.xdp_mode)
+            format!(
+                "xdpMode {:?} is not one of {}",
+                self.xdp_mode,
+                XdpMode::names()
+            )
         })?;
         let redirect = RedirectPolicy::parse(&self.redirect)
             .with_context(|| format!("redirect {:?} is not devmap or cpumap", self.redirect))?;

@@ -97,6 +97,7 @@ mod tests {
     };
 
     use super::*;
+    use xdpcni_host::pod::XdpMode;
 
     fn chart(file: &str) -> String {
         let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/xdpcni/");
@@ -150,5 +151,12 @@ mod tests {
         assert_eq!(props["mtu"]["maximum"], *MTU_RANGE.end());
         assert_eq!(props["headroom"]["minimum"], *HEADROOM_RANGE.start());
         assert_eq!(props["headroom"]["maximum"], *HEADROOM_RANGE.end());
+        // The modes and the default are the agent's (host/src/pod.rs).
+        let modes: Vec<&str> = XdpMode::ALL.iter().map(|m| m.as_str()).collect();
+        assert_eq!(props["xdpMode"]["enum"], serde_json::json!(modes));
+        assert_eq!(
+            value(&values, "datapath", "xdpMode"),
+            xdpcni_host::pod::DEFAULT_MODE.as_str()
+        );
     }
 }

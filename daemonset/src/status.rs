@@ -153,7 +153,7 @@ pub struct PodStatus {
     pub host_veth: String,
     /// Host veth ifindex.
     pub ifindex: u32,
-    /// The mode in force: `native`, `generic` or `off`.
+    /// The mode in force: `native`, `tc`, `generic` or `off`.
     pub mode: String,
     /// The mode its policy asks for (annotation or node default).
     pub wanted: String,

@@ -103,12 +103,20 @@ impl StandaloneAgent {
     }
 }
 
-/// The XDP mode on `host` in `node` as netlink reports it: `xdp`,
-/// `xdpgeneric`, or `none`.
+/// The datapath mode on `host` in `node` as the kernel reports it: `xdp`
+/// or `xdpgeneric` (netlink), else `tc` when the datapath's tc program is on
+/// its tcx ingress (BPF_PROG_QUERY), else `none`.
 pub fn mode_of(node: &Netns, host: &str) -> Result<String> {
-    Ok(node
-        .xdp_attached(host)?
-        .map_or("none".to_string(), |(m, _)| m))
+    if let Some((m, _)) = node.xdp_attached(host)? {
+        return Ok(m);
+    }
+    // The kernel keeps 15 bytes of a program's name.
+    let tc = &xdpcni_ebpf::TC_FROM_POD_PROGRAM[..15];
+    Ok(if node.tcx_ingress(host)?.iter().any(|(n, _)| n == tc) {
+        "tc".into()
+    } else {
+        "none".into()
+    })
 }
 
 /// Waits until `host` in `node` shows `want` (see [`mode_of`]); how long it

@@ -143,6 +143,22 @@ impl Netns {
         Ok(Some((mode.to_string(), id)))
     }
 
+    /// The programs on `dev`'s tcx ingress, in order, as the kernel lists
+    /// them (BPF_PROG_QUERY): name (truncated to 15 bytes) and id.
+    pub fn tcx_ingress(&self, dev: &str) -> Result<Vec<(String, u32)>> {
+        let dev = dev.to_string();
+        in_netns(self, move || {
+            let (_, progs) = aya::programs::SchedClassifier::query_tcx(
+                &dev,
+                aya::programs::TcAttachType::Ingress,
+            )?;
+            Ok(progs
+                .iter()
+                .map(|p| (p.name_as_str().unwrap_or_default().to_string(), p.id()))
+                .collect())
+        })
+    }
+
     /// One offload feature of `dev` as `ethtool -k` prints it (`on`/`off`).
     pub fn offload(&self, dev: &str, feature: &str) -> Result<String> {
         let out = self.exec(&["ethtool", "-k", dev])?;

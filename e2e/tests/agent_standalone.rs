@@ -139,16 +139,11 @@ impl Node {
         std::fs::write(&self.pods_file, v.to_string()).unwrap();
     }
 
-    /// Waits until `host` shows `want` (`xdp`, `xdpgeneric`, or `none`).
+    /// Waits until `host` shows `want` (`xdp`, `xdpgeneric`, `tc` or `none`).
     fn wait_mode(&self, host: &str, want: &str, within: Duration) -> Duration {
         let start = Instant::now();
         loop {
-            let now = self
-                .net
-                .node
-                .xdp_attached(host)
-                .unwrap()
-                .map_or("none".to_string(), |(m, _)| m);
+            let now = xdpcni_e2e::agent::mode_of(&self.net.node, host).unwrap();
             if now == want {
                 return start.elapsed();
             }
@@ -475,12 +470,18 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     } = node.pair();
     ping(&pa, b_ip, 2).unwrap();
 
-    // Switch a: generic, off, native, while a pings b every 10 ms.
-    let pinger = BackgroundPing::start(&pa, b_ip, 600).unwrap();
+    // Switch a: generic, tc, off, tc, native, tc, generic, native, while a
+    // pings b every 10 ms: every switch into and out of tc, from each mode.
+    let pinger = BackgroundPing::start(&pa, b_ip, 1000).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     for (mode, want) in [
         ("generic", "xdpgeneric"),
+        ("tc", "tc"),
         ("off", "none"),
+        ("tc", "tc"),
+        ("native", "xdp"),
+        ("tc", "tc"),
+        ("generic", "xdpgeneric"),
         ("native", "xdp"),
     ] {
         node.set_pods(json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }));
@@ -494,7 +495,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         let csum = pa.offload("eth0", "tx-checksumming").unwrap();
         match mode {
             // Hybrid: TSO kept, super-packets passed to the kernel.
-            "generic" => assert_eq!((tso.as_str(), csum.as_str()), ("on", "on")),
+            "generic" | "tc" => assert_eq!((tso.as_str(), csum.as_str()), ("on", "on")),
             "off" => assert_eq!((tso.as_str(), csum.as_str()), ("on", "on")),
             _ => assert_eq!(csum, "off"),
         }
@@ -512,7 +513,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     assert_eq!(
         pinger.lost().unwrap(),
         0,
-        "no ping lost across three mode switches"
+        "no ping lost across eight mode switches"
     );
 
     // A bad value: an Event in Kubernetes, here the log and a counter; the
@@ -702,15 +703,19 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
         ..
     } = node.pair();
     assert_eq!(first.stop(libc::SIGTERM).unwrap(), Some(0));
-    // 25 s of pings at 10 ms: longer than the five rounds take.
-    let pinger = BackgroundPing::start(&pa, b_ip, 2500).unwrap();
+    // 40 s of pings at 10 ms: longer than the eight rounds take.
+    let pinger = BackgroundPing::start(&pa, b_ip, 4000).unwrap();
     // Each switch is killed at one of the crash points of the shared attach
-    // logic (pod::converge), then a fresh agent takes over.
+    // logic (pod::converge), then a fresh agent takes over: into and out of
+    // tc from each XDP mode and off, at each point.
     let rounds = [
         ("converge:offloads", "generic", "xdpgeneric"),
-        ("converge:records", "native", "xdp"),
+        ("converge:records", "tc", "tc"),
         ("converge:attached", "generic", "xdpgeneric"),
+        ("converge:attached", "tc", "tc"),
         ("converge:detached", "off", "none"),
+        ("converge:records", "native", "xdp"),
+        ("converge:offloads", "tc", "tc"),
         ("converge:attached", "native", "xdp"),
     ];
     for (i, (step, mode, want)) in rounds.into_iter().enumerate() {
@@ -753,7 +758,7 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
         tcp_transfer(&pa, &pb, b_ip, 1 << 20).unwrap();
     }
     let lost = pinger.lost().unwrap();
-    assert_eq!(lost, 0, "pings lost across five killed switches");
+    assert_eq!(lost, 0, "pings lost across eight killed switches");
     node.del_pod("a", &pa);
     node.del_pod("b", &pb);
 }
