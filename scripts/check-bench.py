@@ -8,10 +8,12 @@ import sys
 
 XDP = ["native devmap", "native cpumap", "generic devmap", "generic cpumap"]
 MAIN = ["ptp (baseline)", "xdpcni off"] + XDP
-# Cilium's technique: every socket and forwarding workload but the XDP sink,
-# which a packet redirected to the peer never reaches.
+# xdpcni's tc mode and Cilium's technique: every socket and forwarding
+# workload but the XDP sink, which a packet redirected to the peer never
+# reaches.
+TC = "xdpcni tc"
 PEER = "tc redirect_peer (Cilium's same-node technique)"
-FLOOR = MAIN + [PEER, "direct veth (no forwarding)"]
+FLOOR = MAIN + [TC, PEER, "direct veth (no forwarding)"]
 ROWS = {
     "UDP 64-byte frames": FLOOR + ["native devmap, headroom 0"],
     "UDP 1400-byte payload": FLOOR,
@@ -21,7 +23,7 @@ ROWS = {
     "TCP RTT p50 (busy-poll)": FLOOR,
     "TCP RTT p99 (busy-poll)": FLOOR,
     "Forwarding 64-byte, XDP_DROP sink": MAIN,
-    "Forwarding 64-byte, raw-table sink": MAIN + [PEER],
+    "Forwarding 64-byte, raw-table sink": MAIN + [TC, PEER],
     "Pinned sender (CPU 0), raw-table sink": [
         "ptp (baseline)",
         "native devmap",
@@ -29,7 +31,7 @@ ROWS = {
         "native cpumap, cpus 1",
         "generic cpumap, cpus 1",
     ],
-    "XDP program per packet (bpf_stats)": ["native devmap"],
+    "Program per packet (bpf_stats)": ["native devmap", TC, PEER],
     "CNI ADD p50": ["ptp (baseline)", "xdpcni off", "native devmap"],
     "CNI ADD p99": ["ptp (baseline)", "xdpcni off", "native devmap"],
     "ADD to fast path p50 (agent)": ["native devmap"],
@@ -44,7 +46,10 @@ ROWS = {
     "Agent start with a migration, to ready": None,
 }
 TARGETS = {
-    "default_vs_peer_udp64": ">= 1",
+    "tc_vs_peer_udp64": ">= 0.97",
+    "tc_vs_peer_fwd64_raw": ">= 0.97",
+    "tc_vs_ptp_tcp": ">= 1",
+    "default_vs_best_peer_udp64": ">= 1",
     "default_vs_peer_tcp": ">= 1",
     "tcp_default": ">= 0.9",
     "tcp_generic": ">= 0.85",

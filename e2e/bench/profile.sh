@@ -29,7 +29,7 @@ grep -E "^\| " "$out/bench.out" | grep -v "^| workload\|^| ---" || true
 for cpu in $(seq 0 $(($(nproc) - 1))); do
     echo "== CPU $cpu: top symbols (share of samples on this CPU)"
     perf report -i "$out/perf.data" --stdio --sort sym --cpu "$cpu" 2>&1 |
-        grep -E "^ +[0-9]" | head -15 || true
+        grep -E "^ +[0-9]" | head -${XDPCNI_PROFILE_TOP:-15} || true
 done
 if [[ -n $syms ]]; then
     echo "== symbols matching /$syms/, share of all samples"

@@ -647,21 +647,21 @@ static __always_inline int rewrite_redirect(struct packet *p, const struct endpo
 }
 
 /*
- * Stage 4 on tc: the destination's host veth must be a redirect target
- * still (what bpf_redirect_map checks on XDP), then rewrite and hand the skb
- * to that veth's peer, the destination pod's eth0, which receives it at once
- * (no backlog round, GSO kept). The destination's cpumap policy is XDP's: an
- * skb is already on a CPU's receive path.
+ * Stage 4 on tc: rewrite and hand the skb to the peer of the destination's
+ * host veth, the destination pod's eth0, which receives it at once (no
+ * backlog round, GSO kept). No tx_ports lookup (measured: 0.9% of the CPU
+ * of a 64-byte flood): every writer adds a veth's tx_ports entry before its
+ * endpoint records and removes it after them, so an endpoint found here has
+ * one; a veth that vanishes under its record makes bpf_redirect_peer drop
+ * the frame, where the kernel path would have had no route to it either.
+ * The destination's cpumap policy is XDP's: an skb is already on a CPU's
+ * receive path.
  */
 static __always_inline int rewrite_redirect_peer(struct packet *p, const struct endpoint_info *dst,
 						 __u64 bytes)
 {
-	__u32 ifindex = dst->ifindex;
-
-	if (!bpf_map_lookup_elem(&tx_ports, &ifindex))
-		return XDPCNI_V_PASS_NO_TARGET;
 	rewrite(p, dst);
-	bpf_redirect_peer(ifindex, 0);
+	bpf_redirect_peer(dst->ifindex, 0);
 	count(dst->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
 	return XDPCNI_V_REDIRECT_PEER;
 }

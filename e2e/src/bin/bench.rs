@@ -158,6 +158,7 @@ const PATHS: &[PathSpec] = &[
         },
     },
     xdp("generic cpumap", "generic", "cpumap"),
+    xdp(TC_PATH, "tc", "devmap"),
     PathSpec {
         label: PEER_PATH,
         kind: Kind::Xdpcni {
@@ -170,6 +171,10 @@ const PATHS: &[PathSpec] = &[
         },
     },
 ];
+
+/// xdpcni's tc mode: the datapath's decisions on tcx ingress, delivered
+/// with bpf_redirect_peer.
+const TC_PATH: &str = "xdpcni tc";
 
 /// Cilium's same-node technique as a reference path: tc ingress and
 /// `bpf_redirect_peer` on the host veths of CNI-made pods in mode `off`
@@ -292,6 +297,7 @@ impl Bench {
             let want = match mode {
                 "native" => "xdp",
                 "generic" => "xdpgeneric",
+                "tc" => "tc",
                 _ => "none",
             };
             for h in &b.hosts {
@@ -563,6 +569,7 @@ fn add_latency(spec: PathSpec, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
         Kind::Xdpcni {
             mode: "generic", ..
         } => "xdpgeneric",
+        Kind::Xdpcni { mode: "tc", .. } => "tc",
         _ => "none",
     };
     let agent = match spec.kind {
@@ -709,20 +716,38 @@ impl PeerRedirect {
     }
 }
 
-/// Where a 64-byte packet's time goes on `b` (an XDP path): the datapath
-/// program's own run time per packet (kernel BPF stats) against the CPU time
-/// per delivered packet of the whole path (2 CPUs busy / delivered rate).
+/// The kernel's record of the program that carries `b`'s pod-to-pod
+/// traffic: the datapath's XDP or tc program, or the peer path's.
+fn program_info(b: &Bench) -> Result<aya::programs::ProgramInfo> {
+    let progs = xdpcni_ebpf::layout_dir(b._pins.path()).join("progs");
+    if let Some(peer) = &b.peer {
+        return Ok(peer
+            ._loaded
+            .program("tc_redirect_peer")
+            .context("tc_redirect_peer")?
+            .info()?);
+    }
+    Ok(match b.spec.kind {
+        Kind::Xdpcni { mode: "tc", .. } => aya::programs::SchedClassifier::from_pin(
+            progs.join(xdpcni_ebpf::TC_FROM_POD_PROGRAM),
+        )?
+        .info()?,
+        _ => aya::programs::Xdp::from_pin(
+            progs.join(xdpcni_ebpf::FROM_POD_PROGRAM),
+            aya_obj::programs::XdpAttachType::Interface,
+        )?
+        .info()?,
+    })
+}
+
+/// Where a 64-byte packet's time goes on `b`: the program's own run time
+/// per packet (kernel BPF stats) against the CPU time per delivered packet
+/// of the whole path (2 CPUs busy / delivered rate).
 fn profile(b: &Bench, dur: Duration) -> Result<(String, f64)> {
-    let prog = aya::programs::Xdp::from_pin(
-        xdpcni_ebpf::layout_dir(b._pins.path())
-            .join("progs")
-            .join(xdpcni_ebpf::FROM_POD_PROGRAM),
-        aya_obj::programs::XdpAttachType::Interface,
-    )?;
     let stats = BpfStats::enable()?;
-    let before = prog.info()?;
+    let before = program_info(b)?;
     let rate = pps(b, 22, dur)?;
-    let after = prog.info()?;
+    let after = program_info(b)?;
     drop(stats);
     let runs = after.run_count().saturating_sub(before.run_count());
     let ns = after
@@ -733,7 +758,7 @@ fn profile(b: &Bench, dur: Duration) -> Result<(String, f64)> {
     ensure!(runs > 0, "the datapath program did not run");
     let per_packet = ns / runs as f64;
     let line = format!(
-        "{}: XDP program {per_packet:.0} ns/packet over {runs} runs (bpf_stats); the whole path costs {:.0} ns of CPU per delivered packet ({:.3} Mpps on {cpus} CPUs), so {:.0}% of it is the XDP program",
+        "{}: program {per_packet:.0} ns/packet over {runs} runs (bpf_stats); the whole path costs {:.0} ns of CPU per delivered packet ({:.3} Mpps on {cpus} CPUs), so {:.0}% of it is the program",
         b.spec.label,
         cpus * 1e9 / rate,
         rate / 1e6,
@@ -810,7 +835,7 @@ const W_TCP_P99: &str = "TCP RTT p99 (busy-poll)";
 const W_FWD_XDP: &str = "Forwarding 64-byte, XDP_DROP sink";
 const W_FWD_RAW: &str = "Forwarding 64-byte, raw-table sink";
 const W_PINNED: &str = "Pinned sender (CPU 0), raw-table sink";
-const W_PROG_NS: &str = "XDP program per packet (bpf_stats)";
+const W_PROG_NS: &str = "Program per packet (bpf_stats)";
 const W_ADD_P50: &str = "CNI ADD p50";
 const W_ADD_P99: &str = "CNI ADD p99";
 const W_ATTACH_P50: &str = "ADD to fast path p50 (agent)";
@@ -868,12 +893,13 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_MIGRATE_READY, "ms", false),
 ];
 
-/// The XDP paths of the main table ("best XDP mode" picks among them).
+/// The fast paths of the main table ("best mode" picks among them).
 const XDP_PATHS: &[&str] = &[
     "native devmap",
     "native cpumap",
     DEFAULT_PATH,
     "generic cpumap",
+    TC_PATH,
 ];
 
 /// The goals of issue 9, from the medians of this run.
@@ -899,21 +925,42 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             .filter_map(|p| get(w, p).map(|v| (v, p.to_string())))
             .max_by(|a, b| a.0.total_cmp(&b.0))
     };
-    let vs_peer = |w: &str| match (get(w, DEFAULT_PATH), get(w, PEER_PATH)) {
-        (Some(d), Some(p)) if p > 0.0 => Some(d / p),
+    let vs = |w: &str, p: &str, q: &str| match (get(w, p), get(w, q)) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     };
     let mut out = vec![
         Target {
-            name: "default_vs_peer_udp64",
-            value: vs_peer(W_UDP64),
+            name: "tc_vs_peer_udp64",
+            value: vs(W_UDP64, TC_PATH, PEER_PATH),
+            op: Op::AtLeast,
+            goal: 0.97,
+            what: format!("{TC_PATH} vs {PEER_PATH}, UDP 64-byte frames: the cost of the shared checks"),
+        },
+        Target {
+            name: "tc_vs_peer_fwd64_raw",
+            value: vs(W_FWD_RAW, TC_PATH, PEER_PATH),
+            op: Op::AtLeast,
+            goal: 0.97,
+            what: format!("{TC_PATH} vs {PEER_PATH}, forwarding 64-byte, raw-table sink"),
+        },
+        Target {
+            name: "tc_vs_ptp_tcp",
+            value: ratio(W_TCP, TC_PATH, true),
+            op: Op::AtLeast,
+            goal: 1.0,
+            what: format!("{TC_PATH} vs ptp, TCP 1 stream"),
+        },
+        Target {
+            name: "default_vs_best_peer_udp64",
+            value: vs(W_UDP64, DEFAULT_PATH, PEER_PATH),
             op: Op::AtLeast,
             goal: 1.0,
             what: format!("{DEFAULT_PATH} (the default) vs {PEER_PATH}, UDP 64-byte frames"),
         },
         Target {
             name: "default_vs_peer_tcp",
-            value: vs_peer(W_TCP),
+            value: vs(W_TCP, DEFAULT_PATH, PEER_PATH),
             op: Op::AtLeast,
             goal: 1.0,
             what: format!("{DEFAULT_PATH} (the default) vs {PEER_PATH}, TCP 1 stream"),
@@ -1388,8 +1435,12 @@ fn measure(o: &Opts) -> Result<Measured> {
         if o.workload(W_FWD_XDP) {
             // A packet bpf_redirect_peer hands to the pod's eth0 enters its
             // receive path past the veth's (native) XDP hook: no XDP sink
-            // sees it, so the peer path has no row here.
-            for b in order.iter().filter(|b| b.spec.label != PEER_PATH) {
+            // sees it, so the peer paths (xdpcni tc and Cilium's) have no
+            // row here: consuming in XDP is what native XDP is for.
+            for b in order
+                .iter()
+                .filter(|b| b.spec.label != PEER_PATH && b.spec.label != TC_PATH)
+            {
                 let r = fwd(b, Sink::XdpDrop, &all_cpus, dur)?;
                 push(W_FWD_XDP, b.spec.label, rep, r.rate / 1e6);
             }
@@ -1400,12 +1451,17 @@ fn measure(o: &Opts) -> Result<Measured> {
                 push(W_FWD_RAW, b.spec.label, rep, r.rate / 1e6);
             }
         }
-        if o.workload(W_PROG_NS) && o.path_on(&benches[2]) {
+        if o.workload(W_PROG_NS) {
             // One sample per repetition, among the others: a slow phase of
-            // the machine does not land on all of them.
-            let (line, ns) = profile(&benches[2], dur)?;
-            push(W_PROG_NS, benches[2].spec.label, rep, ns);
-            profile_lines.push(line);
+            // the machine does not land on all of them. native devmap, and
+            // the two peer paths: what the shared checks cost on tc.
+            for b in order.iter().filter(|b| {
+                [benches[2].spec.label, TC_PATH, PEER_PATH].contains(&b.spec.label)
+            }) {
+                let (line, ns) = profile(b, dur)?;
+                push(W_PROG_NS, b.spec.label, rep, ns);
+                profile_lines.push(line);
+            }
         }
         if o.workload(W_PINNED) {
             let pinned: Vec<&Bench> = pinned.iter().copied().filter(|b| o.path_on(b)).collect();
