@@ -28,6 +28,7 @@ ROWS = {
         "ptp (baseline)",
         "native devmap",
         "generic devmap",
+        TC,
         "native cpumap, cpus 1",
         "generic cpumap, cpus 1",
     ],

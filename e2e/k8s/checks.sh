@@ -155,11 +155,11 @@ c_default_mode() {
 	local a b before after
 	read -r a b <<<"$(pods_of web)"
 	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" || return 1
-	before=$(counter "$a" 'redirect_devmap')
+	before=$(counter "$a" 'redirect_.*')
 	traffic "$a" "$b" && traffic "$b" "$a" || return 1
-	after=$(counter "$a" 'redirect_devmap')
-	[ "$after" -gt "$before" ] || fail "redirect_devmap of $a did not move ($before -> $after)"
-	echo "node default $DEFAULT_MODE: ping, UDP, TCP both ways; $a redirect_devmap +$((after - before))"
+	after=$(counter "$a" 'redirect_.*')
+	[ "$after" -gt "$before" ] || fail "the redirect counters of $a did not move ($before -> $after)"
+	echo "node default $DEFAULT_MODE: ping, UDP, TCP both ways; $a redirect_* +$((after - before))"
 }
 # Switches both web pods to mode $1 / redirect $2 while a TCP stream runs
 # from one to the other; then checks ping/UDP/TCP, and that the stream's
@@ -183,7 +183,7 @@ switch_under_load() {
 	# What ethtool in the pod shows for the offloads each mode needs.
 	case $mode in
 	native) [ "$(pod_offload "$a" tx-checksumming)" = off ] || fail "native: tx checksumming not off in $a" ;;
-	generic) [ "$(pod_offload "$a" tcp-segmentation-offload)" = on ] || fail "generic (hybrid) keeps TSO; $a shows $(pod_offload "$a" tcp-segmentation-offload)" ;;
+	generic | tc) [ "$(pod_offload "$a" tcp-segmentation-offload)" = on ] || fail "$mode keeps TSO; $a shows $(pod_offload "$a" tcp-segmentation-offload)" ;;
 	esac
 	if [ "$mode" = off ]; then
 		[ "$after" -eq "$before" ] || fail "off: XDP still counted $verdict ($before -> $after)"
@@ -192,6 +192,21 @@ switch_under_load() {
 		[ "$((after - before))" -gt 10000 ] || fail "$mode/$redirect: the stream was not on the fast path ($verdict $before -> $after)"
 		echo "$mode/$redirect: $verdict +$((after - before)); stream through the switch: $out"
 	fi
+}
+# Into tc from generic under a TCP stream, and back, under 10 ms pings.
+tc_there_and_back() {
+	switch_under_load tc devmap redirect_peer || return 1
+	switch_under_load generic devmap 'redirect_devmap|pass_gso' >/dev/null || return 1
+}
+c_tc_switch() {
+	local a b out s r
+	read -r a b <<<"$(pods_of web)"
+	kc annotate -n "$NS" pod "$a" "$b" --overwrite xdpcni.io/xdp-mode=generic xdpcni.io/redirect=devmap >/dev/null
+	wait_mode "$a" generic && wait_mode "$b" generic || return 1
+	out=$(ping_during tc_there_and_back) || fail "$out"
+	read -r s r <<<"$(tail -1 <<<"$out")"
+	[ -n "$s" ] && [ "$s" -gt 0 ] && [ "$s" = "$r" ] || fail "10 ms pings across generic -> tc -> generic: sent ${s:-?}, received ${r:-?}"
+	echo "$(head -1 <<<"$out"); back to generic under a second stream; 10 ms pings $s sent, $r received"
 }
 c_bad_annotation() {
 	local a b i
@@ -340,9 +355,9 @@ PY
 # its fast path (XDP attached by the agent), p50/p99.
 c_attach_latency() {
 	local out
-	in_node python3 - "$STATE_DIR" 12 >"$W/attach.out" 2>&1 <<'PY' &
+	in_node python3 - "$STATE_DIR" 12 "$PIN_DIR" >"$W/attach.out" 2>&1 <<'PY' &
 import json, os, subprocess, sys, time
-d, n = sys.argv[1], int(sys.argv[2])
+d, n, pins = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 before, pending, seen, took = set(os.listdir(d)), {}, set(), []
 deadline = time.time() + 120
 while len(took) < n and time.time() < deadline:
@@ -357,8 +372,12 @@ while len(took) < n and time.time() < deadline:
         if r.get("podName", "").startswith("burst-"):
             pending[f] = (t, r["hostVeth"])
     if pending:
+        # On the fast path: its link pinned (XDP or tc; pinned at once
+        # after the attach), or XDP as netlink reports it.
         links = json.loads(subprocess.run(["ip", "-d", "-j", "link", "show"], capture_output=True).stdout)
-        on = {l["ifname"] for l in links if "xdp" in l}
+        pinned = set(os.listdir(os.path.join(pins, "links")))
+        on = {l["ifname"] for l in links if "xdp" in l or
+              any(f"{l['ifindex']}_{m}" in pinned for m in ("native", "generic", "tc"))}
         now = time.time_ns()
         for f, (t, veth) in list(pending.items()):
             if veth in on:
@@ -537,8 +556,12 @@ install_previous() {
 		sleep 0.3
 	done
 	[ "$(pods_of web | wc -w)" = 2 ] || fail "web pods: $(pods_of web)"
+	# Modes by annotation: the previous release's node default (generic)
+	# is not this one's (tc), and a roll must change no annotated pod's mode.
 	local p
-	for p in $(pods_of web); do wait_mode "$p" "$DEFAULT_MODE" || return 1; done
+	# shellcheck disable=SC2046 # one word per pod
+	kc annotate -n "$NS" pod $(pods_of web) --overwrite xdpcni.io/xdp-mode=generic >/dev/null
+	for p in $(pods_of web); do wait_mode "$p" generic || return 1; done
 	[ "$(layout_in_use)" = 1 ] || fail "the previous release runs layout $(layout_in_use)"
 	[ -e "$PIN_DIR/endpoints4" ] && [ ! -e "$PIN_DIR/layout-2" ] || fail "no layout 1 datapath of its own: $(ls "$PIN_DIR")"
 }
@@ -646,6 +669,8 @@ check "annotate native/devmap under a TCP stream" switch_under_load native devma
 # Generic is a hybrid: the stream's GSO super-packets go to the kernel (pass_gso).
 check "annotate generic/devmap under a TCP stream" switch_under_load generic devmap 'redirect_devmap|pass_gso'
 check "annotate native/cpumap under a TCP stream" switch_under_load native cpumap redirect_cpumap
+# tc: the same decisions on tcx ingress, super-packets and all redirected to the peer.
+check "annotate tc under a TCP stream, and back, with no lost 10 ms ping" c_tc_switch
 check "annotate off under a TCP stream" switch_under_load off devmap 'redirect_.*|pass_.*'
 check "an invalid annotation value becomes an Event, the pod keeps its network" c_bad_annotation
 check "a ClusterIP Service (kube-proxy DNAT) 100 times in a row on the fast path" c_service

@@ -103,6 +103,22 @@ impl StandaloneAgent {
     }
 }
 
+/// How [`mode_of`] shows `mode` attached: `xdp`, `xdpgeneric`, `tc` or `none`.
+pub fn shown(mode: xdpcni_host::pod::XdpMode) -> &'static str {
+    use xdpcni_ebpf::AttachMode;
+    match mode {
+        xdpcni_host::pod::XdpMode::Xdp(AttachMode::Native) => "xdp",
+        xdpcni_host::pod::XdpMode::Xdp(AttachMode::Generic) => "xdpgeneric",
+        xdpcni_host::pod::XdpMode::Xdp(AttachMode::Tc) => "tc",
+        xdpcni_host::pod::XdpMode::Off => "none",
+    }
+}
+
+/// How [`mode_of`] shows a pod in the agent's default mode.
+pub fn default_shown() -> &'static str {
+    shown(xdpcni_host::pod::DEFAULT_MODE)
+}
+
 /// The datapath mode on `host` in `node` as the kernel reports it: `xdp`
 /// or `xdpgeneric` (netlink), else `tc` when the datapath's tc program is on
 /// its tcx ingress (BPF_PROG_QUERY), else `none`.

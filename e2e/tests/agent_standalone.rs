@@ -1236,10 +1236,7 @@ fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
     assert!(maps.endpoint(b_ip).unwrap().is_some(), "b's record is back");
     ping(&pa, b_ip, 3).unwrap();
     let a_index = node.net.node.ifindex(&ha).unwrap();
-    let redirected = maps
-        .counters(a_index)
-        .unwrap()
-        .packets(xdpcni_ebpf::abi::Verdict::RedirectDevmap);
+    let redirected = maps.counters(a_index).unwrap().forwarded();
     assert!(redirected >= 3, "redirected {redirected}");
     assert_eq!(
         sample(&metrics(&node), "xdpcni_datapath_reloads_total", &[]),

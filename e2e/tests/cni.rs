@@ -136,13 +136,18 @@ fn lifecycle_in_every_spec_version() {
         assert_pod(&pa, &ips_a, 1500);
         assert_pod(&pb, &ips_b, 1500);
 
-        // The agent attaches both in its default mode, generic, woken by
+        // The agent attaches both in its default mode, woken by
         // the records; the endpoint record points at the result's host veth.
         let host = res["interfaces"][0]["name"].as_str().unwrap();
         let host_b = add_b.json["interfaces"][0]["name"].as_str().unwrap();
         for h in [host, host_b] {
-            wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(3))
-                .unwrap_or_else(|e| panic!("{version}: {e}: {}", agent.log()));
+            wait_mode(
+                &net.node,
+                h,
+                xdpcni_e2e::agent::default_shown(),
+                Duration::from_secs(3),
+            )
+            .unwrap_or_else(|e| panic!("{version}: {e}: {}", agent.log()));
         }
         let host_idx = net.node.ifindex(host).unwrap();
         let maps = Maps::open_pinned(pins.path()).unwrap();
@@ -160,7 +165,7 @@ fn lifecycle_in_every_spec_version() {
         ping(&pa, "fd99::1".parse().unwrap(), 2).unwrap();
         tcp_transfer(&pa, &pb, v4(&ips_b), 1 << 20).unwrap();
         let c = maps.counters(host_idx).unwrap();
-        assert!(c.packets(Verdict::RedirectDevmap) >= 6, "{version}: {c:?}");
+        assert!(c.forwarded() >= 6, "{version}: {c:?}");
         assert!(
             c.packets(Verdict::PassNoEndpoint) >= 4,
             "pod-to-host went to the kernel"
@@ -619,8 +624,13 @@ fn gc_removes_attachments_that_are_not_valid() {
             .unwrap();
         assert_eq!(out.status, 0);
         let host = out.json["interfaces"][0]["name"].as_str().unwrap();
-        wait_mode(&net.node, host, "xdpgeneric", Duration::from_secs(3))
-            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+        wait_mode(
+            &net.node,
+            host,
+            xdpcni_e2e::agent::default_shown(),
+            Duration::from_secs(3),
+        )
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
         ips.push(result_ips(&out.json));
     }
     // GC while no agent writes (it would collect the records' leftovers itself).
@@ -806,8 +816,13 @@ fn pods_in_mode_off_are_kernel_only_both_ways() {
         .unwrap();
     assert_eq!((a.status, b.status), (0, 0), "{:?} {:?}", a.json, b.json);
     let fast_host = a.json["interfaces"][0]["name"].as_str().unwrap();
-    wait_mode(&net.node, fast_host, "xdpgeneric", Duration::from_secs(3))
-        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+    wait_mode(
+        &net.node,
+        fast_host,
+        xdpcni_e2e::agent::default_shown(),
+        Duration::from_secs(3),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
     let off_host = b.json["interfaces"][0]["name"].as_str().unwrap();
     assert!(net.node.xdp_attached(off_host).unwrap().is_none());
     let maps = Maps::open_pinned(pins.path()).unwrap();
@@ -869,8 +884,13 @@ fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
         .to_string();
     let b_idx = net.node.ifindex(&b_host).unwrap();
     for h in [&a_host, &b_host] {
-        wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(3))
-            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+        wait_mode(
+            &net.node,
+            h,
+            xdpcni_e2e::agent::default_shown(),
+            Duration::from_secs(3),
+        )
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
     }
     // No agent from here: the DEL alone must leave the new pod alone.
     agent.stop(libc::SIGTERM).unwrap();

@@ -50,8 +50,13 @@ fn node(n: usize) -> Pods {
                 .unwrap();
             assert_eq!(out.status, 0, "{:?}", out.json);
             let host = out.json["interfaces"][0]["name"].as_str().unwrap();
-            wait_mode(&net.node, host, "xdpgeneric", Duration::from_secs(3))
-                .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+            wait_mode(
+                &net.node,
+                host,
+                xdpcni_e2e::agent::default_shown(),
+                Duration::from_secs(3),
+            )
+            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
             (ns, out.json)
         })
         .collect();

@@ -223,9 +223,12 @@ struct Scene {
 
 impl Scene {
     fn new() -> (Self, NodeProcess) {
+        // Modes by annotation: the previous release's default (generic)
+        // is not this one's, and a migration must change no pod's mode.
         let mut node = Node::new(json!({
+            "default/a": { "xdpcni.io/xdp-mode": "generic" },
             "default/b": { "xdpcni.io/xdp-mode": "native" },
-            "default/c": { "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" },
+            "default/c": { "xdpcni.io/xdp-mode": "generic", "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" },
         }));
         let old = node.start(Build::Previous, "previous0.log");
         let pods: Vec<(Netns, Value)> = ["a", "b", "c"]

@@ -384,7 +384,7 @@ fn forwarded(node: &KubeNode, pod: &TestPod) -> u64 {
         .unwrap()
         .counters(idx)
         .unwrap()
-        .packets(Verdict::RedirectDevmap)
+        .forwarded()
 }
 
 #[test]
@@ -447,7 +447,7 @@ fn netpol_truth_table_ipv4_and_ipv6() {
     }
     assert_eq!(
         mode_of(&node.net.node, &pods[3].host).unwrap(),
-        "xdpgeneric"
+        xdpcni_e2e::agent::default_shown()
     );
     let before = forwarded(&node, &pods[3]);
     round(&pods, &|_, _, _| false);
@@ -469,7 +469,7 @@ fn netpol_truth_table_ipv4_and_ipv6() {
     );
     assert_eq!(
         mode_of(&node.net.node, &pods[0].host).unwrap(),
-        "xdpgeneric",
+        xdpcni_e2e::agent::default_shown(),
         "x/a back on the fast path"
     );
 
@@ -1269,7 +1269,7 @@ fn netpol_no_window_a_new_pod_a_policy_selects_is_held_from_its_first_packet() {
     xdpcni_e2e::agent::wait_mode(
         &node.net.node,
         &open2.host,
-        "xdpgeneric",
+        xdpcni_e2e::agent::default_shown(),
         Duration::from_secs(5),
     )
     .unwrap();
@@ -1481,7 +1481,7 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
         xdpcni_e2e::agent::wait_mode(
             &node.net.node,
             &p.host,
-            "xdpgeneric",
+            xdpcni_e2e::agent::default_shown(),
             Duration::from_secs(5),
         )
         .unwrap();

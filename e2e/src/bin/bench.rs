@@ -109,7 +109,7 @@ const fn xdp(label: &'static str, mode: &'static str, redirect: &'static str) ->
 
 /// The node default (what a pod without annotations gets): the agent's own
 /// default mode, which `Bench::new` checks from what the agent attached.
-const DEFAULT_PATH: &str = "generic devmap";
+const DEFAULT_PATH: &str = TC_PATH;
 
 /// The pinned-sender workload's cpumap paths: the destination's cpumap CPU
 /// is CPU 1, the sender is pinned to CPU 0.
@@ -146,10 +146,12 @@ const PATHS: &[PathSpec] = &[
     xdp("xdpcni off", "off", "devmap"),
     xdp("native devmap", "native", "devmap"),
     xdp("native cpumap", "native", "cpumap"),
+    xdp("generic devmap", "generic", "devmap"),
+    xdp("generic cpumap", "generic", "cpumap"),
     PathSpec {
         label: DEFAULT_PATH,
         kind: Kind::Xdpcni {
-            mode: "generic",
+            mode: "tc",
             redirect: "devmap",
             headroom: 256,
             cpus: None,
@@ -157,8 +159,6 @@ const PATHS: &[PathSpec] = &[
             peer: false,
         },
     },
-    xdp("generic cpumap", "generic", "cpumap"),
-    xdp(TC_PATH, "tc", "devmap"),
     PathSpec {
         label: PEER_PATH,
         kind: Kind::Xdpcni {
@@ -728,10 +728,10 @@ fn program_info(b: &Bench) -> Result<aya::programs::ProgramInfo> {
             .info()?);
     }
     Ok(match b.spec.kind {
-        Kind::Xdpcni { mode: "tc", .. } => aya::programs::SchedClassifier::from_pin(
-            progs.join(xdpcni_ebpf::TC_FROM_POD_PROGRAM),
-        )?
-        .info()?,
+        Kind::Xdpcni { mode: "tc", .. } => {
+            aya::programs::SchedClassifier::from_pin(progs.join(xdpcni_ebpf::TC_FROM_POD_PROGRAM))?
+                .info()?
+        }
         _ => aya::programs::Xdp::from_pin(
             progs.join(xdpcni_ebpf::FROM_POD_PROGRAM),
             aya_obj::programs::XdpAttachType::Interface,
@@ -897,7 +897,7 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
 const XDP_PATHS: &[&str] = &[
     "native devmap",
     "native cpumap",
-    DEFAULT_PATH,
+    "generic devmap",
     "generic cpumap",
     TC_PATH,
 ];
@@ -935,7 +935,9 @@ fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             value: vs(W_UDP64, TC_PATH, PEER_PATH),
             op: Op::AtLeast,
             goal: 0.97,
-            what: format!("{TC_PATH} vs {PEER_PATH}, UDP 64-byte frames: the cost of the shared checks"),
+            what: format!(
+                "{TC_PATH} vs {PEER_PATH}, UDP 64-byte frames: the cost of the shared checks"
+            ),
         },
         Target {
             name: "tc_vs_peer_fwd64_raw",
@@ -1455,9 +1457,10 @@ fn measure(o: &Opts) -> Result<Measured> {
             // One sample per repetition, among the others: a slow phase of
             // the machine does not land on all of them. native devmap, and
             // the two peer paths: what the shared checks cost on tc.
-            for b in order.iter().filter(|b| {
-                [benches[2].spec.label, TC_PATH, PEER_PATH].contains(&b.spec.label)
-            }) {
+            for b in order
+                .iter()
+                .filter(|b| [benches[2].spec.label, TC_PATH, PEER_PATH].contains(&b.spec.label))
+            {
                 let (line, ns) = profile(b, dur)?;
                 push(W_PROG_NS, b.spec.label, rep, ns);
                 profile_lines.push(line);

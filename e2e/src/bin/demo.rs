@@ -101,7 +101,7 @@ fn main() -> Result<()> {
 
     println!("\n== traffic between the pods in each mode (set through the agent's pods file)\n");
     println!(
-        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | XDP devmap | XDP cpumap | to the kernel | to the kernel, by verdict | best TCP Mbit/s |"
+        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | devmap or tc peer | XDP cpumap | to the kernel | to the kernel, by verdict | best TCP Mbit/s |"
     );
     println!("| --- | --- | ---: | ---: | ---: | --- | ---: |");
     // Every kernel verdict seen, for the legend below the table.
@@ -112,6 +112,7 @@ fn main() -> Result<()> {
         ("native", "cpumap", "xdp"),
         ("generic", "devmap", "xdpgeneric"),
         ("generic", "cpumap", "xdpgeneric"),
+        ("tc", "devmap", "tc"),
     ] {
         let mut file = serde_json::Map::new();
         for p in &pods {
@@ -124,10 +125,7 @@ fn main() -> Result<()> {
         let start = Instant::now();
         for p in &pods {
             loop {
-                let now = net
-                    .node
-                    .xdp_attached(&p.host)?
-                    .map_or("none".to_string(), |(m, _)| m);
+                let now = xdpcni_e2e::agent::mode_of(&net.node, &p.host)?;
                 if now == want {
                     break;
                 }
@@ -181,7 +179,7 @@ fn main() -> Result<()> {
         };
         println!(
             "| {mode} | {redirect} | {} | {} | {} | {by_verdict} | {best:.0} |",
-            grew(Verdict::RedirectDevmap),
+            grew(Verdict::RedirectDevmap) + grew(Verdict::RedirectPeer),
             grew(Verdict::RedirectCpumap),
             kernel.iter().map(|(_, n)| n).sum::<u64>(),
         );
@@ -189,7 +187,7 @@ fn main() -> Result<()> {
     println!(
         "\n\"off\": no program on the pods' veths, so no counter moves and the kernel routes everything."
     );
-    println!("What went to the kernel in the XDP modes, by verdict:");
+    println!("What went to the kernel in the fast-path modes, by verdict:");
     for v in &seen {
         println!("  {}: {}", v.label(), v.when());
     }

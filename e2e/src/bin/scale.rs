@@ -625,7 +625,10 @@ fn cluster_section(o: &Opts, run: &mut Run) -> Result<()> {
         for k in 0..o.changes() {
             check_interrupt()?;
             let pod = &x.pods[(rep * o.changes() + k) * 7 % x.pods.len()];
-            for (value, want) in [(json!("native"), "xdp"), (Value::Null, "xdpgeneric")] {
+            for (value, want) in [
+                (json!("native"), "xdp"),
+                (Value::Null, xdpcni_e2e::agent::default_shown()),
+            ] {
                 let t = Instant::now();
                 node.annotate(
                     &pod.namespace,
@@ -903,7 +906,12 @@ fn endpoints_section(o: &Opts, run: &mut Run) -> Result<()> {
         pods.push(ns);
     }
     for h in &hosts {
-        xdpcni_e2e::agent::wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(10))?;
+        xdpcni_e2e::agent::wait_mode(
+            &net.node,
+            h,
+            xdpcni_e2e::agent::default_shown(),
+            Duration::from_secs(10),
+        )?;
     }
     agent.stop(libc::SIGTERM)?;
     let layout = xdpcni_ebpf::layout_dir(pins.path());
