@@ -186,12 +186,7 @@ fn annotations_events_and_network_policies_from_the_api_server() {
             .to_string(),
         ipv4(&pods[1].1),
     );
-    let mode = |h: &str| {
-        net.node
-            .xdp_attached(h)
-            .unwrap()
-            .map_or("none".to_string(), |(m, _)| m)
-    };
+    let mode = |h: &str| xdpcni_e2e::agent::mode_of(&net.node, h).unwrap();
     ping(&pods[0].0, b_ip, 2).unwrap();
 
     let annotate = |name: &'static str, value: Value| {

@@ -824,7 +824,10 @@ fn pods_in_mode_off_are_kernel_only_both_ways() {
     )
     .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
     let off_host = b.json["interfaces"][0]["name"].as_str().unwrap();
-    assert!(net.node.xdp_attached(off_host).unwrap().is_none());
+    assert_eq!(
+        xdpcni_e2e::agent::mode_of(&net.node, off_host).unwrap(),
+        "none"
+    );
     let maps = Maps::open_pinned(pins.path()).unwrap();
     let off_ip = v4(&result_ips(&b.json));
     let start = std::time::Instant::now();
@@ -908,8 +911,9 @@ fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
     assert_eq!(d.status, 0, "{:?}", d.json);
     // The new pod keeps its link, devmap entry, endpoints and fast path.
     let maps = Maps::open_pinned(pins.path()).unwrap();
-    assert!(
-        net.node.xdp_attached(&b_host).unwrap().is_some(),
+    assert_eq!(
+        xdpcni_e2e::agent::mode_of(&net.node, &b_host).unwrap(),
+        xdpcni_e2e::agent::default_shown(),
         "new pod still attached"
     );
     assert!(maps.has_tx_port(b_idx).unwrap());

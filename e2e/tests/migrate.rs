@@ -229,6 +229,7 @@ impl Scene {
             "default/a": { "xdpcni.io/xdp-mode": "generic" },
             "default/b": { "xdpcni.io/xdp-mode": "native" },
             "default/c": { "xdpcni.io/xdp-mode": "generic", "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" },
+            "default/d": { "xdpcni.io/xdp-mode": "generic" },
         }));
         let old = node.start(Build::Previous, "previous0.log");
         let pods: Vec<(Netns, Value)> = ["a", "b", "c"]
@@ -585,7 +586,13 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
     let _one = ONE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut node = Node::new(json!({}));
+    // Generic by annotation: the two releases' defaults differ, and the
+    // checks below read which layout's XDP program each veth runs.
+    let mut node = Node::new(json!({
+        "default/a": { "xdpcni.io/xdp-mode": "generic" },
+        "default/d": { "xdpcni.io/xdp-mode": "generic" },
+        "default/e": { "xdpcni.io/xdp-mode": "generic" },
+    }));
     let layout2 = layout_dir(node.pins.path());
     let old = node.start(Build::Previous, "previous.log");
     let (pa, ra) = node.add(Build::Previous, "default", "a");
@@ -595,7 +602,10 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
     // agent has migrated. A pod no policy may select gets its network on
     // kernel routing; one that must be held is refused for a retry.
     let (pd, rd) = node.add(Build::This, "default", "d");
-    assert_eq!(node.net.node.xdp_attached(&host(&rd)).unwrap(), None);
+    assert_eq!(
+        xdpcni_e2e::agent::mode_of(&node.net.node, &host(&rd)).unwrap(),
+        "none"
+    );
     ping(&pa, ipv4(&rd), 3).unwrap();
     {
         let mut maps = Maps::open_layout1(node.pins.path()).unwrap();

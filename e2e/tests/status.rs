@@ -133,6 +133,7 @@ fn status_shows_each_pod_mode_and_why_as_a_table_and_as_json() {
         names,
         [
             xdpcni_ebpf::FROM_POD_PROGRAM,
+            xdpcni_ebpf::TC_FROM_POD_PROGRAM,
             xdpcni_ebpf::CPUMAP_PROGRAM,
             xdpcni_ebpf::HOLD_PROGRAM
         ]
