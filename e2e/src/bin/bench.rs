@@ -1570,7 +1570,7 @@ fn measure(o: &Opts) -> Result<Measured> {
         ));
     }
     extra.append(&mut profile_lines);
-    // Make sure the XDP paths really redirected (the peer path is checked
+    // Make sure the fast paths really redirected (the peer path is checked
     // when it is attached: the kernel forwards none of its pings).
     for b in benches
         .iter()
@@ -1581,8 +1581,8 @@ fn measure(o: &Opts) -> Result<Measured> {
         let maps = Maps::open_pinned(b._pins.path())?;
         let idx = b.net.node.ifindex(&b.hosts[0])?;
         let c = maps.counters(idx)?;
-        let redirected = c.packets(xdpcni_ebpf::abi::Verdict::RedirectDevmap)
-            + c.packets(xdpcni_ebpf::abi::Verdict::RedirectCpumap);
+        // Devmap, cpumap or (tc) the peer: every forward verdict.
+        let redirected = c.forwarded();
         ensure!(
             redirected > 0,
             "{}: nothing was redirected: {c:?}",
