@@ -302,7 +302,12 @@ impl Filled for XdpcniNode {
     }
 
     fn settle(&self) -> Result<()> {
-        wait_converged(&self.node.net.node, LISTEN, self.pods.len(), "generic")
+        wait_converged(
+            &self.node.net.node,
+            LISTEN,
+            self.pods.len(),
+            xdpcni_host::pod::DEFAULT_MODE.as_str(),
+        )
     }
 
     fn filled(&self) -> usize {
@@ -877,15 +882,15 @@ fn policies(o: &Opts, run: &mut Run, x: &XdpcniNode) -> Result<()> {
     Ok(())
 }
 
-/// Two pods of a standalone node on the default path (generic devmap),
-/// the agent stopped once they are attached: the XDP program's run time
+/// Two pods of a standalone node in generic devmap (by the node default
+/// of its config), the agent stopped once they are attached: the XDP program's run time
 /// per packet of a UDP 64-byte flood, with the maps as they are (2
 /// endpoints) and with endpoints4 filled to its 65536 entries.
 fn endpoints_section(o: &Opts, run: &mut Run) -> Result<()> {
     use aya::maps::{HashMap as BpfHashMap, Map, MapData};
     let pins = PinDir::new("xe")?;
     let net = Network::new(pins.path(), "1.1.0", json!([[{"subnet": "10.77.0.0/24"}]]))?;
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({}))?;
+    let agent = StandaloneAgent::start(&net, pins.path(), json!({ "xdpMode": "generic" }))?;
     let mut pods = Vec::new();
     let mut ips = Vec::new();
     let mut hosts = Vec::new();
@@ -906,12 +911,7 @@ fn endpoints_section(o: &Opts, run: &mut Run) -> Result<()> {
         pods.push(ns);
     }
     for h in &hosts {
-        xdpcni_e2e::agent::wait_mode(
-            &net.node,
-            h,
-            xdpcni_e2e::agent::default_shown(),
-            Duration::from_secs(10),
-        )?;
+        xdpcni_e2e::agent::wait_mode(&net.node, h, "xdpgeneric", Duration::from_secs(10))?;
     }
     agent.stop(libc::SIGTERM)?;
     let layout = xdpcni_ebpf::layout_dir(pins.path());
@@ -988,7 +988,12 @@ fn standalone_section(o: &Opts, run: &mut Run) -> Result<()> {
         ensure!(out.status == 0, "ADD: {}", out.json);
         pods.push(ns);
     }
-    wait_converged(&net.node, xdpcni_e2e::agent::LISTEN, FULL, "generic")?;
+    wait_converged(
+        &net.node,
+        xdpcni_e2e::agent::LISTEN,
+        FULL,
+        xdpcni_host::pod::DEFAULT_MODE.as_str(),
+    )?;
     idle_cpu(o, run, F_STANDALONE_CPU, agent.pid())?;
     run.push(
         F_STANDALONE_RSS,
