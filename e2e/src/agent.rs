@@ -119,6 +119,11 @@ pub fn default_shown() -> &'static str {
     shown(xdpcni_host::pod::DEFAULT_MODE)
 }
 
+/// Waits (3 s at most) until `host` in `node` runs the agent's default mode.
+pub fn wait_default_mode(node: &Netns, host: &str) -> Result<Duration> {
+    wait_mode(node, host, default_shown(), Duration::from_secs(3))
+}
+
 /// The datapath mode on `host` in `node` as the kernel reports it: `xdp`
 /// or `xdpgeneric` (netlink), else `tc` when the datapath's tc program is on
 /// its tcx ingress (BPF_PROG_QUERY), else `none`.

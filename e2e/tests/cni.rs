@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    agent::{mode_of, wait_mode, StandaloneAgent},
+    agent::{mode_of, StandaloneAgent},
     cni::{exec, result_ips, Call, Network, REFERENCE_PLUGINS},
     in_netns,
     netns::Netns,
@@ -141,13 +141,8 @@ fn lifecycle_in_every_spec_version() {
         let host = res["interfaces"][0]["name"].as_str().unwrap();
         let host_b = add_b.json["interfaces"][0]["name"].as_str().unwrap();
         for h in [host, host_b] {
-            wait_mode(
-                &net.node,
-                h,
-                xdpcni_e2e::agent::default_shown(),
-                Duration::from_secs(3),
-            )
-            .unwrap_or_else(|e| panic!("{version}: {e}: {}", agent.log()));
+            xdpcni_e2e::agent::wait_default_mode(&net.node, h)
+                .unwrap_or_else(|e| panic!("{version}: {e}: {}", agent.log()));
         }
         let host_idx = net.node.ifindex(host).unwrap();
         let maps = Maps::open_pinned(pins.path()).unwrap();
@@ -624,13 +619,8 @@ fn gc_removes_attachments_that_are_not_valid() {
             .unwrap();
         assert_eq!(out.status, 0);
         let host = out.json["interfaces"][0]["name"].as_str().unwrap();
-        wait_mode(
-            &net.node,
-            host,
-            xdpcni_e2e::agent::default_shown(),
-            Duration::from_secs(3),
-        )
-        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+        xdpcni_e2e::agent::wait_default_mode(&net.node, host)
+            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
         ips.push(result_ips(&out.json));
     }
     // GC while no agent writes (it would collect the records' leftovers itself).
@@ -816,13 +806,8 @@ fn pods_in_mode_off_are_kernel_only_both_ways() {
         .unwrap();
     assert_eq!((a.status, b.status), (0, 0), "{:?} {:?}", a.json, b.json);
     let fast_host = a.json["interfaces"][0]["name"].as_str().unwrap();
-    wait_mode(
-        &net.node,
-        fast_host,
-        xdpcni_e2e::agent::default_shown(),
-        Duration::from_secs(3),
-    )
-    .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+    xdpcni_e2e::agent::wait_default_mode(&net.node, fast_host)
+        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
     let off_host = b.json["interfaces"][0]["name"].as_str().unwrap();
     assert_eq!(
         xdpcni_e2e::agent::mode_of(&net.node, off_host).unwrap(),
@@ -887,13 +872,8 @@ fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
         .to_string();
     let b_idx = net.node.ifindex(&b_host).unwrap();
     for h in [&a_host, &b_host] {
-        wait_mode(
-            &net.node,
-            h,
-            xdpcni_e2e::agent::default_shown(),
-            Duration::from_secs(3),
-        )
-        .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+        xdpcni_e2e::agent::wait_default_mode(&net.node, h)
+            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
     }
     // No agent from here: the DEL alone must leave the new pod alone.
     agent.stop(libc::SIGTERM).unwrap();

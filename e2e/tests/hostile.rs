@@ -16,7 +16,7 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    agent::{wait_mode, StandaloneAgent},
+    agent::StandaloneAgent,
     cni::{result_ips, Call, Network},
     netns::Netns,
     packet,
@@ -50,13 +50,8 @@ fn node(n: usize) -> Pods {
                 .unwrap();
             assert_eq!(out.status, 0, "{:?}", out.json);
             let host = out.json["interfaces"][0]["name"].as_str().unwrap();
-            wait_mode(
-                &net.node,
-                host,
-                xdpcni_e2e::agent::default_shown(),
-                Duration::from_secs(3),
-            )
-            .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
+            xdpcni_e2e::agent::wait_default_mode(&net.node, host)
+                .unwrap_or_else(|e| panic!("{e}: {}", agent.log()));
             (ns, out.json)
         })
         .collect();

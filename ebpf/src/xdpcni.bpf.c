@@ -157,28 +157,31 @@ static __always_inline __u32 slot_of(__u32 ifindex)
 	return slot ? *slot : 0;
 }
 
-/* What a verdict does with the frame: its kind's action (see xdpcni.h). */
-static __always_inline int action_of(__u32 v)
+/*
+ * What a verdict does with the frame, by its kind (see xdpcni.h), in the
+ * hook's own action codes: the one mapping both programs use.
+ */
+static __always_inline int action_in(__u32 v, int drop, int redirect, int pass)
 {
 	__u32 bit = 1u << v;
 
 	if (bit & XDPCNI_DROP_VERDICTS)
-		return XDP_DROP;
+		return drop;
 	if (bit & XDPCNI_REDIRECT_VERDICTS)
-		return XDP_REDIRECT;
-	return XDP_PASS;
+		return redirect;
+	return pass;
 }
 
-/* The same verdict as a tc action: a pass lets the next tcx program run. */
+/* On XDP. */
+static __always_inline int action_of(__u32 v)
+{
+	return action_in(v, XDP_DROP, XDP_REDIRECT, XDP_PASS);
+}
+
+/* On tc: a pass lets the next tcx program run, then the stack. */
 static __always_inline int tc_action_of(__u32 v)
 {
-	__u32 bit = 1u << v;
-
-	if (bit & XDPCNI_DROP_VERDICTS)
-		return TC_ACT_SHOT;
-	if (bit & XDPCNI_REDIRECT_VERDICTS)
-		return TC_ACT_REDIRECT;
-	return TC_ACT_UNSPEC;
+	return action_in(v, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC);
 }
 
 /* Counts on the ingress veth, found through port_slots: the slow paths. */
