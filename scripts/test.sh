@@ -42,6 +42,15 @@ rm -rf target/chart-cni
 target/debug/xdpcni-agent install-cni --config target/chart-agent.json --pod-cidr 10.244.0.0/24 \
 	--cni-conf-dir target/chart-cni/net.d --cni-bin-dir target/chart-cni/bin --plugin target/debug/xdpcni
 test -x target/chart-cni/bin/xdpcni && test -s target/chart-cni/net.d/10-xdpcni.conflist
+# The chart's default routing (vxlan) and mtu (auto): pods get the tunnel's MTU.
+python3 - <<'PY'
+import json
+body = json.load(open("target/chart-agent.json"))
+assert body["routing"] == {"mode": "vxlan", "vni": 1, "port": 4789}, body["routing"]
+assert "mtu" not in body, body
+mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
+assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
+PY
 target/debug/xdpcni uninstall target/chart-cni/state
 test ! -e target/chart-cni/bin/xdpcni && test ! -e target/chart-cni/net.d/10-xdpcni.conflist
 
@@ -72,8 +81,10 @@ monitoring.podMonitor.interval=soon /monitoring/podMonitor/interval
 monitoring.dashboard.namespace=Bad_NS /monitoring/dashboard/namespace
 update.maxUnavailable=0 /update/maxUnavailable
 update.maxUnavailable=half /update/maxUnavailable
+routing.mode=host-gw /routing/mode
+routing.vxlan.vni=one /routing/vxlan/vni
 BAD
-for value in datapath.mtu=70000 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
+for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then
 		echo "chart accepted --set $value" >&2
 		false

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::netlink::NetlinkError;
+use xdpcni_host::netlink::NetlinkError;
 
 /// A CNI error, as printed on stdout.
 #[derive(Debug, Serialize, PartialEq, Eq)]

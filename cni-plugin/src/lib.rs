@@ -8,7 +8,7 @@ pub mod config;
 pub mod error;
 pub mod ipam;
 pub mod log;
-pub mod netlink;
+
 pub mod plugin;
 pub mod types;
 

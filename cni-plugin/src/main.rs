@@ -66,6 +66,18 @@ fn uninstall(dir: &Path) -> i32 {
                     xdpcni_host::nftable::TABLE
                 );
             }
+            if r.overlay.device {
+                eprintln!(
+                    "xdpcni uninstall: removed the VXLAN device {} (its FDB, neighbour and route entries)",
+                    xdpcni_host::overlay::DEVICE
+                );
+            }
+            if r.overlay.routes > 0 {
+                eprintln!(
+                    "xdpcni uninstall: removed {} routes to other nodes' pods",
+                    r.overlay.routes
+                );
+            }
             for pod in &r.pods_left {
                 eprintln!("xdpcni uninstall: pod {pod} is still on the node (kernel routing until it is deleted)");
             }

@@ -3,10 +3,13 @@
 
 use std::{collections::HashMap, path::PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use xdpcni_ebpf::abi::RedirectPolicy;
-use xdpcni_host::pod::{parse_cpu_list, XdpMode};
+use xdpcni_host::{
+    overlay::RoutingMode,
+    pod::{parse_cpu_list, XdpMode},
+};
 
 use crate::{policy::Policy, reconciler::Annotations};
 
@@ -81,6 +84,58 @@ pub struct Config {
     /// naming pods (which make them kernel-only); 0: never.
     #[serde(default = "default_forward_scan")]
     pub forward_scan_ms: u64,
+    /// How this node reaches the other nodes' pods (Kubernetes mode).
+    #[serde(default)]
+    pub routing: RoutingConfig,
+}
+
+fn default_routing() -> String {
+    xdpcni_host::overlay::DEFAULT_ROUTING.as_str().into()
+}
+
+fn default_vni() -> u32 {
+    xdpcni_host::overlay::DEFAULT_VNI
+}
+
+fn default_port() -> u16 {
+    xdpcni_host::overlay::DEFAULT_PORT
+}
+
+/// The config's `routing` object (the chart's `routing`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// `hostGateway`, `vxlan` or `auto` (default:
+    /// [`xdpcni_host::overlay::DEFAULT_ROUTING`]).
+    #[serde(default = "default_routing")]
+    pub mode: String,
+    /// The VXLAN network identifier, the same on every node.
+    #[serde(default = "default_vni")]
+    pub vni: u32,
+    /// The VXLAN UDP port, the same on every node.
+    #[serde(default = "default_port")]
+    pub port: u16,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            mode: default_routing(),
+            vni: default_vni(),
+            port: default_port(),
+        }
+    }
+}
+
+/// The routing a node runs, validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routing {
+    /// The mode.
+    pub mode: RoutingMode,
+    /// The VXLAN network identifier.
+    pub vni: u32,
+    /// The VXLAN UDP port.
+    pub port: u16,
 }
 
 impl Config {
@@ -110,6 +165,33 @@ impl Config {
             mode,
             redirect,
             cpu_mask,
+        })
+    }
+
+    /// The routing section, validated.
+    pub fn routing(&self) -> Result<Routing> {
+        let r = &self.routing;
+        let mode = RoutingMode::parse(&r.mode).with_context(|| {
+            format!(
+                "routing.mode {:?} is not one of {}",
+                r.mode,
+                RoutingMode::names()
+            )
+        })?;
+        if !xdpcni_host::overlay::VNI_RANGE.contains(&r.vni) {
+            bail!(
+                "routing.vni {} is not in {:?} (24 bits)",
+                r.vni,
+                xdpcni_host::overlay::VNI_RANGE
+            );
+        }
+        if r.port == 0 {
+            bail!("routing.port 0 is not a UDP port");
+        }
+        Ok(Routing {
+            mode,
+            vni: r.vni,
+            port: r.port,
         })
     }
 
@@ -162,5 +244,30 @@ mod tests {
             serde_json::from_value::<Config>(serde_json::json!({"pinDir": "/", "bogus": 1}))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn routing_is_validated_and_defaults_to_vxlan() {
+        let with = |r: serde_json::Value| {
+            serde_json::from_value::<Config>(serde_json::json!({
+                "pinDir": "/", "stateDir": "/", "routing": r,
+            }))
+        };
+        let d = cfg("tc", "devmap", "").routing().unwrap();
+        assert_eq!((d.mode, d.vni, d.port), (RoutingMode::Vxlan, 1, 4789));
+        let a = with(serde_json::json!({"mode": "auto", "vni": 42})).unwrap();
+        assert_eq!(a.routing().unwrap().mode, RoutingMode::Auto);
+        assert_eq!(a.routing().unwrap().vni, 42);
+        let e = with(serde_json::json!({"mode": "host-gw"}))
+            .unwrap()
+            .routing()
+            .unwrap_err();
+        assert!(format!("{e}").contains("hostGateway, vxlan, auto"), "{e}");
+        assert!(with(serde_json::json!({"vni": 0x0100_0000}))
+            .unwrap()
+            .routing()
+            .is_err());
+        assert!(with(serde_json::json!({"port": 0})).unwrap().routing().is_err());
+        assert!(with(serde_json::json!({"bogus": 1})).is_err());
     }
 }

@@ -10,7 +10,8 @@
 //!                                         what the local agent has in force, per pod and why
 //! xdpcni-agent uninstall [--pin-dir DIR] [--state-dir DIR]
 //!                                         detach the datapath everywhere and unpin it, remove
-//!                                         the NetworkPolicy table; with --state-dir, also
+//!                                         the NetworkPolicy table, the VXLAN device and the
+//!                                         routes to other nodes' pods; with --state-dir, also
 //!                                         remove what install-cni installed
 //! ```
 
@@ -132,18 +133,43 @@ fn main() -> Result<()> {
                 Some(p) => p,
                 None => std::env::current_exe()?.with_file_name("xdpcni"),
             };
-            let mut cidrs = pod_cidrs;
-            if cidrs.is_empty() {
+            let mut facts = xdpcni_agent::install::NodeFacts {
+                cidrs: pod_cidrs,
+                internal_ip: None,
+            };
+            if facts.cidrs.is_empty() {
                 let node = cfg
                     .node_name()
                     .context("NODE_NAME (or --pod-cidr) is needed")?;
-                cidrs = tokio::runtime::Builder::new_current_thread()
+                facts = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()?
-                    .block_on(xdpcni_agent::install::node_pod_cidrs(&node))?;
+                    .block_on(xdpcni_agent::install::node_facts(&node))?;
             }
-            let dest =
-                xdpcni_agent::install::install(&cfg, &cidrs, &cni_conf_dir, &cni_bin_dir, &plugin)?;
+            let underlay = xdpcni_agent::install::underlay(facts.internal_ip)?;
+            let mtu = xdpcni_agent::install::pod_mtu(&cfg, underlay.as_ref())?;
+            let mode = cfg.routing()?.mode;
+            match &underlay {
+                Some(u) => eprintln!(
+                    "xdpcni-agent: pod MTU {mtu} (routing {mode}, underlay {} MTU {})",
+                    u.link.name, u.link.mtu
+                ),
+                None => eprintln!(
+                    "xdpcni-agent: pod MTU {mtu} (routing {mode}; no interface holds the \
+                     node's InternalIP {:?}, so the underlay MTU is taken as {})",
+                    facts.internal_ip,
+                    xdpcni_host::netconf::DEFAULT_MTU
+                ),
+            }
+            let cidrs = facts.cidrs;
+            let dest = xdpcni_agent::install::install(
+                &cfg,
+                &cidrs,
+                mtu,
+                &cni_conf_dir,
+                &cni_bin_dir,
+                &plugin,
+            )?;
             eprintln!(
                 "xdpcni-agent: wrote {} for {cidrs:?}, installed {} in {}",
                 dest.conflist.display(),
@@ -189,6 +215,21 @@ fn main() -> Result<()> {
                 "xdpcni-agent: datapath at {} detached and unpinned",
                 pin_dir.display()
             );
+            let overlay = xdpcni_host::netlink::Netlink::new()
+                .and_then(|mut nl| xdpcni_host::overlay::remove(&mut nl))
+                .context("removing the VXLAN device and the node routes")?;
+            if overlay.device {
+                eprintln!(
+                    "xdpcni-agent: VXLAN device {} removed",
+                    xdpcni_host::overlay::DEVICE
+                );
+            }
+            if overlay.routes > 0 {
+                eprintln!(
+                    "xdpcni-agent: {} routes to other nodes' pods removed",
+                    overlay.routes
+                );
+            }
             if xdpcni_host::nftable::remove_table().context("removing the NetworkPolicy table")? {
                 eprintln!(
                     "xdpcni-agent: NetworkPolicy table inet {} removed",

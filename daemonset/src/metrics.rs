@@ -380,6 +380,8 @@ pub struct Metrics {
     datapath: Family<Vec<(String, String)>, Gauge>,
     /// `xdpcni_datapath_migration_seconds`.
     pub migration: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// `xdpcni_node_routes{via}`.
+    pub node_routes: Family<OneLabel, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -458,6 +460,15 @@ impl Metrics {
             "How long this agent's start took to migrate the datapath from an older layout (0: none)",
             migration.clone(),
         );
+        let node_routes = Family::<OneLabel, Gauge>::default();
+        for via in ["hostGateway", "vxlan", "unreachable"] {
+            let _ = node_routes.get_or_create(&[("via", via)]);
+        }
+        registry.register(
+            "xdpcni_node_routes",
+            "Routes to other nodes' pod CIDRs in place, by next hop (hostGateway, vxlan), and host-gateway routes the kernel refused (unreachable: the next hop is not on this node's L2 segment)",
+            node_routes.clone(),
+        );
         registry.register_collector(Box::new(PodsCollector {
             maps,
             book: Arc::clone(&book),
@@ -484,6 +495,7 @@ impl Metrics {
             reloads,
             datapath,
             migration,
+            node_routes,
         }
     }
 
@@ -496,6 +508,20 @@ impl Metrics {
                 ("build".to_string(), build.to_string()),
             ])
             .set(1);
+    }
+
+    /// Sets `xdpcni_node_routes`: (host-gateway, tunnel) routes in place,
+    /// and host-gateway routes refused.
+    pub fn set_node_routes(&self, (gateway, tunnel): (usize, usize), unreachable: usize) {
+        for (via, n) in [
+            ("hostGateway", gateway),
+            ("vxlan", tunnel),
+            ("unreachable", unreachable),
+        ] {
+            self.node_routes
+                .get_or_create(&[("via", via)])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts an error at `stage`.

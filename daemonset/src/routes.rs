@@ -1,18 +1,56 @@
-//! Host-gateway routing between nodes: a route to every other node's pod
-//! CIDR via that node's InternalIP, in the main table, marked with our own
-//! route protocol number so the agent only ever touches routes it made.
+//! Routing to the other nodes' pods, in the main table and on the VXLAN
+//! device the agent owns ([`xdpcni_host::overlay`] decides the modes, the
+//! device's name, the MTU and the VTEP; this module keeps the kernel's
+//! entries equal to the Node objects).
+//!
+//! Per other node and pod CIDR, one route: `via <InternalIP>` (host-gateway)
+//! or `via <gateway> dev xdpcni.vxlan` (the tunnel: the gateway is
+//! [`tunnel_gateway`], with a permanent neighbour mapping it to the node's
+//! VTEP MAC and an FDB entry mapping that MAC to its VTEP address). Every route carries the agent's route protocol, so the agent only
+//! ever touches routes it made; everything on the device is the agent's.
+//!
+//! A node that publishes no VTEP (its agent runs host-gateway, or an older
+//! release, or has not started) is reached by host-gateway in every mode:
+//! during a `helm upgrade` between modes, each pair of nodes keeps a path.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
-
-use futures::TryStreamExt;
-use k8s_openapi::api::core::v1::Node;
-use rtnetlink::{
-    packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
-    Handle, RouteMessageBuilder,
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
-/// The `proto` of the routes the agent owns (`ip route` shows `proto 90`).
-pub const ROUTE_PROTOCOL: u8 = 90;
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use rtnetlink::{
+    packet_route::{
+        link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
+        neighbour::{
+            NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
+            NeighbourState,
+        },
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
+        AddressFamily,
+    },
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVxlan, RouteMessageBuilder,
+};
+use xdpcni_host::overlay::{
+    tunnel_gateway, MacAddr, RoutingMode, Underlay, Vtep, DEVICE, VTEP_ANNOTATION,
+};
+
+use crate::config::Routing;
+
+pub use xdpcni_host::overlay::ROUTE_PROTOCOL;
+
+/// How a route reaches another node's pod CIDR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Via {
+    /// Host-gateway: the node's InternalIP, on this node's L2 segment.
+    Gateway(IpAddr),
+    /// The tunnel: the CIDR's gateway address, on link on the VXLAN device.
+    Tunnel(IpAddr),
+}
 
 /// A route to another node's pods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -21,52 +59,177 @@ pub struct NodeRoute {
     pub dst: IpAddr,
     /// Pod CIDR prefix length.
     pub prefix: u8,
-    /// The node's InternalIP of the same family.
-    pub via: IpAddr,
+    /// The next hop.
+    pub via: Via,
 }
 
-/// The routes this node needs: one per other node and pod CIDR family.
-pub fn desired(nodes: &[Arc<Node>], me: &str) -> BTreeSet<NodeRoute> {
-    let mut out = BTreeSet::new();
+impl NodeRoute {
+    fn cidr(&self) -> String {
+        format!("{}/{}", self.dst, self.prefix)
+    }
+}
+
+/// What this node needs for the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Each route and the node it leads to.
+    pub routes: BTreeMap<NodeRoute, String>,
+    /// FDB entries on the device: VTEP MAC -> VTEP address.
+    pub fdb: BTreeSet<(MacAddr, IpAddr)>,
+    /// Neighbours on the device: a CIDR's gateway -> its node's VTEP MAC.
+    pub neighbours: BTreeSet<(IpAddr, MacAddr)>,
+    /// Nodes whose VTEP annotation cannot be read (they get host-gateway).
+    pub bad_vteps: Vec<(String, String)>,
+}
+
+/// The InternalIPs of `node`, in the order its status lists them.
+pub fn internal_ips(node: &Node) -> Vec<IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pod CIDRs of `node`, as networks.
+pub fn pod_cidrs(node: &Node) -> Vec<IpNet> {
+    let Some(spec) = &node.spec else {
+        return Vec::new();
+    };
+    let mut cidrs: Vec<String> = spec.pod_cidrs.clone().unwrap_or_default();
+    if let Some(c) = &spec.pod_cidr {
+        if !cidrs.contains(c) {
+            cidrs.push(c.clone());
+        }
+    }
+    let mut out: Vec<IpNet> = cidrs
+        .iter()
+        .filter_map(|c| c.parse::<IpNet>().ok())
+        .map(|n| n.trunc())
+        .collect();
+    out.dedup();
+    out
+}
+
+/// The VTEP `node` publishes, if any: `Err` names a value that cannot be read.
+pub fn published_vtep(node: &Node) -> Option<Result<Vtep, String>> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(VTEP_ANNOTATION)
+        .map(|v| Vtep::from_annotation(v))
+}
+
+/// This node's side of the tunnel, when it has one.
+#[derive(Clone, Debug)]
+pub struct Local<'a> {
+    /// This node's VTEP (its device is up).
+    pub vtep: Vtep,
+    /// The underlay interface, whose subnets `auto` reaches directly.
+    pub underlay: &'a Underlay,
+}
+
+/// The routes, neighbours and FDB entries this node needs in `mode`;
+/// `local` is this node's tunnel (None: host-gateway only).
+pub fn plan(nodes: &[Arc<Node>], me: &str, mode: RoutingMode, local: Option<&Local<'_>>) -> Plan {
+    let mut out = Plan::default();
     for n in nodes {
-        if n.metadata.name.as_deref() == Some(me) {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        if name == me {
             continue;
         }
-        let Some(spec) = &n.spec else { continue };
-        let mut cidrs: Vec<String> = spec.pod_cidrs.clone().unwrap_or_default();
-        if let Some(c) = &spec.pod_cidr {
-            if !cidrs.contains(c) {
-                cidrs.push(c.clone());
+        let internal = internal_ips(n);
+        let vtep = match published_vtep(n) {
+            Some(Ok(v)) => Some(v),
+            Some(Err(why)) => {
+                out.bad_vteps.push((name.clone(), why));
+                None
             }
-        }
-        let internal: Vec<IpAddr> = n
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .map(|a| {
-                a.iter()
-                    .filter(|a| a.type_ == "InternalIP")
-                    .filter_map(|a| a.address.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        for c in cidrs {
-            let Some((addr, prefix)) = c.split_once('/') else {
-                continue;
+            None => None,
+        };
+        // The tunnel reaches this node if both ends have one, of one family.
+        let tunnel = match (mode, local, vtep) {
+            (RoutingMode::HostGateway, _, _) => None,
+            (_, Some(l), Some(v)) if l.vtep.address.is_ipv4() == v.address.is_ipv4() => {
+                Some((l, v))
+            }
+            _ => None,
+        };
+        for cidr in pod_cidrs(n) {
+            let dst = cidr.addr();
+            let gateway = internal
+                .iter()
+                .copied()
+                .find(|v| v.is_ipv4() == dst.is_ipv4());
+            let via = match (tunnel, gateway) {
+                // auto: the nodes of this node's own subnet directly.
+                (Some((l, _)), Some(gw))
+                    if mode == RoutingMode::Auto && l.underlay.on_subnet(gw) =>
+                {
+                    Via::Gateway(gw)
+                }
+                (Some((_, v)), _) => {
+                    let gw = tunnel_gateway(dst, v.mac);
+                    out.fdb.insert((v.mac, v.address));
+                    out.neighbours.insert((gw, v.mac));
+                    Via::Tunnel(gw)
+                }
+                (None, Some(gw)) => Via::Gateway(gw),
+                (None, None) => continue,
             };
-            let (Ok(dst), Ok(prefix)) = (addr.parse::<IpAddr>(), prefix.parse::<u8>()) else {
-                continue;
-            };
-            if let Some(via) = internal.iter().find(|v| v.is_ipv4() == dst.is_ipv4()) {
-                out.insert(NodeRoute {
+            out.routes.insert(
+                NodeRoute {
                     dst,
-                    prefix,
-                    via: *via,
-                });
-            }
+                    prefix: cidr.prefix_len(),
+                    via,
+                },
+                name.clone(),
+            );
         }
     }
     out
+}
+
+/// A host-gateway route the kernel refused: its next hop is not on this
+/// node's L2 segment.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Unreachable {
+    /// The node the route leads to.
+    pub node: String,
+    /// Its pod CIDR.
+    pub cidr: String,
+    /// The next hop (its InternalIP).
+    pub via: IpAddr,
+    /// What the kernel said.
+    pub why: String,
+}
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node {}'s pods ({}) need next hop {} (its InternalIP), which is not on this \
+             node's L2 segment (the kernel refused the route: {}): host-gateway routing \
+             cannot reach them; set routing.mode to vxlan or auto",
+            self.node, self.cidr, self.via, self.why
+        )
+    }
+}
+
+/// What a [`sync`] changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Entries added or replaced (routes, neighbours, FDB).
+    pub added: usize,
+    /// Entries removed.
+    pub removed: usize,
+    /// Host-gateway routes the kernel refused.
+    pub unreachable: Vec<Unreachable>,
 }
 
 fn ip(a: &RouteAddress) -> Option<IpAddr> {
@@ -77,97 +240,785 @@ fn ip(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-fn parse(m: &RouteMessage) -> Option<NodeRoute> {
+fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
     if m.header.protocol != RouteProtocol::Other(ROUTE_PROTOCOL) {
         return None;
     }
-    let (mut dst, mut via) = (None, None);
+    let (mut dst, mut gw, mut oif) = (None, None, None);
     for a in &m.attributes {
         match a {
             RouteAttribute::Destination(d) => dst = ip(d),
-            RouteAttribute::Gateway(g) => via = ip(g),
+            RouteAttribute::Gateway(g) => gw = ip(g),
+            RouteAttribute::Oif(o) => oif = Some(*o),
             _ => {}
         }
     }
+    let gw = gw?;
     Some(NodeRoute {
         dst: dst?,
         prefix: m.header.destination_prefix_length,
-        via: via?,
+        via: if oif.is_some() && oif == device {
+            Via::Tunnel(gw)
+        } else {
+            Via::Gateway(gw)
+        },
     })
 }
 
-fn message(r: &NodeRoute) -> RouteMessage {
+fn route_message(r: &NodeRoute, device: u32) -> RouteMessage {
+    let proto = RouteProtocol::Other(ROUTE_PROTOCOL);
     match (r.dst, r.via) {
-        (IpAddr::V4(d), IpAddr::V4(v)) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+        (IpAddr::V4(d), Via::Gateway(IpAddr::V4(v))) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
             .destination_prefix(d, r.prefix)
             .gateway(v)
-            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
+            .protocol(proto)
             .build(),
-        (IpAddr::V6(d), IpAddr::V6(v)) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+        (IpAddr::V4(d), Via::Tunnel(IpAddr::V4(v))) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
             .destination_prefix(d, r.prefix)
             .gateway(v)
-            .protocol(RouteProtocol::Other(ROUTE_PROTOCOL))
+            .output_interface(device)
+            .onlink()
+            .protocol(proto)
+            .build(),
+        (IpAddr::V6(d), Via::Gateway(IpAddr::V6(v))) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+            .destination_prefix(d, r.prefix)
+            .gateway(v)
+            .protocol(proto)
+            .build(),
+        (IpAddr::V6(d), Via::Tunnel(IpAddr::V6(v))) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+            .destination_prefix(d, r.prefix)
+            .gateway(v)
+            .output_interface(device)
+            .protocol(proto)
             .build(),
         _ => RouteMessage::default(),
     }
 }
 
-/// Makes the routes the agent owns equal `want`: (added, removed).
+fn neighbour_ip(a: &NeighbourAddress) -> Option<IpAddr> {
+    match a {
+        NeighbourAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        NeighbourAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        // An FDB entry's (AF_BRIDGE) destination: raw bytes of either family.
+        NeighbourAddress::Other(b) => match b.len() {
+            4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+            16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn mac_of(lla: &[u8]) -> Option<MacAddr> {
+    <[u8; 6]>::try_from(lla).ok().map(MacAddr)
+}
+
+/// The permanent entries on the device: (neighbours, FDB), each with the
+/// kernel's message (to delete it by).
+type Entries = (
+    BTreeMap<(IpAddr, MacAddr), NeighbourMessage>,
+    BTreeMap<(MacAddr, IpAddr), NeighbourMessage>,
+);
+
+async fn device_entries(handle: &Handle, device: u32) -> Result<Entries, rtnetlink::Error> {
+    let (mut neigh, mut fdb) = (BTreeMap::new(), BTreeMap::new());
+    for family in [AddressFamily::Inet, AddressFamily::Inet6, AddressFamily::Bridge] {
+        let mut dump = handle
+            .neighbours()
+            .get()
+            .set_address_family(family)
+            .execute();
+        while let Some(m) = dump.try_next().await? {
+            if m.header.ifindex != device || m.header.state != NeighbourState::Permanent {
+                continue;
+            }
+            let (mut dst, mut lla) = (None, None);
+            for a in &m.attributes {
+                match a {
+                    NeighbourAttribute::Destination(d) => dst = neighbour_ip(d),
+                    NeighbourAttribute::LinkLayerAddress(l) => lla = mac_of(l),
+                    _ => {}
+                }
+            }
+            let (Some(dst), Some(mac)) = (dst, lla) else {
+                continue;
+            };
+            if family == AddressFamily::Bridge {
+                fdb.insert((mac, dst), m);
+            } else {
+                neigh.insert((dst, mac), m);
+            }
+        }
+    }
+    Ok((neigh, fdb))
+}
+
+/// Whether a refused host-gateway route means its next hop is off-link.
+fn off_link(e: &rtnetlink::Error) -> Option<String> {
+    let rtnetlink::Error::NetlinkError(m) = e else {
+        return None;
+    };
+    let code = m.code.map(|c| -c.get())?;
+    matches!(code, libc::EINVAL | libc::ENETUNREACH | libc::EHOSTUNREACH)
+        .then(|| std::io::Error::from_raw_os_error(code).to_string())
+}
+
+/// Makes the agent's routes, and the entries on `device` (its ifindex, if
+/// the node has one), equal `want`.
 pub async fn sync(
     handle: &Handle,
-    want: &BTreeSet<NodeRoute>,
-) -> Result<(usize, usize), rtnetlink::Error> {
+    want: &Plan,
+    device: Option<u32>,
+) -> Result<Report, RouteError> {
+    let named = |op: String| move |source| RouteError::Request { op, source };
+    let mut report = Report::default();
+    let (neigh, fdb) = match device {
+        Some(d) => device_entries(handle, d)
+            .await
+            .map_err(named(format!("listing the entries of {DEVICE}")))?,
+        None => Default::default(),
+    };
+    // The tunnel's entries before the routes that use them.
+    if let Some(d) = device {
+        for (mac, vtep) in want.fdb.iter().filter(|k| !fdb.contains_key(k)) {
+            handle
+                .neighbours()
+                .add_bridge(d, &mac.0)
+                .destination(*vtep)
+                .flags(NeighbourFlags::Own)
+                .replace()
+                .execute()
+                .await
+                .map_err(named(format!("adding FDB entry {mac} dst {vtep}")))?;
+            report.added += 1;
+        }
+        for (gw, mac) in want.neighbours.iter().filter(|k| !neigh.contains_key(k)) {
+            handle
+                .neighbours()
+                .add(d, *gw)
+                .link_layer_address(&mac.0)
+                .replace()
+                .execute()
+                .await
+                .map_err(named(format!("adding neighbour {gw} lladdr {mac}")))?;
+            report.added += 1;
+        }
+    }
     let mut have = BTreeSet::new();
     for req in [
         RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
         RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
     ] {
         let mut routes = handle.route().get(req).execute();
-        while let Some(m) = routes.try_next().await? {
-            if let Some(r) = parse(&m) {
+        while let Some(m) = routes
+            .try_next()
+            .await
+            .map_err(named("listing routes".into()))?
+        {
+            if let Some(r) = parse_route(&m, device) {
                 have.insert(r);
             }
         }
     }
-    let (mut added, mut removed) = (0, 0);
-    for r in want.difference(&have) {
-        handle.route().add(message(r)).replace().execute().await?;
-        added += 1;
+    let dev = device.unwrap_or_default();
+    for (r, node) in want.routes.iter().filter(|(r, _)| !have.contains(r)) {
+        if matches!(r.via, Via::Tunnel(_)) && device.is_none() {
+            continue;
+        }
+        // Replace: a route changing next hop (a switch of mode) changes in
+        // one step, with no moment without a route.
+        match handle
+            .route()
+            .add(route_message(r, dev))
+            .replace()
+            .execute()
+            .await
+        {
+            Ok(()) => report.added += 1,
+            Err(e) => match (r.via, off_link(&e)) {
+                (Via::Gateway(via), Some(why)) => report.unreachable.push(Unreachable {
+                    node: node.clone(),
+                    cidr: r.cidr(),
+                    via,
+                    why,
+                }),
+                _ => return Err(named(format!("adding route {r:?}"))(e)),
+            },
+        }
     }
-    for r in have.difference(want) {
-        handle.route().del(message(r)).execute().await?;
-        removed += 1;
+    let kept: BTreeSet<(IpAddr, u8)> = want.routes.keys().map(|r| (r.dst, r.prefix)).collect();
+    for r in have.iter().filter(|r| !want.routes.contains_key(r)) {
+        if kept.contains(&(r.dst, r.prefix)) {
+            // Replaced above by the route that took its place.
+            continue;
+        }
+        match handle.route().del(route_message(r, dev)).execute().await {
+            Ok(()) => report.removed += 1,
+            Err(rtnetlink::Error::NetlinkError(m)) if m.code.is_some_and(|c| -c.get() == libc::ESRCH) => {}
+            Err(e) => return Err(named(format!("removing route {r:?}"))(e)),
+        }
     }
-    Ok((added, removed))
+    for ((gw, mac), m) in neigh.into_iter().filter(|(k, _)| !want.neighbours.contains(k)) {
+        handle
+            .neighbours()
+            .del(m)
+            .execute()
+            .await
+            .map_err(named(format!("removing neighbour {gw} lladdr {mac}")))?;
+        report.removed += 1;
+    }
+    for ((mac, vtep), m) in fdb.into_iter().filter(|(k, _)| !want.fdb.contains(k)) {
+        handle
+            .neighbours()
+            .del(m)
+            .execute()
+            .await
+            .map_err(named(format!("removing FDB entry {mac} dst {vtep}")))?;
+        report.removed += 1;
+    }
+    report.unreachable.sort();
+    Ok(report)
+}
+
+/// The VXLAN device as the kernel has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct DeviceState {
+    index: u32,
+    vni: Option<u32>,
+    port: Option<u16>,
+    local: Option<IpAddr>,
+    link: Option<u32>,
+    mac: Option<MacAddr>,
+    mtu: Option<u32>,
+}
+
+fn device_state(m: &LinkMessage) -> DeviceState {
+    let mut s = DeviceState {
+        index: m.header.index,
+        vni: None,
+        port: None,
+        local: None,
+        link: None,
+        mac: None,
+        mtu: None,
+    };
+    for a in &m.attributes {
+        match a {
+            LinkAttribute::Address(l) => s.mac = mac_of(l),
+            LinkAttribute::Mtu(v) => s.mtu = Some(*v),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Data(InfoData::Vxlan(attrs)) = i {
+                        for x in attrs {
+                            match x {
+                                InfoVxlan::Id(v) => s.vni = Some(*v),
+                                InfoVxlan::Port(p) => s.port = Some(*p),
+                                InfoVxlan::Local(a) => s.local = Some(IpAddr::V4(*a)),
+                                InfoVxlan::Local6(a) => s.local = Some(IpAddr::V6(*a)),
+                                InfoVxlan::Link(l) => s.link = Some(*l),
+                                _ => {}
+                            }
+                        }
+                    }
+                    if let LinkInfo::Kind(k) = i {
+                        if *k != InfoKind::Vxlan {
+                            s.vni = None;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    s
+}
+
+async fn find_device(handle: &Handle) -> Result<Option<LinkMessage>, rtnetlink::Error> {
+    let mut links = handle.link().get().match_name(DEVICE.to_string()).execute();
+    match links.try_next().await {
+        Ok(l) => Ok(l),
+        Err(rtnetlink::Error::NetlinkError(m)) if m.code.is_some_and(|c| -c.get() == libc::ENODEV) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The ifindex of the VXLAN device, if the node has one.
+pub async fn device_index(handle: &Handle) -> Result<Option<u32>, rtnetlink::Error> {
+    Ok(find_device(handle).await?.map(|m| m.header.index))
+}
+
+/// Removes the VXLAN device (its neighbours, FDB entries and routes go
+/// with it): whether it was there.
+pub async fn remove_device(handle: &Handle) -> Result<bool, rtnetlink::Error> {
+    match find_device(handle).await? {
+        Some(m) => {
+            handle.link().del(m.header.index).execute().await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// What [`ensure_device`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// Its ifindex.
+    pub index: u32,
+    /// Whether it was made (or made again) now.
+    pub created: bool,
+}
+
+/// Makes the VXLAN device match `routing` over `underlay` with `vtep`: made
+/// if missing, made again if its VNI, port, local address or lower link
+/// differ, its MAC and MTU set, up, with this node's pod CIDRs' gateway
+/// addresses (the source of the node's own packets to other nodes' pods,
+/// so replies come back through the tunnel), transmit checksum offload as
+/// [`xdpcni_host::overlay::TX_CHECKSUM_OFFLOAD`] says.
+pub async fn ensure_device(
+    handle: &Handle,
+    routing: &Routing,
+    underlay: &Underlay,
+    vtep: &Vtep,
+    own_cidrs: &[IpNet],
+) -> Result<Device, RouteError> {
+    let named = |op: String| move |source| RouteError::Request { op, source };
+    let mtu = underlay.pod_mtu(routing.mode);
+    let mut created = false;
+    let mut state = find_device(handle).await?.map(|m| device_state(&m));
+    if let Some(s) = &state {
+        let same = s.vni == Some(routing.vni)
+            && s.port == Some(routing.port)
+            && s.local == Some(vtep.address)
+            && s.link == Some(underlay.link.index);
+        if !same {
+            handle
+                .link()
+                .del(s.index)
+                .execute()
+                .await
+                .map_err(named(format!("removing {DEVICE} made for other settings")))?;
+            state = None;
+        }
+    }
+    let index = match state {
+        Some(s) => {
+            if s.mac != Some(vtep.mac) || s.mtu != Some(mtu) {
+                handle
+                    .link()
+                    .set(
+                        LinkMessageBuilder::<LinkUnspec>::new()
+                            .index(s.index)
+                            .address(vtep.mac.0.to_vec())
+                            .mtu(mtu)
+                            .build(),
+                    )
+                    .execute()
+                    .await
+                    .map_err(named(format!("setting {DEVICE}'s MAC and MTU {mtu}")))?;
+            }
+            s.index
+        }
+        None => {
+            let b = LinkVxlan::new(DEVICE, routing.vni)
+                .port(routing.port)
+                .dev(underlay.link.index)
+                .learning(false);
+            let b = match vtep.address {
+                IpAddr::V4(a) => b.local(a),
+                IpAddr::V6(a) => b.local6(a),
+            };
+            handle
+                .link()
+                .add(b.address(vtep.mac.0.to_vec()).mtu(mtu).build())
+                .execute()
+                .await
+                .map_err(named(format!(
+                    "creating {DEVICE} (VNI {}, port {}, local {}, over {})",
+                    routing.vni, routing.port, vtep.address, underlay.link.name
+                )))?;
+            created = true;
+            find_device(handle)
+                .await?
+                .map(|m| m.header.index)
+                .ok_or(RouteError::Netlink(rtnetlink::Error::RequestFailed))?
+        }
+    };
+    for cidr in own_cidrs {
+        let host = if cidr.addr().is_ipv4() { 32 } else { 128 };
+        match handle
+            .address()
+            .add(index, cidr.addr(), host)
+            .replace()
+            .execute()
+            .await
+        {
+            Ok(()) => {}
+            Err(rtnetlink::Error::NetlinkError(m)) if m.code.is_some_and(|c| -c.get() == libc::EEXIST) => {}
+            Err(e) => return Err(named(format!("adding {}/{host} to {DEVICE}", cidr.addr()))(e)),
+        }
+    }
+    handle
+        .link()
+        .set(LinkMessageBuilder::<LinkUnspec>::new().index(index).up().build())
+        .execute()
+        .await
+        .map_err(named(format!("setting {DEVICE} up")))?;
+    xdpcni_host::ethtool::ensure(
+        DEVICE,
+        xdpcni_host::ethtool::Offload::TxChecksum,
+        xdpcni_host::overlay::TX_CHECKSUM_OFFLOAD,
+    )
+    .map_err(RouteError::Offload)?;
+    Ok(Device { index, created })
+}
+
+/// How long a node that left the tunnel (routing.mode hostGateway) keeps
+/// its device: the other nodes take its VTEP annotation away from their
+/// routes within a watch event, and until then their frames still arrive.
+pub const RETIRE_AFTER: Duration = Duration::from_secs(10);
+
+/// A failure of a routing pass.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// Route netlink.
+    #[error(transparent)]
+    Netlink(#[from] rtnetlink::Error),
+    /// A route netlink request, named.
+    #[error("{op}: {source}")]
+    Request {
+        /// What was asked.
+        op: String,
+        /// The kernel's answer.
+        source: rtnetlink::Error,
+    },
+    /// The synchronous netlink the underlay is found with.
+    #[error("finding the underlay interface: {0}")]
+    Underlay(#[from] xdpcni_host::netlink::NetlinkError),
+    /// The device's transmit checksum offload could not be set.
+    #[error("setting transmit checksum offload on {DEVICE}: {0}")]
+    Offload(std::io::Error),
+}
+
+/// What one routing pass found and did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// The VTEP this node should publish on its Node (None: none).
+    pub vtep: Option<Vtep>,
+    /// Set when the kernel's entries were read and made right.
+    pub report: Option<Report>,
+    /// Routes in place: (host-gateway, tunnel).
+    pub routes: (usize, usize),
+    /// Host-gateway routes refused that were not refused at the last pass.
+    pub new_unreachable: Vec<Unreachable>,
+    /// Every route refused now.
+    pub unreachable: usize,
+    /// What the tunnel lacks, once per change (no interface holds the
+    /// InternalIP, a Node's VTEP annotation cannot be read).
+    pub warnings: Vec<String>,
+    /// Whether the device was made, or removed, in this pass.
+    pub device_changed: bool,
+}
+
+/// The routing state of this node's agent between passes.
+pub struct Router {
+    routing: Routing,
+    device: Option<u32>,
+    last: Option<(Plan, Instant)>,
+    retire_at: Option<Instant>,
+    reported: BTreeSet<(String, IpAddr)>,
+    warned: BTreeSet<String>,
+}
+
+impl Router {
+    /// A router for `routing`, with nothing in place yet.
+    pub fn new(routing: Routing) -> Self {
+        Self {
+            routing,
+            device: None,
+            last: None,
+            retire_at: None,
+            reported: BTreeSet::new(),
+            warned: BTreeSet::new(),
+        }
+    }
+
+    /// Whether a device is waiting to be retired (the node pass must come
+    /// back for it even when nothing else changes).
+    pub fn retiring(&self) -> bool {
+        self.retire_at.is_some()
+    }
+
+    /// Forgets what was put in place: the next pass reads the kernel again.
+    pub fn invalidate(&mut self) {
+        self.last = None;
+    }
+
+    /// One pass over `nodes` for node `me`. The kernel's entries are read
+    /// and made right when the Nodes ask for something else than the last
+    /// pass put in place, or `resync` after it (an entry removed by hand
+    /// comes back then).
+    pub async fn pass(
+        &mut self,
+        handle: &Handle,
+        nodes: &[Arc<Node>],
+        me: &str,
+        resync: Duration,
+    ) -> Result<Outcome, RouteError> {
+        let mut out = Outcome::default();
+        let mine = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(me));
+        let own_cidrs = mine.map(|n| pod_cidrs(n)).unwrap_or_default();
+        let address = mine.and_then(|n| internal_ips(n).into_iter().next());
+        let mut warnings = BTreeSet::new();
+        let underlay = match (self.routing.mode.tunnels(), address) {
+            (false, _) => None,
+            (true, None) => {
+                warnings.insert(format!(
+                    "Node {me} has no InternalIP: no VXLAN tunnel, host-gateway routes only"
+                ));
+                None
+            }
+            (true, Some(ip)) => {
+                let mut nl = xdpcni_host::netlink::Netlink::new()?;
+                let u = Underlay::find(&mut nl, ip)?;
+                if u.is_none() {
+                    warnings.insert(format!(
+                        "no interface of this node holds its InternalIP {ip}: no VXLAN \
+                         tunnel, host-gateway routes only"
+                    ));
+                }
+                u
+            }
+        };
+        let local = underlay.as_ref().map(|u| Local {
+            vtep: Vtep::for_address(u.address),
+            underlay: u,
+        });
+        out.vtep = local.as_ref().map(|l| l.vtep);
+        let want = plan(nodes, me, self.routing.mode, local.as_ref());
+        for (node, why) in &want.bad_vteps {
+            warnings.insert(format!("Node {node}: {why} (reached by host-gateway)"));
+        }
+        out.warnings = warnings.difference(&self.warned).cloned().collect();
+        self.warned = warnings;
+        out.routes = (
+            want.routes
+                .keys()
+                .filter(|r| matches!(r.via, Via::Gateway(_)))
+                .count(),
+            want.routes
+                .keys()
+                .filter(|r| matches!(r.via, Via::Tunnel(_)))
+                .count(),
+        );
+
+        // Leaving the tunnel: the device goes once the others had time to
+        // see this node's VTEP go.
+        if local.is_none() {
+            match self.retire_at {
+                Some(at) if Instant::now() >= at => {
+                    out.device_changed = remove_device(handle).await?;
+                    self.device = None;
+                    self.retire_at = None;
+                }
+                Some(_) => {}
+                None => {
+                    if device_index(handle).await?.is_some() {
+                        self.retire_at = Some(Instant::now() + RETIRE_AFTER);
+                    }
+                }
+            }
+        } else {
+            self.retire_at = None;
+        }
+
+        let fresh = self
+            .last
+            .as_ref()
+            .is_some_and(|(had, at)| *had == want && at.elapsed() < resync);
+        if fresh && (local.is_none() || self.device.is_some()) {
+            out.unreachable = self.reported.len();
+            out.routes.0 -= out.unreachable.min(out.routes.0);
+            return Ok(out);
+        }
+        self.device = match (&local, &underlay) {
+            (Some(l), Some(u)) => {
+                let d = ensure_device(handle, &self.routing, u, &l.vtep, &own_cidrs).await?;
+                out.device_changed |= d.created;
+                Some(d.index)
+            }
+            // A device being retired keeps its entries until it goes.
+            _ => None,
+        };
+        let report = match sync(handle, &want, self.device).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.last = None;
+                return Err(e);
+            }
+        };
+        let now: BTreeSet<(String, IpAddr)> = report
+            .unreachable
+            .iter()
+            .map(|u| (u.node.clone(), u.via))
+            .collect();
+        out.new_unreachable = report
+            .unreachable
+            .iter()
+            .filter(|u| !self.reported.contains(&(u.node.clone(), u.via)))
+            .cloned()
+            .collect();
+        out.unreachable = now.len();
+        out.routes.0 -= out.unreachable.min(out.routes.0);
+        self.reported = now;
+        out.report = Some(report);
+        self.last = Some((want, Instant::now()));
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn node(name: &str, cidr: &str, ip: &str) -> Arc<Node> {
+    fn node(name: &str, cidrs: &[&str], ips: &[&str], vtep: Option<&str>) -> Arc<Node> {
+        let addresses: Vec<serde_json::Value> = ips
+            .iter()
+            .map(|ip| serde_json::json!({ "type": "InternalIP", "address": ip }))
+            .chain(std::iter::once(
+                serde_json::json!({ "type": "Hostname", "address": name }),
+            ))
+            .collect();
+        let mut meta = serde_json::json!({ "name": name });
+        if let Some(v) = vtep {
+            meta["annotations"] = serde_json::json!({ VTEP_ANNOTATION: v });
+        }
         Arc::new(
             serde_json::from_value(serde_json::json!({
-                "metadata": { "name": name },
-                "spec": { "podCIDR": cidr },
-                "status": { "addresses": [{ "type": "InternalIP", "address": ip }, { "type": "Hostname", "address": name }] },
+                "metadata": meta,
+                "spec": { "podCIDR": cidrs[0], "podCIDRs": cidrs },
+                "status": { "addresses": addresses },
             }))
             .unwrap(),
         )
     }
 
+    fn underlay(addr: &str, prefix: u8) -> Underlay {
+        Underlay {
+            address: addr.parse().unwrap(),
+            link: xdpcni_host::netlink::Link {
+                index: 2,
+                name: "eth0".into(),
+                mac: [0; 6],
+                mtu: 1500,
+                up: true,
+                oper_up: true,
+                headroom: None,
+                kind: None,
+                peer_index: None,
+            },
+            subnets: vec![(addr.parse().unwrap(), prefix)],
+        }
+    }
+
+    fn vias(p: &Plan, node: &str) -> Vec<String> {
+        p.routes
+            .iter()
+            .filter(|(_, n)| *n == node)
+            .map(|(r, _)| format!("{} {:?}", r.cidr(), r.via))
+            .collect()
+    }
+
     #[test]
-    fn one_route_per_other_node_and_family() {
+    fn host_gateway_routes_one_per_other_node_and_family() {
         let nodes = vec![
-            node("me", "10.1.0.0/24", "192.0.2.1"),
-            node("b", "10.1.1.0/24", "192.0.2.2"),
-            node("c", "fd00:1::/64", "192.0.2.3"), // no IPv6 InternalIP: skipped
+            node("me", &["10.1.0.0/24"], &["192.0.2.1"], None),
+            node("b", &["10.1.1.0/24"], &["192.0.2.2"], None),
+            node("c", &["fd00:1::/64"], &["192.0.2.3"], None), // no IPv6 InternalIP
         ];
-        let want = desired(&nodes, "me");
-        assert_eq!(want.len(), 1);
-        let r = want.iter().next().unwrap();
-        assert_eq!(r.dst.to_string(), "10.1.1.0");
-        assert_eq!(r.prefix, 24);
-        assert_eq!(r.via.to_string(), "192.0.2.2");
+        let p = plan(&nodes, "me", RoutingMode::HostGateway, None);
+        assert_eq!(vias(&p, "b"), ["10.1.1.0/24 Gateway(192.0.2.2)"]);
+        assert!(vias(&p, "c").is_empty());
+        assert!(p.fdb.is_empty() && p.neighbours.is_empty());
+    }
+
+    #[test]
+    fn vxlan_tunnels_to_every_publishing_node_and_auto_only_off_subnet() {
+        let b_vtep = Vtep::for_address("192.0.2.2".parse().unwrap());
+        let c_vtep = Vtep::for_address("198.51.100.3".parse().unwrap());
+        let nodes = vec![
+            node("me", &["10.1.0.0/24"], &["192.0.2.1"], None),
+            node(
+                "b",
+                &["10.1.1.0/24", "fd00:1:1::/64"],
+                &["192.0.2.2", "2001:db8::2"],
+                Some(&b_vtep.to_annotation()),
+            ),
+            node(
+                "c",
+                &["10.1.2.0/24", "fd00:1:2::/64"],
+                &["198.51.100.3"],
+                Some(&c_vtep.to_annotation()),
+            ),
+            // Not publishing yet (an older agent): host-gateway.
+            node("d", &["10.1.3.0/24"], &["192.0.2.4"], None),
+            node("e", &["10.1.4.0/24"], &["192.0.2.5"], Some("{bad")),
+        ];
+        let u = underlay("192.0.2.1", 24);
+        let local = Local {
+            vtep: Vtep::for_address(u.address),
+            underlay: &u,
+        };
+        let p = plan(&nodes, "me", RoutingMode::Vxlan, Some(&local));
+        let b6 = tunnel_gateway("fd00:1:1::".parse().unwrap(), b_vtep.mac);
+        let c6 = tunnel_gateway("fd00:1:2::".parse().unwrap(), c_vtep.mac);
+        assert_eq!(
+            vias(&p, "b"),
+            [
+                "10.1.1.0/24 Tunnel(10.1.1.0)".to_string(),
+                format!("fd00:1:1::/64 Tunnel({b6})")
+            ]
+        );
+        assert_eq!(vias(&p, "c").len(), 2, "both families through the tunnel");
+        assert_eq!(vias(&p, "d"), ["10.1.3.0/24 Gateway(192.0.2.4)"]);
+        assert_eq!(vias(&p, "e"), ["10.1.4.0/24 Gateway(192.0.2.5)"]);
+        assert_eq!(p.bad_vteps.len(), 1);
+        assert!(p.fdb.contains(&(b_vtep.mac, b_vtep.address)));
+        assert!(p.fdb.contains(&(c_vtep.mac, c_vtep.address)));
+        assert!(p
+            .neighbours
+            .contains(&(c6, c_vtep.mac)));
+
+        let a = plan(&nodes, "me", RoutingMode::Auto, Some(&local));
+        assert_eq!(
+            vias(&a, "b"),
+            [
+                "10.1.1.0/24 Gateway(192.0.2.2)".to_string(),
+                format!("fd00:1:1::/64 Tunnel({b6})")
+            ],
+            "same IPv4 subnet: direct; no IPv6 subnet in common: the tunnel"
+        );
+        assert_eq!(
+            vias(&a, "c"),
+            [
+                "10.1.2.0/24 Tunnel(10.1.2.0)".to_string(),
+                format!("fd00:1:2::/64 Tunnel({c6})")
+            ]
+        );
+        assert!(a.fdb.contains(&(b_vtep.mac, b_vtep.address)), "b's IPv6 pods");
+        // Without a device of its own (not made yet), host-gateway.
+        let none = plan(&nodes, "me", RoutingMode::Vxlan, None);
+        assert_eq!(vias(&none, "c"), ["10.1.2.0/24 Gateway(198.51.100.3)"]);
+    }
+
+    #[test]
+    fn an_unreachable_next_hop_says_which_and_what_to_do() {
+        let u = Unreachable {
+            node: "node-2".into(),
+            cidr: "10.81.2.0/24".into(),
+            via: "192.168.72.2".parse().unwrap(),
+            why: "Invalid argument".into(),
+        };
+        let s = u.to_string();
+        assert!(s.contains("node-2") && s.contains("192.168.72.2") && s.contains("vxlan or auto"));
     }
 }

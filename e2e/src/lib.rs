@@ -9,6 +9,7 @@ pub mod cni;
 pub mod kube;
 pub mod measure;
 pub mod netns;
+pub mod nodes;
 pub mod packet;
 pub mod testrun;
 pub mod topo;

@@ -230,10 +230,13 @@ pub struct Removed {
     pub source_rules: usize,
     /// Whether the NetworkPolicy table (`inet xdpcni`) was there and went.
     pub policy_table: bool,
+    /// The VXLAN device and the routes to other nodes' pods.
+    pub overlay: crate::overlay::Removed,
 }
 
 /// Takes xdpcni off the node: detaches and unpins the datapath, removes the
-/// NetworkPolicy table, the conflist and the binaries [`install`] created,
+/// NetworkPolicy table, the VXLAN device and the routes to other nodes'
+/// pods, the conflist and the binaries [`install`] created,
 /// and the state directory
 /// once no pod record is left in it. Every step runs even when one fails;
 /// the failures are returned together. Nothing to remove is success.
@@ -258,6 +261,13 @@ pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
         Err(e) => failed.push(format!(
             "removing the NetworkPolicy table inet {}: {e}",
             crate::nftable::TABLE
+        )),
+    }
+    match crate::netlink::Netlink::new().and_then(|mut nl| crate::overlay::remove(&mut nl)) {
+        Ok(o) => removed.overlay = o,
+        Err(e) => failed.push(format!(
+            "removing the VXLAN device {} and the node routes: {e}",
+            crate::overlay::DEVICE
         )),
     }
     for p in std::iter::once(&m.conflist).chain(m.binaries.iter()) {

@@ -14,6 +14,10 @@
 //! - [`nftable`]: the product's nftables table (NetworkPolicy rules) and
 //!   its removal; [`conntrack`]: listing and deleting connection tracking
 //!   entries; both over [`netfilter`] netlink.
+//! - [`overlay`]: routing between nodes (host-gateway, VXLAN, auto): the
+//!   modes, the VXLAN device, the pod MTU it leaves, the published VTEP.
+//! - [`netlink`]: synchronous route netlink (links, addresses, routes,
+//!   neighbours) for the plugin and `uninstall`.
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
 //! - [`netconf`]: the plugin's entry of the conflist, typed once for
 //!   install-cni (which writes it) and the plugin (which reads it), with the
@@ -27,8 +31,10 @@ pub mod hook;
 pub mod install;
 pub mod netconf;
 pub mod netfilter;
+pub mod netlink;
 pub mod netns;
 pub mod nftable;
+pub mod overlay;
 pub mod pod;
 pub mod source_check;
 pub mod state;

@@ -20,11 +20,11 @@ use xdpcni_host::{
 };
 
 use super::{existing_netns, fail_point, forget_endpoint, gateway, host_prefix, write_sysctl};
+use xdpcni_host::netlink::Netlink;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
-    netlink::Netlink,
     types::{Cidr, CniResult, Interface, IpConfig, Route},
 };
 
@@ -93,7 +93,7 @@ struct Add<'a> {
 
 /// The host end of the veth pair, and the headroom the kernel reports.
 struct HostSide {
-    link: crate::netlink::Link,
+    link: xdpcni_host::netlink::Link,
     headroom_effective: Option<u16>,
 }
 
@@ -170,7 +170,7 @@ impl Add<'_> {
     /// it holds while the agent is down too. Without a pinned datapath no
     /// pod could be held, so none is admitted: the runtime retries once the
     /// agent has loaded it.
-    fn gate(&mut self, host: &crate::netlink::Link) -> Result<()> {
+    fn gate(&mut self, host: &xdpcni_host::netlink::Link) -> Result<()> {
         let conf = self.conf;
         let namespace = self
             .env
@@ -248,7 +248,7 @@ impl Add<'_> {
     /// Step 4, inside the pod: addresses, the gateway's permanent neighbour
     /// entry, routes, and the offloads of kernel routing (the agent sets
     /// those of the mode it attaches). Returns the pod MAC.
-    fn pod_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<[u8; 6]> {
+    fn pod_side(&mut self, ips: &[IpAddr], host: &xdpcni_host::netlink::Link) -> Result<[u8; 6]> {
         let ifname = self.env.ifname.as_str();
         let host_mac = host.mac;
         in_netns(self.netns, || -> Result<[u8; 6]> {
@@ -279,7 +279,7 @@ impl Add<'_> {
     /// check (what the datapath's `drop_spoofed` is on the fast path):
     /// strict rp_filter on the veth, and for IPv6 the node's `rpfilter`
     /// rule; then the wait for the host veth to carry traffic.
-    fn host_side(&mut self, ips: &[IpAddr], host: &crate::netlink::Link) -> Result<()> {
+    fn host_side(&mut self, ips: &[IpAddr], host: &xdpcni_host::netlink::Link) -> Result<()> {
         source_check::ipv4_strict(&host.name)
             .map_err(|e| Error::io(format!("strict rp_filter on {}", host.name), e))?;
         if ips.iter().any(IpAddr::is_ipv6) {
@@ -307,7 +307,7 @@ impl Add<'_> {
     /// answers its first request at once would lose the answer (measured:
     /// 1 first ping in ~300 lost under 8 parallel ADDs, the link watch
     /// waiting for RTNL). Past the limit the ADD goes on, and says so.
-    fn wait_oper_up(&mut self, host: &crate::netlink::Link) -> Result<()> {
+    fn wait_oper_up(&mut self, host: &xdpcni_host::netlink::Link) -> Result<()> {
         let start = std::time::Instant::now();
         loop {
             let link = self.nl.link_by_index(host.index)?.ok_or_else(|| {
@@ -362,7 +362,7 @@ impl Add<'_> {
     fn result(
         &self,
         ips: &[IpAddr],
-        host: &crate::netlink::Link,
+        host: &xdpcni_host::netlink::Link,
         pod_mac: [u8; 6],
         dns: Value,
     ) -> Value {

@@ -9,11 +9,11 @@ use xdpcni_host::{
 };
 
 use super::{existing_netns, gateway, require_version};
+use xdpcni_host::netlink::Netlink;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
-    netlink::Netlink,
 };
 
 /// CHECK: the pod's interface, addresses, routes and host veth still match

@@ -11,11 +11,11 @@ use xdpcni_host::{
 };
 
 use super::{forget_endpoint, require_version};
+use xdpcni_host::netlink::Netlink;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
-    netlink::Netlink,
 };
 
 /// DEL: removes whatever is left of the attachment; succeeds when nothing is.

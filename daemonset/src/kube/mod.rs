@@ -4,7 +4,9 @@
 //! CNI writes its record; it reports refused values as Events on the pod.
 //! The policy task ([`policies`]) enforces NetworkPolicies. A node task does
 //! the node-wide work every `intervalMs`: routes to the other nodes' pod
-//! CIDRs, the NAT'd ports, the records no pod claims, collection. Nothing is
+//! CIDRs (host-gateway or through the VXLAN device, [`crate::routes`]) and
+//! this node's published VTEP, the NAT'd ports, the records no pod claims,
+//! collection. Nothing is
 //! decided from a cache before its first complete list.
 
 pub mod policies;
@@ -298,11 +300,11 @@ impl NodeTask {
         tokio::spawn(conn);
         let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
         let mut seen: HashSet<String> = HashSet::new();
-        let mut routed = None;
+        let mut router = routes::Router::new(self.ctx.core.config().routing()?);
         let mut full: Option<(u64, Instant)> = None;
         let mut woken = true;
         while !shutdown.is_set() {
-            self.pass(&netlink, &mut seen, &mut routed, &mut full, woken)
+            self.pass(&netlink, &mut seen, &mut router, &mut full, woken)
                 .await?;
             woken = tokio::select! {
                 _ = tokio::time::sleep(interval) => false,
@@ -340,9 +342,66 @@ impl NodeTask {
         }
     }
 
-    /// One pass; `routed` is the routes last put in place and when (they
-    /// are read from the kernel again only when the Nodes ask for others,
-    /// or [`NODE_RESYNC`] after: a route removed by hand comes back then).
+    /// After a routing pass: this node's VTEP published on its Node (or
+    /// taken off), new warnings logged, each newly refused host-gateway
+    /// route logged and reported as an Event on this Node, the gauges set.
+    async fn routed(&self, o: &routes::Outcome) {
+        let core = &self.ctx.core;
+        core.metrics.set_node_routes(o.routes, o.unreachable);
+        if let Some(r) = &o.report {
+            if (r.added, r.removed) != (0, 0) {
+                info!(
+                    added = r.added,
+                    removed = r.removed,
+                    host_gateway = o.routes.0,
+                    vxlan = o.routes.1,
+                    "node routes updated"
+                );
+            }
+        }
+        for w in &o.warnings {
+            warn!("{w}");
+        }
+        let Some(node) = self.nodes.get(&ObjectRef::new(&self.node)) else {
+            return;
+        };
+        let published = routes::published_vtep(&node).and_then(Result::ok);
+        if published != o.vtep {
+            let value = o.vtep.map(|v| v.to_annotation());
+            let patch = serde_json::json!({
+                "metadata": { "annotations": { xdpcni_host::overlay::VTEP_ANNOTATION: value } }
+            });
+            match Api::<Node>::all(self.client.clone())
+                .patch(
+                    &self.node,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => info!(vtep = ?o.vtep, "published this node's VXLAN endpoint"),
+                Err(e) => {
+                    warn!(error = %e, "could not publish this node's VXLAN endpoint");
+                    core.metrics.error(Stage::Routes);
+                }
+            }
+        }
+        for u in &o.new_unreachable {
+            warn!(node = %u.node, via = %u.via, "{u}");
+            if let Err(e) =
+                publish_node_event(&self.client, &node, "XdpcniUnreachableNextHop", &u.to_string())
+                    .await
+            {
+                warn!(error = %e, "could not publish the Event");
+                core.metrics.error(Stage::Event);
+            }
+        }
+    }
+
+    /// One pass; `router` holds what the last put in place between nodes
+    /// (read from the kernel again only when the Nodes ask for other
+    /// entries, or [`NODE_RESYNC`] after: an entry removed by hand comes
+    /// back then).
     ///
     /// A pass the timer started (`woken` false: no watch event, no record
     /// written) over the same records as the last full pass, with the pins
@@ -354,7 +413,7 @@ impl NodeTask {
         &self,
         netlink: &rtnetlink::Handle,
         seen: &mut HashSet<String>,
-        routed: &mut Option<(BTreeSet<routes::NodeRoute>, Instant)>,
+        router: &mut routes::Router,
         full: &mut Option<(u64, Instant)>,
         woken: bool,
     ) -> Result<()> {
@@ -372,6 +431,7 @@ impl NodeTask {
         // and tell the newly named ones why.
         let change = core.scan_forward(&records).await;
         let quiet = !woken
+            && !router.retiring()
             && !reloaded
             && !vanished
             && change.added.is_empty()
@@ -432,23 +492,21 @@ impl NodeTask {
         }
         let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
         core.node_work(&listing, Some(nat), vanished).await;
-        let want = routes::desired(&self.nodes.state(), &self.node);
-        if routed
-            .as_ref()
-            .is_none_or(|(had, at)| *had != want || at.elapsed() >= NODE_RESYNC)
+        let nodes = self.nodes.state();
+        let synced;
+        match router
+            .pass(netlink, &nodes, &self.node, NODE_RESYNC)
+            .await
         {
-            match routes::sync(netlink, &want).await {
-                Ok((added, removed)) => {
-                    if (added, removed) != (0, 0) {
-                        info!(added, removed, "node routes updated");
-                    }
-                    *routed = Some((want, Instant::now()));
-                }
-                Err(e) => {
-                    warn!(error = %e, "node routes");
-                    core.metrics.error(Stage::Routes);
-                    *routed = None;
-                }
+            Ok(o) => {
+                self.routed(&o).await;
+                synced = true;
+            }
+            Err(e) => {
+                warn!(error = %e, "node routes");
+                core.metrics.error(Stage::Routes);
+                router.invalidate();
+                synced = false;
             }
         }
         let converged = core.all_converged(&records);
@@ -456,7 +514,7 @@ impl NodeTask {
             core.set_ready()?;
         }
         // Only a pass that left everything in place makes the next quiet.
-        *full = (converged && routed.is_some()).then(|| (listing.generation, Instant::now()));
+        *full = (converged && synced).then(|| (listing.generation, Instant::now()));
         Ok(())
     }
 }
@@ -467,6 +525,8 @@ pub async fn run(cfg: Config) -> Result<()> {
     let node = cfg
         .node_name()
         .context("the node name: set nodeName in the config or NODE_NAME (downward API)")?;
+    let routing = cfg.routing()?;
+    info!(mode = %routing.mode, vni = routing.vni, port = routing.port, "routing between nodes");
     let client = Client::try_default()
         .await
         .context("connecting to the API server (in-cluster or KUBECONFIG)")?;

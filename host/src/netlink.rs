@@ -329,6 +329,29 @@ impl Netlink {
         Ok(out)
     }
 
+    /// The link holding address `ip`, if one does.
+    pub fn link_with_address(&mut self, ip: IpAddr) -> Result<Option<Link>> {
+        let msgs = self.request(
+            "listing addresses",
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_DUMP,
+        )?;
+        let index = msgs.iter().find_map(|m| match m {
+            RouteNetlinkMessage::NewAddress(a)
+                if a.attributes
+                    .iter()
+                    .any(|at| matches!(at, AddressAttribute::Address(x) if *x == ip)) =>
+            {
+                Some(a.header.index)
+            }
+            _ => None,
+        });
+        match index {
+            Some(i) => self.link_by_index(i),
+            None => Ok(None),
+        }
+    }
+
     /// Adds a route to `dst/prefix` out of link `oif`, via `gateway` if any
     /// (scope link when direct).
     pub fn add_route(
@@ -406,6 +429,41 @@ impl Netlink {
             out.push((dst, r.header.destination_prefix_length, gw));
         }
         Ok(out)
+    }
+
+    /// Deletes every main-table route of route protocol `protocol`, both
+    /// families: how many went.
+    pub fn del_routes_of_protocol(&mut self, protocol: u8) -> Result<usize> {
+        let mut n = 0;
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let mut req = RouteMessage::default();
+            req.header.address_family = family;
+            let msgs = self.request(
+                "listing routes",
+                RouteNetlinkMessage::GetRoute(req),
+                NLM_F_DUMP,
+            )?;
+            for m in msgs {
+                let RouteNetlinkMessage::NewRoute(r) = m else {
+                    continue;
+                };
+                if r.header.table != libc::RT_TABLE_MAIN
+                    || r.header.protocol != RouteProtocol::Other(protocol)
+                {
+                    continue;
+                }
+                match self.request(
+                    &format!("deleting a route of protocol {protocol}"),
+                    RouteNetlinkMessage::DelRoute(r),
+                    NLM_F_ACK,
+                ) {
+                    Ok(_) => n += 1,
+                    Err(e) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(n)
     }
 
     /// Adds a permanent neighbour entry `ip -> mac` on link `index`.
