@@ -45,6 +45,13 @@ ROWS = {
     "Forwarding 64-byte, kernel path, raw-table sink": ["kernel path, no policy", "kernel path, 100 policies"],
     "Datapath migration from the previous release": None,
     "Agent start with a migration, to ready": None,
+    "TCP 1 stream across nodes (iperf3)": [
+        "ptp (baseline)",
+        "xdpcni hostGateway",
+        "xdpcni vxlan",
+        "xdpcni vxlan, tx checksum offload on",
+        "xdpcni tc, same node",
+    ],
 }
 TARGETS = {
     "tc_vs_peer_udp64": ">= 0.97",

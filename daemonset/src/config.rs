@@ -267,7 +267,10 @@ mod tests {
             .unwrap()
             .routing()
             .is_err());
-        assert!(with(serde_json::json!({"port": 0})).unwrap().routing().is_err());
+        assert!(with(serde_json::json!({"port": 0}))
+            .unwrap()
+            .routing()
+            .is_err());
         assert!(with(serde_json::json!({"bogus": 1})).is_err());
     }
 }

@@ -238,7 +238,10 @@ mod tests {
         // The routing modes, the default, the VNI and port are the agent's
         // (host/src/overlay.rs).
         let routing = &schema["properties"]["routing"]["properties"];
-        let modes: Vec<&str> = overlay::RoutingMode::ALL.iter().map(|m| m.as_str()).collect();
+        let modes: Vec<&str> = overlay::RoutingMode::ALL
+            .iter()
+            .map(|m| m.as_str())
+            .collect();
         assert_eq!(routing["mode"]["enum"], serde_json::json!(modes));
         assert_eq!(
             value(&values, "routing", "mode"),

@@ -27,8 +27,7 @@ use rtnetlink::{
     packet_route::{
         link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
         neighbour::{
-            NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage,
-            NeighbourState,
+            NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
         },
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
         AddressFamily,
@@ -268,29 +267,37 @@ fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
 fn route_message(r: &NodeRoute, device: u32) -> RouteMessage {
     let proto = RouteProtocol::Other(ROUTE_PROTOCOL);
     match (r.dst, r.via) {
-        (IpAddr::V4(d), Via::Gateway(IpAddr::V4(v))) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
-            .destination_prefix(d, r.prefix)
-            .gateway(v)
-            .protocol(proto)
-            .build(),
-        (IpAddr::V4(d), Via::Tunnel(IpAddr::V4(v))) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
-            .destination_prefix(d, r.prefix)
-            .gateway(v)
-            .output_interface(device)
-            .onlink()
-            .protocol(proto)
-            .build(),
-        (IpAddr::V6(d), Via::Gateway(IpAddr::V6(v))) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
-            .destination_prefix(d, r.prefix)
-            .gateway(v)
-            .protocol(proto)
-            .build(),
-        (IpAddr::V6(d), Via::Tunnel(IpAddr::V6(v))) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
-            .destination_prefix(d, r.prefix)
-            .gateway(v)
-            .output_interface(device)
-            .protocol(proto)
-            .build(),
+        (IpAddr::V4(d), Via::Gateway(IpAddr::V4(v))) => {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(d, r.prefix)
+                .gateway(v)
+                .protocol(proto)
+                .build()
+        }
+        (IpAddr::V4(d), Via::Tunnel(IpAddr::V4(v))) => {
+            RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(d, r.prefix)
+                .gateway(v)
+                .output_interface(device)
+                .onlink()
+                .protocol(proto)
+                .build()
+        }
+        (IpAddr::V6(d), Via::Gateway(IpAddr::V6(v))) => {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(d, r.prefix)
+                .gateway(v)
+                .protocol(proto)
+                .build()
+        }
+        (IpAddr::V6(d), Via::Tunnel(IpAddr::V6(v))) => {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(d, r.prefix)
+                .gateway(v)
+                .output_interface(device)
+                .protocol(proto)
+                .build()
+        }
         _ => RouteMessage::default(),
     }
 }
@@ -322,7 +329,11 @@ type Entries = (
 
 async fn device_entries(handle: &Handle, device: u32) -> Result<Entries, rtnetlink::Error> {
     let (mut neigh, mut fdb) = (BTreeMap::new(), BTreeMap::new());
-    for family in [AddressFamily::Inet, AddressFamily::Inet6, AddressFamily::Bridge] {
+    for family in [
+        AddressFamily::Inet,
+        AddressFamily::Inet6,
+        AddressFamily::Bridge,
+    ] {
         let mut dump = handle
             .neighbours()
             .get()
@@ -365,11 +376,7 @@ fn off_link(e: &rtnetlink::Error) -> Option<String> {
 
 /// Makes the agent's routes, and the entries on `device` (its ifindex, if
 /// the node has one), equal `want`.
-pub async fn sync(
-    handle: &Handle,
-    want: &Plan,
-    device: Option<u32>,
-) -> Result<Report, RouteError> {
+pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<Report, RouteError> {
     let named = |op: String| move |source| RouteError::Request { op, source };
     let mut report = Report::default();
     let (neigh, fdb) = match device {
@@ -454,11 +461,15 @@ pub async fn sync(
         }
         match handle.route().del(route_message(r, dev)).execute().await {
             Ok(()) => report.removed += 1,
-            Err(rtnetlink::Error::NetlinkError(m)) if m.code.is_some_and(|c| -c.get() == libc::ESRCH) => {}
+            Err(rtnetlink::Error::NetlinkError(m))
+                if m.code.is_some_and(|c| -c.get() == libc::ESRCH) => {}
             Err(e) => return Err(named(format!("removing route {r:?}"))(e)),
         }
     }
-    for ((gw, mac), m) in neigh.into_iter().filter(|(k, _)| !want.neighbours.contains(k)) {
+    for ((gw, mac), m) in neigh
+        .into_iter()
+        .filter(|(k, _)| !want.neighbours.contains(k))
+    {
         handle
             .neighbours()
             .del(m)
@@ -537,7 +548,11 @@ async fn find_device(handle: &Handle) -> Result<Option<LinkMessage>, rtnetlink::
     let mut links = handle.link().get().match_name(DEVICE.to_string()).execute();
     match links.try_next().await {
         Ok(l) => Ok(l),
-        Err(rtnetlink::Error::NetlinkError(m)) if m.code.is_some_and(|c| -c.get() == libc::ENODEV) => Ok(None),
+        Err(rtnetlink::Error::NetlinkError(m))
+            if m.code.is_some_and(|c| -c.get() == libc::ENODEV) =>
+        {
+            Ok(None)
+        }
         Err(e) => Err(e),
     }
 }
@@ -653,13 +668,23 @@ pub async fn ensure_device(
             .await
         {
             Ok(()) => {}
-            Err(rtnetlink::Error::NetlinkError(m)) if m.code.is_some_and(|c| -c.get() == libc::EEXIST) => {}
-            Err(e) => return Err(named(format!("adding {}/{host} to {DEVICE}", cidr.addr()))(e)),
+            Err(rtnetlink::Error::NetlinkError(m))
+                if m.code.is_some_and(|c| -c.get() == libc::EEXIST) => {}
+            Err(e) => {
+                return Err(named(format!("adding {}/{host} to {DEVICE}", cidr.addr()))(
+                    e,
+                ))
+            }
         }
     }
     handle
         .link()
-        .set(LinkMessageBuilder::<LinkUnspec>::new().index(index).up().build())
+        .set(
+            LinkMessageBuilder::<LinkUnspec>::new()
+                .index(index)
+                .up()
+                .build(),
+        )
         .execute()
         .await
         .map_err(named(format!("setting {DEVICE} up")))?;
@@ -726,6 +751,7 @@ pub struct Router {
     last: Option<(Plan, Instant)>,
     retire_at: Option<Instant>,
     reported: BTreeSet<(String, IpAddr)>,
+    refused: usize,
     warned: BTreeSet<String>,
 }
 
@@ -738,6 +764,7 @@ impl Router {
             last: None,
             retire_at: None,
             reported: BTreeSet::new(),
+            refused: 0,
             warned: BTreeSet::new(),
         }
     }
@@ -765,7 +792,9 @@ impl Router {
         resync: Duration,
     ) -> Result<Outcome, RouteError> {
         let mut out = Outcome::default();
-        let mine = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(me));
+        let mine = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(me));
         let own_cidrs = mine.map(|n| pod_cidrs(n)).unwrap_or_default();
         let address = mine.and_then(|n| internal_ips(n).into_iter().next());
         let mut warnings = BTreeSet::new();
@@ -836,7 +865,7 @@ impl Router {
             .as_ref()
             .is_some_and(|(had, at)| *had == want && at.elapsed() < resync);
         if fresh && (local.is_none() || self.device.is_some()) {
-            out.unreachable = self.reported.len();
+            out.unreachable = self.refused;
             out.routes.0 -= out.unreachable.min(out.routes.0);
             return Ok(out);
         }
@@ -867,9 +896,10 @@ impl Router {
             .filter(|u| !self.reported.contains(&(u.node.clone(), u.via)))
             .cloned()
             .collect();
-        out.unreachable = now.len();
+        out.unreachable = report.unreachable.len();
         out.routes.0 -= out.unreachable.min(out.routes.0);
         self.reported = now;
+        self.refused = out.unreachable;
         out.report = Some(report);
         self.last = Some((want, Instant::now()));
         Ok(out)
@@ -984,9 +1014,7 @@ mod tests {
         assert_eq!(p.bad_vteps.len(), 1);
         assert!(p.fdb.contains(&(b_vtep.mac, b_vtep.address)));
         assert!(p.fdb.contains(&(c_vtep.mac, c_vtep.address)));
-        assert!(p
-            .neighbours
-            .contains(&(c6, c_vtep.mac)));
+        assert!(p.neighbours.contains(&(c6, c_vtep.mac)));
 
         let a = plan(&nodes, "me", RoutingMode::Auto, Some(&local));
         assert_eq!(
@@ -1004,7 +1032,10 @@ mod tests {
                 format!("fd00:1:2::/64 Tunnel({c6})")
             ]
         );
-        assert!(a.fdb.contains(&(b_vtep.mac, b_vtep.address)), "b's IPv6 pods");
+        assert!(
+            a.fdb.contains(&(b_vtep.mac, b_vtep.address)),
+            "b's IPv6 pods"
+        );
         // Without a device of its own (not made yet), host-gateway.
         let none = plan(&nodes, "me", RoutingMode::Vxlan, None);
         assert_eq!(vias(&none, "c"), ["10.1.2.0/24 Gateway(198.51.100.3)"]);

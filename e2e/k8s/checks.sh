@@ -114,7 +114,12 @@ c_install_cni() {
 	for b in xdpcni host-local portmap loopback; do
 		[ -x "/opt/cni/bin/$b" ] || fail "/opt/cni/bin/$b missing"
 	done
-	echo "conflist for $(kc get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}'); xdpcni, host-local, portmap, loopback in /opt/cni/bin"
+	# routing.mode vxlan (the default) and mtu auto: the underlay's less 50.
+	local mtu under
+	mtu=$(conf_mtu)
+	under=$(node0_mtu)
+	[ "$mtu" = $((under - 50)) ] || fail "pod MTU $mtu in the conflist, not node0's $under less the tunnel's 50"
+	echo "conflist for $(kc get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}'), pod MTU $mtu (node0 $under, vxlan); xdpcni, host-local, portmap, loopback in /opt/cni/bin"
 }
 c_node_ready() {
 	node_ready || fail "node not Ready"
@@ -487,6 +492,40 @@ ping_during() {
 	sleep 1
 	ping_end "$ping_pid" "$W/ping.out"
 }
+# --- routing between nodes (docs/install.md, "Between nodes") ------------------
+node0_mtu() { in_node ip -o link show node0 | sed -n 's/.* mtu \([0-9]*\) .*/\1/p'; }
+conf_mtu() { in_node python3 -c 'import json; print(json.load(open("/etc/cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"])'; }
+vtep() { kc get node "$NODE_NAME" -o jsonpath='{.metadata.annotations.xdpcni\.io/vtep}'; }
+no_vtep() { [ -z "$(vtep)" ]; }
+no_device() { ! in_node ip link show xdpcni.vxlan >/dev/null 2>&1; }
+restarts() { kc get pods -n "$NS" -o jsonpath='{range .items[*]}{.metadata.name}={.status.containerStatuses[0].restartCount} {end}'; }
+set_routing() {
+	helm_ upgrade xdpcni "$REPO/charts/xdpcni" --namespace kube-system --reuse-values --set routing.mode="$1" >/dev/null || return 1
+	kc rollout status -n kube-system ds/xdpcni-agent --timeout=120s >/dev/null
+}
+c_routing() {
+	local d under before s sent recv s2
+	d=$(in_node ip -d link show xdpcni.vxlan) || fail "no xdpcni.vxlan on the node (routing.mode vxlan is the default)"
+	grep -q "vxlan id 1 local $NODE_IP dev node0" <<<"$d" || fail "the device: $d"
+	vtep | grep -q "\"address\":\"$NODE_IP\"" || fail "the Node's xdpcni.io/vtep: '$(vtep)'"
+	under=$(node0_mtu)
+	before=$(restarts)
+	s=$(ping_during set_routing hostGateway) || fail "helm upgrade to hostGateway: $s"
+	read -r sent recv <<<"$s"
+	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping during the upgrade to hostGateway: sent/received $s"
+	wait_for 10 no_vtep || fail "the VTEP annotation stayed: $(vtep)"
+	wait_for 20 no_device || fail "xdpcni.vxlan stayed in hostGateway"
+	[ "$(conf_mtu)" = "$under" ] || fail "pod MTU $(conf_mtu) in hostGateway, not node0's $under"
+	s2=$(ping_during set_routing vxlan) || fail "helm upgrade back to vxlan: $s2"
+	read -r sent recv <<<"$s2"
+	[ -n "$sent" ] && [ "$sent" = "$recv" ] || fail "10 ms ping during the upgrade to vxlan: sent/received $s2"
+	wait_for 10 vtep_published || fail "no VTEP annotation after the upgrade back: '$(vtep)'"
+	in_node ip -d link show xdpcni.vxlan >/dev/null 2>&1 || fail "no device after the upgrade back"
+	[ "$(conf_mtu)" = $((under - 50)) ] || fail "pod MTU $(conf_mtu) back in vxlan"
+	[ "$(restarts)" = "$before" ] || fail "pods restarted: before $before, after $(restarts)"
+	echo "vxlan (device on node0, VTEP on the Node, pod MTU $((under - 50))) -> hostGateway (VTEP and device gone, MTU $under) -> vxlan, by helm upgrade; 10 ms ping $s then $s2 received/sent; no pod restarted"
+}
+vtep_published() { vtep | grep -q "\"address\":\"$NODE_IP\""; }
 agent_pod() { kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o jsonpath='{.items[0].metadata.name}'; }
 roll_agent() {
 	local old
@@ -654,8 +693,10 @@ c_uninstall() {
 	for b in xdpcni host-local portmap loopback; do [ -e "/opt/cni/bin/$b" ] && left="$left /opt/cni/bin/$b"; done
 	[ -e "$STATE_DIR" ] && left="$left $STATE_DIR"
 	in_node nft list tables 2>/dev/null | grep -q 'inet xdpcni' && left="$left the-nftables-table-inet-xdpcni"
+	no_device || left="$left the-VXLAN-device"
+	[ -z "$(in_node ip route show proto 90)" ] || left="$left routes-of-proto-90"
 	[ -z "$left" ] || fail "left on the node:$left"
-	echo "no XDP program, pin, nftables table, conflist, plugin binary or state left ($(wc -l <"$W/uninstall.out") lines from xdpcni uninstall)"
+	echo "no XDP program, pin, nftables table, VXLAN device, node route, conflist, plugin binary or state left ($(wc -l <"$W/uninstall.out") lines from xdpcni uninstall)"
 }
 
 check "install-cni wrote the conflist and the plugins" c_install_cni
@@ -681,6 +722,7 @@ check "xdpcni-agent status (kubectl exec): each pod's mode and why, table and JS
 check "a FORWARD rule naming a pod makes it kernel-only, with an Event" c_forward_rule
 check "deleting a pod removes its veth, IP, record, pin and metrics" c_delete
 check "helm upgrade rolls the agent with no lost 10 ms ping" c_rollout
+check "routing.mode vxlan -> hostGateway -> vxlan by helm upgrade: device, VTEP and pod MTU follow, no lost 10 ms ping, no pod restarted" c_routing
 check "helm install of the previous release, upgrade to this one, rollback, upgrade again: no lost 10 ms ping, the TCP stream alive" c_previous_release
 check "a killed agent: traffic flows, the kubelet restarts it, nothing changes" c_kill_agent
 check "helm uninstall and xdpcni uninstall leave nothing on the node (the policy table included)" c_uninstall

@@ -110,7 +110,9 @@ impl TestNode {
     pub fn delete_object(&self, api: &ApiServer, from: &Netns) -> Result<()> {
         let name = self.name.clone();
         api.with_client(from, |c| async move {
-            Api::<Node>::all(c).delete(&name, &Default::default()).await?;
+            Api::<Node>::all(c)
+                .delete(&name, &Default::default())
+                .await?;
             Ok(())
         })
     }

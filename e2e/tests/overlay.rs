@@ -56,8 +56,16 @@ impl Router {
         ns.ip(&["link", "add", &bridge, "type", "bridge"]).unwrap();
         ns.ip(&["addr", "add", &format!("{A4}.254/24"), "dev", &bridge])
             .unwrap();
-        ns.ip(&["-6", "addr", "add", &format!("{A6}fe/64"), "dev", &bridge, "nodad"])
-            .unwrap();
+        ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{A6}fe/64"),
+            "dev",
+            &bridge,
+            "nodad",
+        ])
+        .unwrap();
         ns.ip(&["link", "set", &bridge, "up"]).unwrap();
         Self { ns, bridge }
     }
@@ -77,15 +85,31 @@ impl Router {
                 .ip(&["addr", "add", &format!("{p4}.254/24"), "dev", &r])
                 .unwrap();
             self.ns
-                .ip(&["-6", "addr", "add", &format!("{p6}fe/64"), "dev", &r, "nodad"])
+                .ip(&[
+                    "-6",
+                    "addr",
+                    "add",
+                    &format!("{p6}fe/64"),
+                    "dev",
+                    &r,
+                    "nodad",
+                ])
                 .unwrap();
         }
         self.ns.ip(&["link", "set", &r, "up"]).unwrap();
         let n = &node.net.node;
         n.ip(&["addr", "add", &format!("{p4}.{host}/24"), "dev", &w])
             .unwrap();
-        n.ip(&["-6", "addr", "add", &format!("{p6}{host}/64"), "dev", &w, "nodad"])
-            .unwrap();
+        n.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{p6}{host}/64"),
+            "dev",
+            &w,
+            "nodad",
+        ])
+        .unwrap();
         n.ip(&["link", "set", &w, "up"]).unwrap();
         n.ip(&["route", "add", "default", "via", &format!("{p4}.254")])
             .unwrap();
@@ -254,12 +278,10 @@ impl Cluster {
         let reason = reason.to_string();
         self.api
             .with_client(&self.nodes[0].net.node, |c| async move {
-                let evs = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(
-                    c,
-                    "kube-system",
-                )
-                .list(&Default::default())
-                .await?;
+                let evs =
+                    kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(c, "kube-system")
+                        .list(&Default::default())
+                        .await?;
                 Ok(evs
                     .items
                     .into_iter()
@@ -294,7 +316,9 @@ fn df_ping(from: &Netns, to: IpAddr, size: u32) -> String {
     let fam = if to.is_ipv6() { "-6" } else { "-4" };
     let s = size.to_string();
     let t = to.to_string();
-    let args = ["ping", fam, "-n", "-c", "1", "-W", "2", "-M", "do", "-s", &s, &t];
+    let args = [
+        "ping", fam, "-n", "-c", "1", "-W", "2", "-M", "do", "-s", &s, &t,
+    ];
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", from.name()])
         .args(args)
@@ -338,15 +362,21 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
     let (a2, ra2) = c.nodes[1].add_pod("a2").unwrap();
     let (a3, ra3) = c.nodes[2].add_pod("a3").unwrap();
     let b2_ip = format!("{B4}.2");
-    wait_for("hostGateway routes node-1 <-> node-3", Duration::from_secs(5), || {
-        c.routed(0, 2, false) && c.routed(2, 0, false)
-    })
+    wait_for(
+        "hostGateway routes node-1 <-> node-3",
+        Duration::from_secs(5),
+        || c.routed(0, 2, false) && c.routed(2, 0, false),
+    )
     .unwrap_or_else(|e| panic!("{e}: {}", c.logs()));
-    wait_for("node-1's Event naming node-2's next hop", Duration::from_secs(5), || {
-        c.node_events(0, "XdpcniUnreachableNextHop")
-            .iter()
-            .any(|n| n.contains(&b2_ip) && n.contains("node-2") && n.contains("vxlan or auto"))
-    })
+    wait_for(
+        "node-1's Event naming node-2's next hop",
+        Duration::from_secs(5),
+        || {
+            c.node_events(0, "XdpcniUnreachableNextHop")
+                .iter()
+                .any(|n| n.contains(&b2_ip) && n.contains("node-2") && n.contains("vxlan or auto"))
+        },
+    )
     .unwrap_or_else(|e| panic!("{e}: {}", c.logs()));
     let log = c.nodes[0].agent_log();
     assert!(
@@ -356,8 +386,14 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
     assert!(!c.routes(0).contains(&c.nodes[1].pod4), "{}", c.routes(0));
     ping(&a1, addr(&ra3, false).unwrap(), 2).unwrap();
     ping(&a1, addr(&ra3, true).unwrap(), 2).unwrap();
-    assert!(ping(&a1, addr(&ra2, false).unwrap(), 1).is_err(), "no path to node-2's pods");
-    assert!(ping(&a2, addr(&ra1, true).unwrap(), 1).is_err(), "no path from node-2's pods");
+    assert!(
+        ping(&a1, addr(&ra2, false).unwrap(), 1).is_err(),
+        "no path to node-2's pods"
+    );
+    assert!(
+        ping(&a2, addr(&ra1, true).unwrap(), 1).is_err(),
+        "no path from node-2's pods"
+    );
     assert!(device(&c.nodes[0]).is_empty(), "no tunnel in hostGateway");
     let (_, metrics) =
         http_get(&c.nodes[0].net.node, xdpcni_e2e::agent::LISTEN, "/metrics").unwrap();
@@ -369,9 +405,11 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
 
     // vxlan, under the same pods: every pair, every family, both ways.
     c.agents("vxlan", 1450);
-    let took = wait_for("vxlan routes between every two nodes", Duration::from_secs(10), || {
-        (0..3).all(|i| (0..3).all(|j| i == j || c.routed(i, j, true)))
-    })
+    let took = wait_for(
+        "vxlan routes between every two nodes",
+        Duration::from_secs(10),
+        || (0..3).all(|i| (0..3).all(|j| i == j || c.routed(i, j, true))),
+    )
     .unwrap_or_else(|e| panic!("{e}: {}\n{}", c.routes(0), c.logs()));
     eprintln!("vxlan: every node's entries in place {took:?} after the agents were up");
     for i in 0..3 {
@@ -407,7 +445,11 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         fdb.contains(&format!("{} dst {} self permanent", v2.mac, v2.address)),
         "node-1's FDB entry for node-2: {fdb}"
     );
-    let neigh = c.nodes[0].net.node.ip(&["neigh", "show", "dev", DEVICE]).unwrap();
+    let neigh = c.nodes[0]
+        .net
+        .node
+        .ip(&["neigh", "show", "dev", DEVICE])
+        .unwrap();
     assert!(
         neigh.contains(&format!("10.82.2.0 lladdr {} PERMANENT", v2.mac)),
         "{neigh}"
@@ -462,12 +504,26 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
     let table = unique_name("xt");
     n1.exec(&["nft", "add", "table", "ip", &table]).unwrap();
     n1.exec(&[
-        "nft", "add", "chain", "ip", &table, "post",
+        "nft",
+        "add",
+        "chain",
+        "ip",
+        &table,
+        "post",
         "{ type nat hook postrouting priority 100 ; }",
     ])
     .unwrap();
     n1.exec(&[
-        "nft", "add", "rule", "ip", &table, "post", "udp", "dport", "4789", "masquerade",
+        "nft",
+        "add",
+        "rule",
+        "ip",
+        &table,
+        "post",
+        "udp",
+        "dport",
+        "4789",
+        "masquerade",
         "fully-random",
     ])
     .unwrap();
@@ -475,7 +531,10 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         let start = Instant::now();
         tcp_transfer(&a1, &a2, addr(&ra2, false).unwrap(), 64 << 10).unwrap();
         let took = start.elapsed();
-        assert!(took < Duration::from_secs(1), "a connection under masquerade: {took:?}");
+        assert!(
+            took < Duration::from_secs(1),
+            "a connection under masquerade: {took:?}"
+        );
     }
     let rules = n1.exec(&["nft", "list", "table", "ip", &table]).unwrap();
     n1.exec(&["nft", "delete", "table", "ip", &table]).unwrap();
@@ -509,9 +568,11 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
             Ok(())
         })
         .unwrap();
-    wait_for("node-2 refuses node-1's pod through the tunnel", Duration::from_secs(15), || {
-        ping(&a1, addr(&ra2, false).unwrap(), 1).is_err()
-    })
+    wait_for(
+        "node-2 refuses node-1's pod through the tunnel",
+        Duration::from_secs(15),
+        || ping(&a1, addr(&ra2, false).unwrap(), 1).is_err(),
+    )
     .unwrap_or_else(|e| panic!("{e}: {}", c.logs()));
     for v6 in [false, true] {
         ping(&a3, addr(&ra2, v6).unwrap(), 2).unwrap();
@@ -529,30 +590,47 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
             Ok(())
         })
         .unwrap();
-    wait_for("the policy gone, node-1's pod reaches a2 again", Duration::from_secs(15), || {
-        ping(&a1, addr(&ra2, false).unwrap(), 1).is_ok()
-    })
+    wait_for(
+        "the policy gone, node-1's pod reaches a2 again",
+        Duration::from_secs(15),
+        || ping(&a1, addr(&ra2, false).unwrap(), 1).is_ok(),
+    )
     .unwrap();
 
     // node-2's Node object deleted: node-1's entries for it go within a
     // second; made again (node-2's agent publishes its VTEP again): back
     // within a second.
     c.nodes[1].delete_object(&c.api, n1).unwrap();
-    let gone = wait_for("node-1's entries for node-2 removed", Duration::from_secs(1), || {
-        let fdb = n1.exec(&["bridge", "fdb", "show", "dev", DEVICE]).unwrap_or_default();
-        !c.routes(0).contains(&c.nodes[1].pod4)
-            && !c.routes(0).contains(&c.nodes[1].pod6)
-            && !fdb.contains(&v2.mac.to_string())
-    })
+    let gone = wait_for(
+        "node-1's entries for node-2 removed",
+        Duration::from_secs(1),
+        || {
+            let fdb = n1
+                .exec(&["bridge", "fdb", "show", "dev", DEVICE])
+                .unwrap_or_default();
+            !c.routes(0).contains(&c.nodes[1].pod4)
+                && !c.routes(0).contains(&c.nodes[1].pod6)
+                && !fdb.contains(&v2.mac.to_string())
+        },
+    )
     .unwrap_or_else(|e| {
-        let fdb = n1.exec(&["bridge", "fdb", "show", "dev", DEVICE]).unwrap_or_default();
+        let fdb = n1
+            .exec(&["bridge", "fdb", "show", "dev", DEVICE])
+            .unwrap_or_default();
         panic!("{e}: routes {}\nFDB {fdb}\n{}", c.routes(0), c.logs())
     });
-    assert!(ping(&a1, addr(&ra2, false).unwrap(), 1).is_err(), "no entries, no path");
+    assert!(
+        ping(&a1, addr(&ra2, false).unwrap(), 1).is_err(),
+        "no entries, no path"
+    );
     let start = Instant::now();
     c.nodes[1].create_object(&c.api, n1).unwrap();
-    wait_for("node-1's entries for node-2 back", Duration::from_secs(1), || c.routed(0, 1, true))
-        .unwrap_or_else(|e| panic!("{e}: {}\n{}", c.routes(0), c.logs()));
+    wait_for(
+        "node-1's entries for node-2 back",
+        Duration::from_secs(1),
+        || c.routed(0, 1, true),
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", c.routes(0), c.logs()));
     let back = start.elapsed();
     eprintln!("Node deleted: entries gone in {gone:?}; Node made again: entries back in {back:?}");
     ping(&a1, addr(&ra2, false).unwrap(), 2).unwrap();
@@ -560,8 +638,12 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
     // auto: node-3 (node-1's subnet) directly, node-2 through the tunnel.
     c.agents("auto", 1450);
     wait_for("auto routes", Duration::from_secs(10), || {
-        c.routed(0, 2, false) && c.routed(2, 0, false) && c.routed(0, 1, true)
-            && c.routed(1, 0, true) && c.routed(1, 2, true) && c.routed(2, 1, true)
+        c.routed(0, 2, false)
+            && c.routed(2, 0, false)
+            && c.routed(0, 1, true)
+            && c.routed(1, 0, true)
+            && c.routed(1, 2, true)
+            && c.routed(2, 1, true)
     })
     .unwrap_or_else(|e| panic!("{e}: {}\n{}", c.routes(0), c.logs()));
     ping_all(&[(&a1, &ra1), (&a2, &ra2), (&a3, &ra3)]);
@@ -600,7 +682,12 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         .unwrap();
     assert_eq!(c.routes(2), "", "node-3's agent routes after uninstall");
 
-    for (n, name, ns) in [(0, "a1", &a1), (1, "a2", &a2), (0, "b1", &b1), (1, "b2", &b2)] {
+    for (n, name, ns) in [
+        (0, "a1", &a1),
+        (1, "a2", &a2),
+        (0, "b1", &b1),
+        (1, "b2", &b2),
+    ] {
         c.nodes[n].del_pod(name, ns).unwrap();
     }
     for n in &c.nodes {
@@ -613,7 +700,12 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
 #[test]
 fn overlay_vxlan_over_an_ipv6_underlay_carries_both_pod_families() {
     let mut c = Cluster::new(false, true);
-    create_pods(&c.api, &c.nodes[0].net.node, &[("a1", "node-1"), ("a2", "node-2")]).unwrap();
+    create_pods(
+        &c.api,
+        &c.nodes[0].net.node,
+        &[("a1", "node-1"), ("a2", "node-2")],
+    )
+    .unwrap();
     c.agents("vxlan", 1430);
     let (a1, ra1) = c.nodes[0].add_pod("a1").unwrap();
     let (a2, ra2) = c.nodes[1].add_pod("a2").unwrap();
@@ -639,7 +731,10 @@ fn overlay_vxlan_over_an_ipv6_underlay_carries_both_pod_families() {
         eprintln!("vxlan over IPv6 TCP (v6 pods {v6}): {mbps:.0} Mbit/s");
         let size = if v6 { 1430 - 48 } else { 1430 - 28 };
         let out = df_ping(&a1, addr(&ra2, v6).unwrap(), size);
-        assert!(out.contains("1 received"), "full-size DF ping (v6 {v6}): {out}");
+        assert!(
+            out.contains("1 received"),
+            "full-size DF ping (v6 {v6}): {out}"
+        );
     }
     c.nodes[0].del_pod("a1", &a1).unwrap();
     c.nodes[1].del_pod("a2", &a2).unwrap();

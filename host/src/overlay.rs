@@ -213,7 +213,9 @@ impl Underlay {
 
     /// Whether `peer` is on one of this interface's subnets (of its family).
     pub fn on_subnet(&self, peer: IpAddr) -> bool {
-        self.subnets.iter().any(|(net, len)| same_prefix(*net, peer, *len))
+        self.subnets
+            .iter()
+            .any(|(net, len)| same_prefix(*net, peer, *len))
     }
 
     /// The pod MTU this underlay leaves in `mode`.

@@ -20,13 +20,13 @@ use xdpcni_host::{
 };
 
 use super::{existing_netns, fail_point, forget_endpoint, gateway, host_prefix, write_sysctl};
-use xdpcni_host::netlink::Netlink;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
     types::{Cidr, CniResult, Interface, IpConfig, Route},
 };
+use xdpcni_host::netlink::Netlink;
 
 /// What ADD has done so far, for the undo.
 #[derive(Default)]

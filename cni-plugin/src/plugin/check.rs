@@ -9,12 +9,12 @@ use xdpcni_host::{
 };
 
 use super::{existing_netns, gateway, require_version};
-use xdpcni_host::netlink::Netlink;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
 };
+use xdpcni_host::netlink::Netlink;
 
 /// CHECK: the pod's interface, addresses, routes and host veth still match
 /// prevResult, and any endpoint record of its addresses points at its veth

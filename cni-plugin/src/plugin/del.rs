@@ -11,12 +11,12 @@ use xdpcni_host::{
 };
 
 use super::{forget_endpoint, require_version};
-use xdpcni_host::netlink::Netlink;
 use crate::{
     config::{CniEnv, NetConf},
     error::{Error, Result},
     ipam,
 };
+use xdpcni_host::netlink::Netlink;
 
 /// DEL: removes whatever is left of the attachment; succeeds when nothing is.
 pub fn del(conf: &NetConf, env: &CniEnv) -> Result<()> {

@@ -48,6 +48,9 @@ use crate::{
 
 use self::policies::PolicyTask;
 
+/// How many refused host-gateway routes of one pass become an Event each.
+const UNREACHABLE_EVENTS: usize = 10;
+
 /// How soon a pod whose reconcile failed is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -386,11 +389,28 @@ impl NodeTask {
                 }
             }
         }
+        // Every refusal is logged; the first few of a pass become Events (a
+        // cluster that is not one L2 segment would otherwise file one per
+        // node), the rest one Event that counts them.
         for u in &o.new_unreachable {
             warn!(node = %u.node, via = %u.via, "{u}");
+        }
+        let mut notes: Vec<String> = o
+            .new_unreachable
+            .iter()
+            .take(UNREACHABLE_EVENTS)
+            .map(ToString::to_string)
+            .collect();
+        if o.new_unreachable.len() > UNREACHABLE_EVENTS {
+            notes.push(format!(
+                "and {} more host-gateway routes refused (their next hops are not on this \
+                 node's L2 segment; the agent's log names each): set routing.mode to vxlan or auto",
+                o.new_unreachable.len() - UNREACHABLE_EVENTS
+            ));
+        }
+        for note in notes {
             if let Err(e) =
-                publish_node_event(&self.client, &node, "XdpcniUnreachableNextHop", &u.to_string())
-                    .await
+                publish_node_event(&self.client, &node, "XdpcniUnreachableNextHop", &note).await
             {
                 warn!(error = %e, "could not publish the Event");
                 core.metrics.error(Stage::Event);
@@ -494,10 +514,7 @@ impl NodeTask {
         core.node_work(&listing, Some(nat), vanished).await;
         let nodes = self.nodes.state();
         let synced;
-        match router
-            .pass(netlink, &nodes, &self.node, NODE_RESYNC)
-            .await
-        {
+        match router.pass(netlink, &nodes, &self.node, NODE_RESYNC).await {
             Ok(o) => {
                 self.routed(&o).await;
                 synced = true;

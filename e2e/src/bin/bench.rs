@@ -457,15 +457,20 @@ impl Drop for KillOnDrop {
 
 /// One iperf3 TCP stream from pod 0 to pod 1, Gbit/s.
 fn tcp(b: &Bench, secs: u32) -> Result<f64> {
+    iperf(&b.pods[0], &b.pods[1], b.ips[1], secs)
+}
+
+/// One iperf3 TCP stream from `from` to `to` (at `ip`), Gbit/s.
+fn iperf(from: &Netns, to: &Netns, ip: IpAddr, secs: u32) -> Result<f64> {
     check_interrupt()?;
     let p = port().to_string();
-    let ip = b.ips[1].to_string();
+    let ip = ip.to_string();
     let _server = KillOnDrop(
         Command::new("ip")
             .args([
                 "netns",
                 "exec",
-                b.pods[1].name(),
+                to.name(),
                 "iperf3",
                 "-s",
                 "-1",
@@ -481,7 +486,7 @@ fn tcp(b: &Bench, secs: u32) -> Result<f64> {
     let mut out = String::new();
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(50));
-        match b.pods[0].exec(&["iperf3", "-c", &ip, "-p", &p, "-t", &secs.to_string(), "-J"]) {
+        match from.exec(&["iperf3", "-c", &ip, "-p", &p, "-t", &secs.to_string(), "-J"]) {
             Ok(o) => {
                 out = o;
                 break;
@@ -847,6 +852,7 @@ const W_NP_REMOVE_P50: &str = "NetworkPolicy deleted -> allowed p50";
 const W_NP_REMOVE_P99: &str = "NetworkPolicy deleted -> allowed p99";
 const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
 const W_MIGRATE: &str = "Datapath migration from the previous release";
+const W_XNODE_TCP: &str = "TCP 1 stream across nodes (iperf3)";
 const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
 /// The headroom rows: native devmap with no headroom asked, and the default
 /// native devmap measured again beside it.
@@ -891,7 +897,13 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_NP_FWD, "Mpps", true),
     (W_MIGRATE, "ms", false),
     (W_MIGRATE_READY, "ms", false),
+    (W_XNODE_TCP, "Gbit/s", true),
 ];
+
+const XNODE_HG: &str = "xdpcni hostGateway";
+const XNODE_VXLAN: &str = "xdpcni vxlan";
+const XNODE_VXLAN_CSUM: &str = "xdpcni vxlan, tx checksum offload on";
+const XNODE_SAME: &str = "xdpcni tc, same node";
 
 /// The fast paths of the main table ("best mode" picks among them).
 const XDP_PATHS: &[&str] = &[
@@ -1320,6 +1332,181 @@ fn migration_bench(
     Ok(path)
 }
 
+/// Two nodes on one wire (192.168.78.0/24), each a namespace with its own
+/// pods: `ptp` pods with host-gateway routes set by hand (the kernel's
+/// routing between nodes, the baseline), and xdpcni nodes with their
+/// agents in Kubernetes mode against a real API server, first in
+/// `hostGateway`, then in `vxlan` (pods made again with the tunnel's MTU,
+/// as install-cni would give them); each phase also measures a same-node
+/// pair (the default tc fast path). The vxlan phase measures the device
+/// with transmit checksum offload on too: what the agent's setting of it
+/// (off) costs.
+fn xnode_bench(
+    reps: usize,
+    secs: u32,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use xdpcni_e2e::{kube::ApiServer, nodes::TestNode, traffic::ping};
+    let wire = |n1: &TestNode, n2: &TestNode| -> Result<()> {
+        let (w1, w2) = (xdpcni_e2e::unique_name("xw"), xdpcni_e2e::unique_name("xw"));
+        n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node))?;
+        for (n, w) in [(n1, &w1), (n2, &w2)] {
+            let ip = n.ip(false).context("an IPv4 InternalIP")?;
+            n.net
+                .node
+                .ip(&["addr", "add", &format!("{ip}/24"), "dev", w])?;
+            n.net.node.ip(&["link", "set", w, "up"])?;
+        }
+        ping(&n1.net.node, n2.ip(false).context("IPv4")?, 1)
+    };
+    let node = |i: u8, base: u8| {
+        TestNode::new(
+            &format!("node-{i}"),
+            &format!("10.{base}.{i}.0/24"),
+            &format!("fd{base}:{i}::/64"),
+            &[&format!("192.168.78.{i}")],
+        )
+    };
+    let pod_ip = |res: &Value| -> Result<IpAddr> {
+        xdpcni_e2e::cni::result_ips(res)
+            .into_iter()
+            .find(IpAddr::is_ipv4)
+            .context("an IPv4 pod address")
+    };
+
+    // The baseline: ptp pods, a route to the other node's pods via its address.
+    let mut p1 = node(1, 91)?;
+    let mut p2 = node(2, 91)?;
+    for n in [&mut p1, &mut p2] {
+        n.net.conf["type"] = json!("ptp");
+        if let Some(c) = n.net.conf.as_object_mut() {
+            for k in ["pinDir", "stateDir", "logFile"] {
+                c.remove(k);
+            }
+        }
+    }
+    wire(&p1, &p2)?;
+    for (n, other) in [(&p1, &p2), (&p2, &p1)] {
+        let via = other.ip(false).context("IPv4")?.to_string();
+        n.net.node.ip(&["route", "add", &other.pod4, "via", &via])?;
+    }
+    let (pa, rpa) = p1.add_pod("pa")?;
+    let (pb, _) = p2.add_pod("pb")?;
+    let ptp_ip = pod_ip(&rpa)?;
+
+    // xdpcni: one API server, two Nodes, an agent each.
+    let mut n1 = node(1, 92)?;
+    let mut n2 = node(2, 92)?;
+    wire(&n1, &n2)?;
+    let api = ApiServer::start_on(&n1.net.node, "0.0.0.0")?;
+    let kc2 = api.kubeconfig_via("192.168.78.1")?;
+    for n in [&n1, &n2] {
+        n.create_object(&api, &n1.net.node)?;
+    }
+    xdpcni_e2e::nodes::create_pods(
+        &api,
+        &n1.net.node,
+        &[
+            ("x1", "node-1"),
+            ("x2", "node-2"),
+            ("y1", "node-1"),
+            ("v1", "node-1"),
+            ("v2", "node-2"),
+            ("w1", "node-1"),
+        ],
+    )?;
+    let start = |n1: &TestNode, n2: &TestNode, mode: &str| -> Result<_> {
+        let extra = json!({
+            "xdpMode": xdpcni_host::pod::DEFAULT_MODE.as_str(),
+            "routing": { "mode": mode },
+        });
+        Ok((
+            n1.agent(&api.kubeconfig, extra.clone())?,
+            n2.agent(&kc2, extra)?,
+        ))
+    };
+    let routed = |n: &TestNode, other: &TestNode, tunnel: bool| {
+        let r = n.agent_routes();
+        r.lines().any(|l| {
+            l.starts_with(&other.pod4) && (l.contains(xdpcni_host::overlay::DEVICE) == tunnel)
+        })
+    };
+    let wait_routes = |n1: &TestNode, n2: &TestNode, tunnel: bool| -> Result<()> {
+        xdpcni_e2e::nodes::wait_for("the agents' routes", Duration::from_secs(15), || {
+            routed(n1, n2, tunnel) && routed(n2, n1, tunnel)
+        })
+        .map(drop)
+    };
+
+    // Phase 1: hostGateway.
+    let agents = start(&n1, &n2, "hostGateway")?;
+    let (x1, rx1) = n1.add_pod("x1")?;
+    let (x2, _) = n2.add_pod("x2")?;
+    let (y1, _) = n1.add_pod("y1")?;
+    wait_routes(&n1, &n2, false)?;
+    let x1_ip = pod_ip(&rx1)?;
+    for rep in 0..reps {
+        push(
+            W_XNODE_TCP,
+            PATHS[0].label,
+            rep,
+            iperf(&pb, &pa, ptp_ip, secs)?,
+        );
+        push(W_XNODE_TCP, XNODE_HG, rep, iperf(&x2, &x1, x1_ip, secs)?);
+        push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&y1, &x1, x1_ip, secs)?);
+    }
+    drop(agents);
+
+    // Phase 2: vxlan, new pods with the tunnel's MTU.
+    let mtu = 1500 - xdpcni_host::overlay::overhead(false);
+    n1.set_pod_mtu(mtu);
+    n2.set_pod_mtu(mtu);
+    let agents = start(&n1, &n2, "vxlan")?;
+    wait_routes(&n1, &n2, true)?;
+    let (v1, rv1) = n1.add_pod("v1")?;
+    let (v2, _) = n2.add_pod("v2")?;
+    let (w1, _) = n1.add_pod("w1")?;
+    let v1_ip = pod_ip(&rv1)?;
+    let csum = |on: &str| -> Result<()> {
+        for n in [&n1, &n2] {
+            n.net
+                .node
+                .exec(&["ethtool", "-K", xdpcni_host::overlay::DEVICE, "tx", on])?;
+        }
+        Ok(())
+    };
+    for rep in 0..reps {
+        push(
+            W_XNODE_TCP,
+            PATHS[0].label,
+            rep,
+            iperf(&pb, &pa, ptp_ip, secs)?,
+        );
+        push(W_XNODE_TCP, XNODE_VXLAN, rep, iperf(&v2, &v1, v1_ip, secs)?);
+        csum("on")?;
+        let on = iperf(&v2, &v1, v1_ip, secs);
+        csum("off")?;
+        push(W_XNODE_TCP, XNODE_VXLAN_CSUM, rep, on?);
+        push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&w1, &v1, v1_ip, secs)?);
+    }
+    extra.push(format!(
+        "across nodes: two node namespaces on one veth wire (MTU 1500); ptp pods with host-gateway routes set by hand; xdpcni pods of MTU 1500 (hostGateway) and {mtu} (vxlan, the device's tx checksum offload off as the agent sets it, and turned on by ethtool for its own row); the same-node row is measured in both phases"
+    ));
+    drop(agents);
+    for (n, name, ns) in [
+        (&n1, "x1", &x1),
+        (&n2, "x2", &x2),
+        (&n1, "y1", &y1),
+        (&n1, "v1", &v1),
+        (&n2, "v2", &v2),
+        (&n1, "w1", &w1),
+    ] {
+        n.del_pod(name, ns)?;
+    }
+    Ok(())
+}
+
 /// A NetworkPolicy `name` in namespace `bench`.
 fn np_json(name: &str, spec: Value) -> Value {
     json!({ "metadata": { "name": name, "namespace": "bench" }, "spec": spec })
@@ -1568,6 +1755,10 @@ fn measure(o: &Opts) -> Result<Measured> {
                 .collect::<String>()
                 .trim()
         ));
+    }
+    if o.full() || o.workload(W_XNODE_TCP) {
+        eprintln!("bench: TCP across nodes (hostGateway, vxlan) on two nodes with agents...");
+        xnode_bench(reps, o.secs, &mut push, &mut extra)?;
     }
     extra.append(&mut profile_lines);
     // Make sure the fast paths really redirected (the peer path is checked
