@@ -47,9 +47,10 @@ ROWS = {
     "Agent start with a migration, to ready": None,
     "TCP 1 stream across nodes (iperf3)": [
         "ptp (baseline)",
+        "ptp, conntrack on (as on a kube-proxy node)",
         "xdpcni hostGateway",
         "xdpcni vxlan",
-        "xdpcni vxlan, tx checksum offload on",
+        "xdpcni vxlan, tx checksum offload off",
         "xdpcni tc, same node",
     ],
 }

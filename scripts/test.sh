@@ -46,7 +46,7 @@ test -x target/chart-cni/bin/xdpcni && test -s target/chart-cni/net.d/10-xdpcni.
 python3 - <<'PY'
 import json
 body = json.load(open("target/chart-agent.json"))
-assert body["routing"] == {"mode": "vxlan", "vni": 1, "port": 4789}, body["routing"]
+assert body["routing"] == {"mode": "vxlan", "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
 assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
@@ -83,6 +83,7 @@ update.maxUnavailable=0 /update/maxUnavailable
 update.maxUnavailable=half /update/maxUnavailable
 routing.mode=host-gw /routing/mode
 routing.vxlan.vni=one /routing/vxlan/vni
+routing.vxlan.txChecksumOffload=maybe /routing/vxlan/txChecksumOffload
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then

@@ -115,6 +115,14 @@ pub struct RoutingConfig {
     /// The VXLAN UDP port, the same on every node.
     #[serde(default = "default_port")]
     pub port: u16,
+    /// Transmit checksum offload on the VXLAN device (default
+    /// [`xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD`]).
+    #[serde(default = "default_tx_checksum_offload")]
+    pub tx_checksum_offload: bool,
+}
+
+fn default_tx_checksum_offload() -> bool {
+    xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD
 }
 
 impl Default for RoutingConfig {
@@ -123,6 +131,7 @@ impl Default for RoutingConfig {
             mode: default_routing(),
             vni: default_vni(),
             port: default_port(),
+            tx_checksum_offload: default_tx_checksum_offload(),
         }
     }
 }
@@ -136,6 +145,8 @@ pub struct Routing {
     pub vni: u32,
     /// The VXLAN UDP port.
     pub port: u16,
+    /// Transmit checksum offload on the device.
+    pub tx_checksum_offload: bool,
 }
 
 impl Config {
@@ -192,6 +203,7 @@ impl Config {
             mode,
             vni: r.vni,
             port: r.port,
+            tx_checksum_offload: r.tx_checksum_offload,
         })
     }
 
@@ -254,7 +266,10 @@ mod tests {
             }))
         };
         let d = cfg("tc", "devmap", "").routing().unwrap();
-        assert_eq!((d.mode, d.vni, d.port), (RoutingMode::Vxlan, 1, 4789));
+        assert_eq!(
+            (d.mode, d.vni, d.port, d.tx_checksum_offload),
+            (RoutingMode::Vxlan, 1, 4789, true)
+        );
         let a = with(serde_json::json!({"mode": "auto", "vni": 42})).unwrap();
         assert_eq!(a.routing().unwrap().mode, RoutingMode::Auto);
         assert_eq!(a.routing().unwrap().vni, 42);

@@ -206,10 +206,24 @@ pub struct Unreachable {
     pub via: IpAddr,
     /// What the kernel said.
     pub why: String,
+    /// This node tunnels, and the peer has published no VTEP yet (its
+    /// agent is starting, runs `hostGateway` or an older release): it is
+    /// reached through the tunnel once it does.
+    pub awaiting_vtep: bool,
 }
 
 impl std::fmt::Display for Unreachable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.awaiting_vtep {
+            return write!(
+                f,
+                "node {}'s pods ({}) are unreachable until it publishes its VXLAN endpoint \
+                 ({VTEP_ANNOTATION}: its agent is not running, runs routing.mode hostGateway \
+                 or an older release): its InternalIP {} is not on this node's L2 segment \
+                 (the kernel refused the host-gateway route: {})",
+                self.node, self.cidr, self.via, self.why
+            );
+        }
         write!(
             f,
             "node {}'s pods ({}) need next hop {} (its InternalIP), which is not on this \
@@ -448,6 +462,7 @@ pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<R
                     cidr: r.cidr(),
                     via,
                     why,
+                    awaiting_vtep: device.is_some(),
                 }),
                 _ => return Err(named(format!("adding route {r:?}"))(e)),
             },
@@ -588,7 +603,7 @@ pub struct Device {
 /// differ, its MAC and MTU set, up, with this node's pod CIDRs' gateway
 /// addresses (the source of the node's own packets to other nodes' pods,
 /// so replies come back through the tunnel), transmit checksum offload as
-/// [`xdpcni_host::overlay::TX_CHECKSUM_OFFLOAD`] says.
+/// the config says ([`xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD`]).
 pub async fn ensure_device(
     handle: &Handle,
     routing: &Routing,
@@ -691,7 +706,7 @@ pub async fn ensure_device(
     xdpcni_host::ethtool::ensure(
         DEVICE,
         xdpcni_host::ethtool::Offload::TxChecksum,
-        xdpcni_host::overlay::TX_CHECKSUM_OFFLOAD,
+        routing.tx_checksum_offload,
     )
     .map_err(RouteError::Offload)?;
     Ok(Device { index, created })
@@ -1048,8 +1063,15 @@ mod tests {
             cidr: "10.81.2.0/24".into(),
             via: "192.168.72.2".parse().unwrap(),
             why: "Invalid argument".into(),
+            awaiting_vtep: false,
         };
         let s = u.to_string();
         assert!(s.contains("node-2") && s.contains("192.168.72.2") && s.contains("vxlan or auto"));
+        let waiting = Unreachable {
+            awaiting_vtep: true,
+            ..u
+        }
+        .to_string();
+        assert!(waiting.contains("until it publishes") && !waiting.contains("set routing.mode"));
     }
 }

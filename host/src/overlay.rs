@@ -83,13 +83,18 @@ pub const DEFAULT_PORT: u16 = 4789;
 pub const VNI_RANGE: std::ops::RangeInclusive<u32> = 1..=0x00ff_ffff;
 /// The Node annotation holding a node's [`Vtep`].
 pub const VTEP_ANNOTATION: &str = "xdpcni.io/vtep";
-/// Transmit checksum offload on the VXLAN device: off, as Flannel has had
-/// it since its 63-second-delay bug (kubernetes/kubernetes#88986,
-/// flannel-io/flannel#1282: inner checksums left to offload went out wrong
-/// once netfilter NAT rewrote the outer UDP header). The kernels xdpcni
-/// runs on (6.6 and later, for tcx) have the NAT fix, so this is belt and
-/// braces; its cost is measured in docs/benchmark.md ("Across nodes").
-pub const TX_CHECKSUM_OFFLOAD: bool = false;
+/// Transmit checksum offload on the VXLAN device unless the config says
+/// otherwise: on. Flannel's fix for the 63-second connection delays
+/// (kubernetes/kubernetes#88986, flannel-io/flannel#1282) turned it off:
+/// netfilter NAT of the outer UDP header (kube-proxy's masquerade,
+/// `--random-fully`) wrote a bad checksum, which Linux 5.7 fixed (commit
+/// ea64d8d6c675, "netfilter: nat: never update the UDP checksum when it's
+/// 0"); xdpcni needs 6.6 or later (tcx). Off costs 4.6x of the tunnel's TCP
+/// throughput here (docs/benchmark.md, "Across nodes": the device loses
+/// TSO), so it stays on, and `routing.vxlan.txChecksumOffload: false` is
+/// there for a network whose NAT between nodes still corrupts checksums
+/// (flannel-io/flannel#1929).
+pub const DEFAULT_TX_CHECKSUM_OFFLOAD: bool = true;
 /// The `proto` of every route the agent owns (`ip route` shows `proto 90`).
 pub const ROUTE_PROTOCOL: u8 = 90;
 

@@ -395,17 +395,24 @@ impl NodeTask {
         for u in &o.new_unreachable {
             warn!(node = %u.node, via = %u.via, "{u}");
         }
-        let mut notes: Vec<String> = o
+        // A peer this tunnelling node waits for (not publishing its VTEP
+        // yet: starting, or a roll between modes) is a log line only: the
+        // Event is for what the user must change.
+        let refused: Vec<&routes::Unreachable> = o
             .new_unreachable
+            .iter()
+            .filter(|u| !u.awaiting_vtep)
+            .collect();
+        let mut notes: Vec<String> = refused
             .iter()
             .take(UNREACHABLE_EVENTS)
             .map(ToString::to_string)
             .collect();
-        if o.new_unreachable.len() > UNREACHABLE_EVENTS {
+        if refused.len() > UNREACHABLE_EVENTS {
             notes.push(format!(
                 "and {} more host-gateway routes refused (their next hops are not on this \
                  node's L2 segment; the agent's log names each): set routing.mode to vxlan or auto",
-                o.new_unreachable.len() - UNREACHABLE_EVENTS
+                refused.len() - UNREACHABLE_EVENTS
             ));
         }
         for note in notes {

@@ -498,7 +498,13 @@ fn iperf(from: &Netns, to: &Netns, ip: IpAddr, secs: u32) -> Result<f64> {
     let v: Value = serde_json::from_str(&out).context("iperf3 JSON")?;
     let bps = v["end"]["sum_received"]["bits_per_second"]
         .as_f64()
-        .context("iperf3 result")?;
+        .with_context(|| {
+            format!(
+                "iperf3 {} -> {ip}: no result ({})",
+                from.name(),
+                v["error"].as_str().unwrap_or("no error given")
+            )
+        })?;
     Ok(bps / 1e9)
 }
 
@@ -902,8 +908,9 @@ const WORKLOADS: &[(&str, &str, bool)] = &[
 
 const XNODE_HG: &str = "xdpcni hostGateway";
 const XNODE_VXLAN: &str = "xdpcni vxlan";
-const XNODE_VXLAN_CSUM: &str = "xdpcni vxlan, tx checksum offload on";
+const XNODE_VXLAN_CSUM: &str = "xdpcni vxlan, tx checksum offload off";
 const XNODE_SAME: &str = "xdpcni tc, same node";
+const XNODE_PTP_CT: &str = "ptp, conntrack on (as on a kube-proxy node)";
 
 /// The fast paths of the main table ("best mode" picks among them).
 const XDP_PATHS: &[&str] = &[
@@ -1339,8 +1346,8 @@ fn migration_bench(
 /// `hostGateway`, then in `vxlan` (pods made again with the tunnel's MTU,
 /// as install-cni would give them); each phase also measures a same-node
 /// pair (the default tc fast path). The vxlan phase measures the device
-/// with transmit checksum offload on too: what the agent's setting of it
-/// (off) costs.
+/// with transmit checksum offload off too (`routing.vxlan.txChecksumOffload:
+/// false`, Flannel's workaround of an old kernel bug): what it costs.
 fn xnode_bench(
     reps: usize,
     secs: u32,
@@ -1375,16 +1382,23 @@ fn xnode_bench(
             .context("an IPv4 pod address")
     };
 
+    // A pod's datapath in place (the agent's default mode on its veth).
+    let settled = |n: &TestNode, res: &Value| -> Result<()> {
+        let host = res["interfaces"][0]["name"]
+            .as_str()
+            .context("the result's host interface")?;
+        xdpcni_e2e::agent::wait_default_mode(&n.net.node, host).map(drop)
+    };
+
     // The baseline: ptp pods, a route to the other node's pods via its address.
     let mut p1 = node(1, 91)?;
     let mut p2 = node(2, 91)?;
     for n in [&mut p1, &mut p2] {
-        n.net.conf["type"] = json!("ptp");
-        if let Some(c) = n.net.conf.as_object_mut() {
-            for k in ["pinDir", "stateDir", "logFile"] {
-                c.remove(k);
-            }
-        }
+        cni_conf(PATHS[0], &mut n.net);
+        // Debian's ptp speaks CNI up to 1.0.0; its pods route what is not
+        // on their subnet through their gateway only if IPAM says so.
+        n.net.conf["cniVersion"] = json!("1.0.0");
+        n.net.conf["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]);
     }
     wire(&p1, &p2)?;
     for (n, other) in [(&p1, &p2), (&p2, &p1)] {
@@ -1442,10 +1456,40 @@ fn xnode_bench(
     // Phase 1: hostGateway.
     let agents = start(&n1, &n2, "hostGateway")?;
     let (x1, rx1) = n1.add_pod("x1")?;
-    let (x2, _) = n2.add_pod("x2")?;
-    let (y1, _) = n1.add_pod("y1")?;
+    let (x2, rx2) = n2.add_pod("x2")?;
+    let (y1, ry1) = n1.add_pod("y1")?;
     wait_routes(&n1, &n2, false)?;
     let x1_ip = pod_ip(&rx1)?;
+    settled(&n1, &rx1)?;
+    settled(&n1, &ry1)?;
+    settled(&n2, &rx2)?;
+    // The baseline again with conntrack on both nodes' forward path, as
+    // kube-proxy's rules (and xdpcni's NetworkPolicy table) have it on a
+    // real node: a forward-hook table that asks for connection state.
+    let table = xdpcni_e2e::unique_name("xc");
+    let conntrack = |on: bool| -> Result<()> {
+        for n in [&p1, &p2] {
+            let node = &n.net.node;
+            if on {
+                node.exec(&["nft", "add", "table", "inet", &table])?;
+                node.exec(&[
+                    "nft",
+                    "add",
+                    "chain",
+                    "inet",
+                    &table,
+                    "xfwd",
+                    "{ type filter hook forward priority 0 ; }",
+                ])?;
+                node.exec(&[
+                    "nft", "add", "rule", "inet", &table, "xfwd", "ct", "state", "invalid", "drop",
+                ])?;
+            } else {
+                node.exec(&["nft", "delete", "table", "inet", &table])?;
+            }
+        }
+        Ok(())
+    };
     for rep in 0..reps {
         push(
             W_XNODE_TCP,
@@ -1453,6 +1497,10 @@ fn xnode_bench(
             rep,
             iperf(&pb, &pa, ptp_ip, secs)?,
         );
+        conntrack(true)?;
+        let ct = iperf(&pb, &pa, ptp_ip, secs);
+        conntrack(false)?;
+        push(W_XNODE_TCP, XNODE_PTP_CT, rep, ct?);
         push(W_XNODE_TCP, XNODE_HG, rep, iperf(&x2, &x1, x1_ip, secs)?);
         push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&y1, &x1, x1_ip, secs)?);
     }
@@ -1465,9 +1513,12 @@ fn xnode_bench(
     let agents = start(&n1, &n2, "vxlan")?;
     wait_routes(&n1, &n2, true)?;
     let (v1, rv1) = n1.add_pod("v1")?;
-    let (v2, _) = n2.add_pod("v2")?;
-    let (w1, _) = n1.add_pod("w1")?;
+    let (v2, rv2) = n2.add_pod("v2")?;
+    let (w1, rw1) = n1.add_pod("w1")?;
     let v1_ip = pod_ip(&rv1)?;
+    settled(&n1, &rv1)?;
+    settled(&n1, &rw1)?;
+    settled(&n2, &rv2)?;
     let csum = |on: &str| -> Result<()> {
         for n in [&n1, &n2] {
             n.net
@@ -1484,14 +1535,14 @@ fn xnode_bench(
             iperf(&pb, &pa, ptp_ip, secs)?,
         );
         push(W_XNODE_TCP, XNODE_VXLAN, rep, iperf(&v2, &v1, v1_ip, secs)?);
-        csum("on")?;
-        let on = iperf(&v2, &v1, v1_ip, secs);
         csum("off")?;
-        push(W_XNODE_TCP, XNODE_VXLAN_CSUM, rep, on?);
+        let off = iperf(&v2, &v1, v1_ip, secs);
+        csum("on")?;
+        push(W_XNODE_TCP, XNODE_VXLAN_CSUM, rep, off?);
         push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&w1, &v1, v1_ip, secs)?);
     }
     extra.push(format!(
-        "across nodes: two node namespaces on one veth wire (MTU 1500); ptp pods with host-gateway routes set by hand; xdpcni pods of MTU 1500 (hostGateway) and {mtu} (vxlan, the device's tx checksum offload off as the agent sets it, and turned on by ethtool for its own row); the same-node row is measured in both phases"
+        "across nodes: two node namespaces on one veth wire (MTU 1500); ptp pods with host-gateway routes set by hand; xdpcni pods of MTU 1500 (hostGateway) and {mtu} (vxlan; the device's tx checksum offload on, as the agent sets it by default, and off by ethtool for its own row); the same-node row is measured in both phases"
     ));
     drop(agents);
     for (n, name, ns) in [
