@@ -118,13 +118,15 @@ impl Router {
     }
 }
 
-/// Three nodes, their agents, their pods.
+/// Three nodes, their agents, their pods. The agents are declared first:
+/// they stop before their nodes' pins and namespaces and the API server go
+/// (a running agent would pin its datapath again).
 struct Cluster {
+    agents: Vec<Option<NodeProcess>>,
     router: Router,
     nodes: Vec<TestNode>,
     api: ApiServer,
     kubeconfigs: Vec<PathBuf>,
-    agents: Vec<Option<NodeProcess>>,
     /// Merged into every agent's `routing`.
     routing_extra: Value,
 }
