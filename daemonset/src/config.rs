@@ -53,8 +53,8 @@ pub struct Config {
     /// Address of /metrics, /healthz, /readyz ([`DEFAULT_LISTEN`] if absent).
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// Node defaults: `native`, `generic` or `off` (default: generic, the
-    /// hybrid, the best for mixed traffic: docs/bench.md).
+    /// Node default mode: one of [`XdpMode::ALL`] (default:
+    /// [`xdpcni_host::pod::DEFAULT_MODE`], tc: docs/bench.md).
     #[serde(default = "default_mode")]
     pub xdp_mode: String,
     /// Node default redirect: `devmap` (the default) or `cpumap`.

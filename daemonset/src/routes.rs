@@ -29,7 +29,7 @@ use rtnetlink::{
         neighbour::{
             NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
         },
-        route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol},
+        route::{RouteAttribute, RouteMessage, RouteProtocol},
         AddressFamily,
     },
     Handle, LinkMessageBuilder, LinkUnspec, LinkVxlan, RouteMessageBuilder,
@@ -37,6 +37,8 @@ use rtnetlink::{
 use xdpcni_host::overlay::{
     tunnel_gateway, MacAddr, RoutingMode, Underlay, Vtep, DEVICE, VTEP_ANNOTATION,
 };
+
+use xdpcni_host::netlink::ip_of;
 
 use crate::config::Routing;
 
@@ -245,14 +247,6 @@ pub struct Report {
     pub unreachable: Vec<Unreachable>,
 }
 
-fn ip(a: &RouteAddress) -> Option<IpAddr> {
-    match a {
-        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
-        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
-        _ => None,
-    }
-}
-
 fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
     if m.header.protocol != RouteProtocol::Other(ROUTE_PROTOCOL) {
         return None;
@@ -260,8 +254,8 @@ fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
     let (mut dst, mut gw, mut oif) = (None, None, None);
     for a in &m.attributes {
         match a {
-            RouteAttribute::Destination(d) => dst = ip(d),
-            RouteAttribute::Gateway(g) => gw = ip(g),
+            RouteAttribute::Destination(d) => dst = ip_of(d),
+            RouteAttribute::Gateway(g) => gw = ip_of(g),
             RouteAttribute::Oif(o) => oif = Some(*o),
             _ => {}
         }

@@ -504,7 +504,8 @@ fn route_addr(ip: IpAddr) -> RouteAddress {
     }
 }
 
-fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
+/// The address of a route attribute (destination, gateway), if IPv4 or IPv6.
+pub fn ip_of(a: &RouteAddress) -> Option<IpAddr> {
     match a {
         RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
         RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),

@@ -362,6 +362,14 @@ impl NodeTask {
                 );
             }
         }
+        if o.device_changed {
+            info!(
+                device = xdpcni_host::overlay::DEVICE,
+                vtep = ?o.vtep,
+                "VXLAN device {}",
+                if o.vtep.is_some() { "made" } else { "removed" }
+            );
+        }
         for w in &o.warnings {
             warn!("{w}");
         }
