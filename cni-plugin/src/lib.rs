@@ -1,7 +1,9 @@
 //! The xdpcni CNI plugin (spec 1.1; answers 0.3.0 to 1.1.0): builds a pod's
 //! veth pair with its end created directly inside the pod, addresses from a
-//! delegated IPAM plugin, link-local gateways and routes, and registers the
-//! pod with the XDP datapath when it is pinned. [`run`] is the whole plugin;
+//! delegated IPAM plugin, link-local gateways and routes, holds a pod a
+//! NetworkPolicy may select until the agent has classified it, and records
+//! the pod for the agent, which alone puts it on the fast path. [`run`] is
+//! the whole plugin;
 //! `main.rs` only wires stdin, the environment and stdout to it.
 
 pub mod config;

@@ -11,7 +11,7 @@ use xdpcni_host::{
     pod::{parse_cpu_list, XdpMode},
 };
 
-use crate::{policy::Policy, reconciler::Annotations};
+use crate::{records::Annotations, wish::Wish};
 
 fn default_mode() -> String {
     xdpcni_host::pod::DEFAULT_MODE.as_str().into()
@@ -157,7 +157,7 @@ impl Config {
     }
 
     /// The node defaults, validated against the `online` CPU mask.
-    pub fn defaults(&self, online: u64) -> Result<Policy> {
+    pub fn defaults(&self, online: u64) -> Result<Wish> {
         let mode = XdpMode::parse(&self.xdp_mode).with_context(|| {
             format!(
                 "xdpMode {:?} is not one of {}",
@@ -172,7 +172,7 @@ impl Config {
         } else {
             parse_cpu_list(&self.cpus).map_err(|e| anyhow::anyhow!("cpus: {e}"))?
         };
-        Ok(Policy {
+        Ok(Wish {
             mode,
             redirect,
             cpu_mask,

@@ -36,9 +36,8 @@ use crate::{
     forward,
     metrics::{DatapathReader, Metrics, Stage, CONTENT_TYPE},
     netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
-    reconciler::{
-        is_live, pod_key, Annotations, KernelOnly, PodInput, PodKey, PodOutcome, Reconciler,
-    },
+    reconciler::{KernelOnly, PodInput, PodOutcome, Reconciler},
+    records::{is_live, pod_key, Annotations, PodKey},
     status::{self, Book, PodStatus, PolicyStatus, Status},
 };
 
@@ -164,8 +163,7 @@ impl ReconcileError {
     /// The `kind` label of `xdpcni_reconcile_retries_total`.
     pub const fn kind(&self) -> &'static str {
         match self {
-            Self::Apply(ApplyError::Datapath(_)) => "datapath",
-            Self::Apply(ApplyError::Converge(_)) => "converge",
+            Self::Apply(e) => e.kind(),
             Self::Task(_) => "task",
         }
     }
@@ -540,10 +538,10 @@ impl Core {
                     host_veth: rec.host_veth.clone(),
                     ifindex: rec.host_ifindex,
                     mode: outcome.mode.as_str().into(),
-                    wanted: outcome.policy.mode.as_str().into(),
+                    wanted: outcome.wish.mode.as_str().into(),
                     why: outcome.why.clone(),
-                    redirect: outcome.policy.redirect.as_str().into(),
-                    cpus: xdpcni_host::pod::format_cpu_list(outcome.policy.cpu_mask),
+                    redirect: outcome.wish.redirect.as_str().into(),
+                    cpus: xdpcni_host::pod::format_cpu_list(outcome.wish.cpu_mask),
                     problems: outcome.problems.iter().map(ToString::to_string).collect(),
                     reconciled_at: status::now(),
                     counters: None,

@@ -21,7 +21,7 @@ use std::{
 use ipnet::IpNet;
 use xdpcni_host::source_check::find_tool;
 
-use crate::reconciler::PodKey;
+use crate::records::PodKey;
 
 /// A rule that makes pods kernel-only, as `iptables-save` prints it.
 pub type Rule = String;

@@ -1,9 +1,9 @@
-//! The xdpcni node agent: turns each pod's policy (annotations in Kubernetes,
+//! The xdpcni node agent: turns each pod's wish (annotations in Kubernetes,
 //! a file in standalone mode) into the datapath's state, and reports it.
 //!
 //! - `config`: the config file and the node defaults.
-//! - `policy`: a pod's policy from its annotations (pure).
-//! - `apply`: one pod's policy onto the datapath (through `xdpcni_host::pod`).
+//! - `wish`: what a pod asks of the datapath (mode, redirect, cpus) from its annotations (pure).
+//! - `apply`: one pod brought to its mode, through the datapath's verbs.
 //! - `reconciler`: the reconciler over the datapath: one pod, or the node-wide work.
 //! - `daemon`: shared by both modes: the reconciler behind a lock, metrics,
 //!   readiness, HTTP, shutdown.
@@ -23,9 +23,10 @@ pub mod install;
 pub mod kube;
 pub mod metrics;
 pub mod netpol;
-pub mod policy;
 pub mod prepare;
 pub mod reconciler;
+pub mod records;
 pub mod routes;
 pub mod standalone;
 pub mod status;
+pub mod wish;

@@ -416,7 +416,7 @@ impl Metrics {
             duration.clone(),
         );
         let retries = Family::<OneLabel, Counter>::default();
-        for kind in ["datapath", "converge", "task"] {
+        for kind in ["datapath", "offloads", "task"] {
             let _ = retries.get_or_create(&[("kind", kind)]);
         }
         registry.register(
@@ -639,11 +639,11 @@ mod tests {
         assert!(!text.contains("xdpcni_pod_kernel_only{"), "{text}");
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="routes"} 1"#));
         assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="apply"} 0"#));
-        m.retry("converge");
+        m.retry("offloads");
         assert!(m
             .render()
             .unwrap()
-            .contains(r#"xdpcni_reconcile_retries_total{kind="converge"} 1"#));
+            .contains(r#"xdpcni_reconcile_retries_total{kind="offloads"} 1"#));
         assert!(text.contains(r#"xdpcni_reconcile_duration_seconds_count{scope="pod"} 1"#));
         assert!(text.contains("xdpcni_ready 1"));
         assert!(text.ends_with("# EOF\n"));

@@ -1,6 +1,6 @@
 //! The node's datapath state and the two kinds of work on it, shared by the
 //! standalone and the Kubernetes modes: reconciling one pod (its record from
-//! the CNI, its policy, applied), and the node-wide work (NAT'd ports,
+//! the CNI, its wish, applied), and the node-wide work (NAT'd ports,
 //! collecting what deleted pods left). Synchronous: callers run it on a
 //! blocking thread, one at a time (the core holds it behind a mutex).
 
@@ -11,22 +11,14 @@ use std::{
 
 use tracing::{info, warn};
 use xdpcni_ebpf::{Datapath, L4Proto};
-use xdpcni_host::{
-    pod::XdpMode,
-    state::{self, Record},
-};
+use xdpcni_host::{pod::XdpMode, state::Record};
 
 use crate::{
     apply::{apply, Applied, ApplyError},
-    policy::{resolve, Policy, Problem, ANNOTATION_MODE},
+    records::{being_deleted, link_exists, pod_key, veth_present, Annotations, PodKey},
     status::{Why, WhyCode},
+    wish::{resolve, Problem, Wish, ANNOTATION_MODE},
 };
-
-/// Annotations of a pod.
-pub type Annotations = BTreeMap<String, String>;
-
-/// (namespace, name) of a pod; ("", container ID) for a record without one.
-pub type PodKey = (String, String);
 
 /// Why a pod must take the kernel path both ways.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,82 +38,13 @@ pub struct PodInput {
     pub kernel_only: Option<KernelOnly>,
 }
 
-/// (namespace, name) of a record: the pod's, or ("", container ID).
-pub fn pod_key(rec: &Record) -> PodKey {
-    if rec.pod_name.is_empty() {
-        (String::new(), rec.container_id.clone())
-    } else {
-        (rec.pod_namespace.clone(), rec.pod_name.clone())
-    }
-}
-
-/// The records no listed pod claims, which get the node defaults. `listed`
-/// is None until the first complete list of pods has arrived: before it, a
-/// record's pod may simply not be known yet, and the defaults would undo the
-/// mode its annotations chose (after an agent restart, say), so none is an
-/// orphan yet.
-pub fn orphans<'a>(records: &'a [Record], listed: Option<&HashSet<PodKey>>) -> Vec<&'a Record> {
-    let Some(listed) = listed else {
-        return Vec::new();
-    };
-    records
-        .iter()
-        .filter(|r| !listed.contains(&pod_key(r)))
-        .collect()
-}
-
-/// Whether a record's pod is still there: its DEL has not started and its
-/// netns exists. A pod whose netns is gone is being deleted; its DEL cleans
-/// up.
-pub fn is_live(rec: &Record) -> bool {
-    !rec.deleting && std::path::Path::new(&rec.netns).exists()
-}
-
-/// The name of the device with `ifindex` in this network namespace, if any.
-fn link_name(ifindex: u32) -> Option<Vec<u8>> {
-    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
-    if unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null() {
-        return None;
-    }
-    // SAFETY: if_indextoname NUL-terminated what it wrote into `name`.
-    Some(
-        unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-            .to_bytes()
-            .to_vec(),
-    )
-}
-
-/// Whether the record's pod is being deleted: its DEL marked the record,
-/// or already removed it (read again from disk: the caller's copy may
-/// predate the DEL).
-fn being_deleted(state_dir: &std::path::Path, rec: &Record) -> bool {
-    match state::load(state_dir, &rec.container_id, &rec.ifname) {
-        Ok(Some(now)) => now.deleting,
-        Ok(None) => true,
-        Err(_) => false,
-    }
-}
-
-/// Whether the record's host veth is still there (its ifindex still names
-/// it): one ioctl, so standalone mode can skip a pod that did not change
-/// and still learn at once of a veth deleted behind the CNI's back.
-pub fn veth_present(rec: &Record) -> bool {
-    link_name(rec.host_ifindex).is_some_and(|n| n == rec.host_veth.as_bytes())
-}
-
-/// Whether a device with `ifindex` exists in this network namespace.
-fn link_exists(ifindex: u32) -> bool {
-    link_name(ifindex).is_some()
-}
-
 /// The outcome of reconciling one pod.
 #[derive(Clone, Debug)]
 pub struct PodOutcome {
     /// The mode in force now.
     pub mode: XdpMode,
-    /// The policy asked for (annotations over the node defaults).
-    pub policy: Policy,
+    /// What the pod asks for (annotations over the node defaults).
+    pub wish: Wish,
     /// Why `mode` is in force.
     pub why: Why,
     /// Whether anything changed.
@@ -139,7 +62,7 @@ pub struct PodOutcome {
 /// hold, kernel-only, a full map, a kernel refusal, the annotation, the
 /// node default.
 fn why(
-    policy: &Policy,
+    wish: &Wish,
     annotations: &Annotations,
     held: bool,
     kernel_only: Option<&KernelOnly>,
@@ -182,7 +105,7 @@ fn why(
         )
     } else {
         match annotations.get(ANNOTATION_MODE) {
-            Some(v) if XdpMode::parse(v.trim()) == Some(policy.mode) => (
+            Some(v) if XdpMode::parse(v.trim()) == Some(wish.mode) => (
                 WhyCode::Annotation,
                 format!("annotation {ANNOTATION_MODE}={}", v.trim()),
             ),
@@ -190,12 +113,12 @@ fn why(
                 WhyCode::NodeDefault,
                 format!(
                     "node default {} ({ANNOTATION_MODE}={v:?} refused)",
-                    policy.mode.as_str()
+                    wish.mode.as_str()
                 ),
             ),
             None => (
                 WhyCode::NodeDefault,
-                format!("node default {}", policy.mode.as_str()),
+                format!("node default {}", wish.mode.as_str()),
             ),
         }
     };
@@ -205,7 +128,7 @@ fn why(
 /// The datapath and what the agent remembers between reconciles.
 pub struct Reconciler {
     dp: Datapath,
-    defaults: Policy,
+    defaults: Wish,
     online: u64,
     state_dir: std::path::PathBuf,
     reported: HashMap<PodKey, String>,
@@ -215,7 +138,7 @@ impl Reconciler {
     /// A reconciler over `dp` with node `defaults`; `online` is the mask of
     /// online CPUs that CPU lists are checked against; the CNI's records
     /// are in `state_dir`.
-    pub fn new(dp: Datapath, defaults: Policy, online: u64, state_dir: std::path::PathBuf) -> Self {
+    pub fn new(dp: Datapath, defaults: Wish, online: u64, state_dir: std::path::PathBuf) -> Self {
         Self {
             dp,
             defaults,
@@ -225,18 +148,18 @@ impl Reconciler {
         }
     }
 
-    /// Applies the policy of `pod` (annotations over the node defaults) to
+    /// Applies the wish of `pod` (annotations over the node defaults) to
     /// the pod of `rec`. A held pod (see [`Reconciler::release`]) is kept on
     /// kernel routing with kernel-only records whatever its input: the fast
     /// path would carry its frames past the hold.
     pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {
         let key = pod_key(rec);
-        let (policy, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
+        let (wish, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
         if !veth_present(rec) {
             if being_deleted(&self.state_dir, rec) {
                 // Its DEL removed the veth and is removing the record: the
                 // normal end of a pod, nothing to report.
-                return Ok(self.deleted(key, policy));
+                return Ok(self.deleted(key, wish));
             }
             // Deleted outside the CNI: nothing to attach to. Its leftovers
             // in the datapath go at its DEL (or collection once it has no
@@ -246,38 +169,38 @@ impl Reconciler {
                 text: "no network: the host veth was deleted outside the CNI".into(),
             };
             let problem = Problem::veth_gone(&rec.host_veth);
-            return Ok(self.outcome(key, policy, why, Applied::nothing(), vec![problem]));
+            return Ok(self.outcome(key, wish, why, Applied::nothing(), vec![problem]));
         }
         let held = self.dp.is_held(rec.host_ifindex);
         let kernel_only = pod.kernel_only.is_some() || held;
-        let applied = match apply(&mut self.dp, rec, &policy, kernel_only) {
+        let applied = match apply(&mut self.dp, rec, &wish, kernel_only) {
             Ok(a) => a,
             // Its DEL took the veth away meanwhile: the normal end of a
             // pod, not a failure to retry or report.
-            Err(_) if being_deleted(&self.state_dir, rec) => return Ok(self.deleted(key, policy)),
+            Err(_) if being_deleted(&self.state_dir, rec) => return Ok(self.deleted(key, wish)),
             Err(e) => return Err(e),
         };
         if applied.changed {
             info!(mode = applied.mode.as_str(), kernel_only, held, "applied");
         }
         let why = why(
-            &policy,
+            &wish,
             &pod.annotations,
             held,
             pod.kernel_only.as_ref(),
             &applied,
         );
         problems.extend(applied.problems.iter().cloned());
-        Ok(self.outcome(key, policy, why, applied, problems))
+        Ok(self.outcome(key, wish, why, applied, problems))
     }
 
     /// The outcome for a pod whose CNI DEL runs: off, nothing to report.
-    fn deleted(&mut self, key: PodKey, policy: Policy) -> PodOutcome {
+    fn deleted(&mut self, key: PodKey, wish: Wish) -> PodOutcome {
         let why = Why {
             code: WhyCode::VethGone,
             text: "being deleted (its CNI DEL removed the host veth)".into(),
         };
-        self.outcome(key, policy, why, Applied::nothing(), Vec::new())
+        self.outcome(key, wish, why, Applied::nothing(), Vec::new())
     }
 
     /// The outcome of a reconcile, with `problems` reported (logged and
@@ -285,7 +208,7 @@ impl Reconciler {
     fn outcome(
         &mut self,
         key: PodKey,
-        policy: Policy,
+        wish: Wish,
         why: Why,
         applied: Applied,
         problems: Vec<Problem>,
@@ -296,7 +219,7 @@ impl Reconciler {
             .collect::<Vec<_>>()
             .join("; ");
         let new_problems = if !text.is_empty() && self.reported.get(&key) != Some(&text) {
-            warn!(problem = %text, "policy refused, fallback in use");
+            warn!(problem = %text, "wish refused, fallback in use");
             problems.clone()
         } else {
             Vec::new()
@@ -304,7 +227,7 @@ impl Reconciler {
         self.reported.insert(key, text);
         PodOutcome {
             mode: applied.mode,
-            policy,
+            wish,
             why,
             changed: applied.changed,
             map_full: applied.map_full.is_some(),
@@ -322,7 +245,7 @@ impl Reconciler {
         if !veth_present(rec) {
             return Ok(false);
         }
-        let released = self.dp.release(rec.host_ifindex)?;
+        let released = self.dp.release_hold(rec.host_ifindex)?;
         if released {
             info!(host_veth = %rec.host_veth, "hold released: the pod is classified");
         }
@@ -333,23 +256,18 @@ impl Reconciler {
     /// isolates the pod: the fast path must stop carrying its frames before
     /// its reconcile detaches XDP).
     pub fn flag_kernel_only(&mut self, rec: &Record) -> Result<(), xdpcni_ebpf::Error> {
-        for ip in &rec.ips {
-            self.dp.maps_mut().flag_kernel_only(*ip)?;
-        }
-        Ok(())
+        self.dp.flag_kernel_only(&rec.ips)
     }
 
     /// Holds the pod of `rec` (drops every IP packet to and from it), as the
     /// CNI does at ADD: for a pod whose policies cannot be put in force. Its
-    /// endpoint records are flagged kernel-only first: the fast path would
-    /// carry its frames past the hold (its reconcile then detaches XDP).
+    /// endpoint records are flagged kernel-only first (the datapath's
+    /// `hold_pod`); its reconcile then detaches XDP.
     pub fn hold(&mut self, rec: &Record) -> Result<bool, xdpcni_ebpf::Error> {
         if !veth_present(rec) {
             return Ok(false);
         }
-        self.flag_kernel_only(rec)?;
-        self.dp.maps_mut().claim_slot(rec.host_ifindex)?;
-        self.dp.hold(rec.host_ifindex, &rec.host_veth)
+        self.dp.hold_pod(rec.host_ifindex, &rec.host_veth, &rec.ips)
     }
 
     /// Whether the pod of `rec` is held.
@@ -363,12 +281,9 @@ impl Reconciler {
         &mut self,
         namespaces: &BTreeMap<String, u32>,
     ) -> Result<bool, xdpcni_ebpf::Error> {
-        let maps = self.dp.maps_mut();
-        let gate = maps.policy_gate()?;
-        if gate.complete == 1 && maps.policy_namespaces()? == *namespaces {
+        if !self.dp.set_policy_namespaces(namespaces)? {
             return Ok(false);
         }
-        maps.write_policy_gate(namespaces)?;
         info!(namespaces = namespaces.len(), "policy gate written");
         Ok(true)
     }
@@ -400,24 +315,14 @@ impl Reconciler {
     /// no record claims (pods whose DEL never came), and what was remembered
     /// of pods without a record. Returns how many things were collected.
     pub fn collect(&mut self, records: &[Record]) -> Result<usize, xdpcni_ebpf::Error> {
-        let mut n = 0;
-        for ifindex in self.dp.gc_links()? {
+        let claimed: HashSet<u32> = records.iter().map(|r| r.host_ifindex).collect();
+        let collected = self.dp.collect(&claimed, &link_exists)?;
+        for ifindex in &collected.links {
             info!(ifindex, "collected the link pin of a deleted veth");
-            n += 1;
-        }
-        for (ip, ep) in self.dp.maps().endpoints()? {
-            if records.iter().any(|r| r.host_ifindex == ep.ifindex) || link_exists(ep.ifindex) {
-                continue;
-            }
-            info!(%ip, ifindex = ep.ifindex, "removing the endpoint of a vanished veth");
-            self.dp.maps_mut().remove_endpoint(ip)?;
-            self.dp.maps_mut().remove_tx_port(ep.ifindex)?;
-            self.dp.maps_mut().remove_counters(ep.ifindex)?;
-            n += 1;
         }
         let keys: HashSet<PodKey> = records.iter().map(pod_key).collect();
         self.reported.retain(|k, _| keys.contains(k));
-        Ok(n)
+        Ok(collected.len())
     }
 
     /// Makes the datapath's NAT'd ports equal `want`: the (address, protocol,
@@ -428,74 +333,10 @@ impl Reconciler {
         &mut self,
         want: &BTreeSet<(IpAddr, L4Proto, u16)>,
     ) -> Result<(usize, usize), xdpcni_ebpf::Error> {
-        let have: BTreeSet<_> = self.dp.maps().nat_ports()?.into_iter().collect();
-        let (mut added, mut removed) = (0, 0);
-        for (ip, proto, port) in want.difference(&have) {
-            self.dp.maps_mut().add_nat_port(*ip, *proto, *port)?;
-            added += 1;
+        let done = self.dp.sync_nat_ports(want)?;
+        if done.repaired > 0 {
+            info!(repaired = done.repaired, "endpoint NAT flags repaired");
         }
-        for (ip, proto, port) in have.difference(want) {
-            self.dp.maps_mut().remove_nat_port(*ip, *proto, *port)?;
-            removed += 1;
-        }
-        // add/remove keep each endpoint's no-NAT flag; this repairs a record
-        // written by a CNI ADD that raced a change here.
-        let repaired = self.dp.maps_mut().refresh_nat_flags()?;
-        if repaired > 0 {
-            info!(repaired, "endpoint NAT flags repaired");
-        }
-        Ok((added, removed))
-    }
-}
-
-/// A record of pod `ns/name` (container `id`) with `ips`, for unit tests.
-#[cfg(test)]
-pub(crate) fn test_record(ns: &str, name: &str, id: &str, ips: Vec<IpAddr>) -> Record {
-    Record {
-        container_id: id.into(),
-        ifname: "eth0".into(),
-        netns: String::new(),
-        host_veth: String::new(),
-        host_ifindex: 1,
-        host_mac: Default::default(),
-        pod_mac: Default::default(),
-        ips,
-        mtu: 1500,
-        headroom_requested: 256,
-        headroom_effective: None,
-        pod_namespace: ns.into(),
-        pod_name: name.into(),
-        deleting: false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rec(ns: &str, name: &str, id: &str) -> Record {
-        test_record(ns, name, id, vec![])
-    }
-
-    #[test]
-    fn no_record_is_an_orphan_before_the_first_complete_list() {
-        let records = vec![rec("default", "a", "c1"), rec("", "", "c2")];
-        assert!(orphans(&records, None).is_empty(), "nothing is known yet");
-        let listed: HashSet<PodKey> = [("default".to_string(), "a".to_string())].into();
-        let got: Vec<_> = orphans(&records, Some(&listed))
-            .iter()
-            .map(|r| r.container_id.clone())
-            .collect();
-        assert_eq!(got, vec!["c2"], "only the record no listed pod claims");
-        assert_eq!(orphans(&records, Some(&HashSet::new())).len(), 2);
-    }
-
-    #[test]
-    fn records_are_keyed_by_pod_or_container() {
-        assert_eq!(
-            pod_key(&rec("ns", "p", "c")),
-            ("ns".to_string(), "p".to_string())
-        );
-        assert_eq!(pod_key(&rec("", "", "c")), (String::new(), "c".to_string()));
+        Ok((done.added, done.removed))
     }
 }

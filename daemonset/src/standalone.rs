@@ -22,7 +22,8 @@ use tracing::{info, warn, Instrument};
 use crate::{
     config::{read_pods_file, Config},
     daemon::{Core, Shutdown, NODE_RESYNC, RESYNC},
-    reconciler::{is_live, pod_key, veth_present, PodInput},
+    reconciler::PodInput,
+    records::{is_live, pod_key, veth_present},
 };
 
 /// Runs the standalone agent until SIGTERM/SIGINT. The datapath stays attached.

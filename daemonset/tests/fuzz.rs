@@ -7,9 +7,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
-use xdpcni_agent::policy::{
-    resolve, Policy, ANNOTATION_CPUS, ANNOTATION_MODE, ANNOTATION_REDIRECT,
-};
+use xdpcni_agent::wish::{resolve, Wish, ANNOTATION_CPUS, ANNOTATION_MODE, ANNOTATION_REDIRECT};
 use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
 use xdpcni_host::{
     hook::fuzz_cases,
@@ -44,8 +42,8 @@ fn annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
     )
 }
 
-fn defaults() -> impl Strategy<Value = Policy> {
-    (0u8..3, any::<bool>(), any::<u64>()).prop_map(|(m, c, mask)| Policy {
+fn defaults() -> impl Strategy<Value = Wish> {
+    (0u8..3, any::<bool>(), any::<u64>()).prop_map(|(m, c, mask)| Wish {
         mode: match m {
             0 => XdpMode::Off,
             1 => XdpMode::Xdp(AttachMode::Native),
@@ -106,7 +104,7 @@ proptest! {
     ) {
         let online = mask | extra;
         let ann = BTreeMap::from([(ANNOTATION_CPUS.to_string(), format_cpu_list(mask))]);
-        let def = Policy { mode: XdpMode::Off, redirect: RedirectPolicy::Cpumap, cpu_mask: 0 };
+        let def = Wish { mode: XdpMode::Off, redirect: RedirectPolicy::Cpumap, cpu_mask: 0 };
         let (p, problems) = resolve(&ann, &def, online);
         prop_assert!(problems.is_empty(), "{problems:?}");
         prop_assert_eq!(p.cpu_mask, mask);

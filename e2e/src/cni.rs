@@ -37,6 +37,51 @@ pub fn plugin_binary() -> Result<PathBuf> {
     )
 }
 
+/// The prefix of every test knob a product binary reads only when built
+/// with the `test-hooks` feature (`XDPCNI_TEST_STOP_AT`, `XDPCNI_TEST_FAIL_AFTER`).
+pub const TEST_KNOB_PREFIX: &str = "XDPCNI_TEST_";
+
+/// Refuses to run `bin` with a test knob when it was built without test
+/// hooks: it would ignore the knob, and the test would fail later with
+/// nothing saying why ("never reached migrate:started"). A build of the
+/// product crates alone (`cargo build -p xdpcni-agent`, the image, `cargo
+/// test -p xdpcni-plugin`) leaves such binaries in target/; the tests need
+/// the workspace's (`cargo build --workspace --bins`, as scripts/test.sh
+/// does), which the e2e crate's features give hooks.
+pub fn require_hooks<'a>(bin: &Path, env: impl IntoIterator<Item = &'a str>) -> Result<()> {
+    let Some(knob) = env.into_iter().find(|k| k.starts_with(TEST_KNOB_PREFIX)) else {
+        return Ok(());
+    };
+    static CHECKED: std::sync::Mutex<Vec<(PathBuf, std::time::SystemTime, bool)>> =
+        std::sync::Mutex::new(Vec::new());
+    let modified = std::fs::metadata(bin)
+        .and_then(|m| m.modified())
+        .with_context(|| format!("reading {}", bin.display()))?;
+    let mut checked = CHECKED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let hooked = match checked.iter().find(|(p, t, _)| p == bin && *t == modified) {
+        Some((_, _, h)) => *h,
+        None => {
+            let data = std::fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
+            let h = data
+                .windows(xdpcni_host::hook::STOP_AT.len())
+                .any(|w| w == xdpcni_host::hook::STOP_AT.as_bytes());
+            checked.push((bin.to_path_buf(), modified, h));
+            h
+        }
+    };
+    if !hooked {
+        bail!(
+            "{} was built without test hooks, so it would ignore {knob}: a build of the product \
+             crates alone (cargo build -p xdpcni-agent -p xdpcni-plugin, cargo test -p ...) \
+             replaced the test build; run `cargo build --workspace --bins` (scripts/test.sh does)",
+            bin.display()
+        );
+    }
+    Ok(())
+}
+
 /// What one plugin call printed and returned.
 #[derive(Debug)]
 pub struct CniOutput {
@@ -153,6 +198,7 @@ fn spawn(
     stdin: &[u8],
     call: &Call<'_>,
 ) -> Result<Child> {
+    require_hooks(plugin, call.env.iter().map(|(k, _)| *k))?;
     let ns = std::fs::File::open(node.path())?;
     let mut cmd = Command::new(plugin);
     cmd.env_clear()
@@ -386,6 +432,7 @@ impl NodeProcess {
         env: &[(&str, &str)],
         log: &Path,
     ) -> Result<Self> {
+        require_hooks(cmd, env.iter().map(|(k, _)| *k))?;
         let ns = std::fs::File::open(node.path())?;
         let fd = ns.as_raw_fd();
         let mut c = Command::new(cmd);
@@ -529,4 +576,25 @@ pub fn result_ips(result: &Value) -> Vec<IpAddr> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_binary_without_test_hooks_is_refused_naming_the_build() {
+        let dir = TempDir::new("xdpcni-hooks").unwrap();
+        let bare = dir.path().join("bare");
+        std::fs::write(&bare, b"\x7fELF no knobs here").unwrap();
+        let hooked = dir.path().join("hooked");
+        std::fs::write(&hooked, format!("..{}..", xdpcni_host::hook::STOP_AT)).unwrap();
+        let err = require_hooks(&bare, ["PATH", xdpcni_host::hook::STOP_AT]).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("cargo build --workspace --bins"), "{msg}");
+        assert!(msg.contains(xdpcni_host::hook::STOP_AT), "{msg}");
+        require_hooks(&hooked, [xdpcni_host::hook::STOP_AT]).unwrap();
+        // Without a knob nothing is read: a product binary runs as it is.
+        require_hooks(&dir.path().join("absent"), ["PATH"]).unwrap();
+    }
 }

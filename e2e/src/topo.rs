@@ -5,6 +5,7 @@
 //! namespace, so traffic between pods can only cross it through XDP.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use xdpcni_ebpf::testing::RawMaps;
 
 use anyhow::{Context, Result};
 use xdpcni_ebpf::{abi::EndpointInfo, abi::RedirectPolicy, AttachMode, Maps};
@@ -157,10 +158,10 @@ impl Node {
         for pod in &self.pods {
             let info = pod.endpoint(redirect, cpu_mask);
             for addr in pod.addrs() {
-                maps.upsert_endpoint(addr, &info)
+                maps.raw_upsert_endpoint(addr, &info)
                     .with_context(|| format!("registering {addr}"))?;
             }
-            maps.add_tx_port(pod.host_ifindex)?;
+            maps.raw_add_tx_port(pod.host_ifindex)?;
         }
         Ok(())
     }

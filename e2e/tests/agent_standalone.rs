@@ -11,6 +11,7 @@ use std::{
     path::PathBuf,
     time::{Duration, Instant},
 };
+use xdpcni_ebpf::testing::RawMaps;
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
@@ -591,7 +592,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     let ghost: IpAddr = "10.78.0.250".parse().unwrap();
     let mut info = maps.endpoint(b_ip).unwrap().unwrap();
     info.ifindex = 999_999;
-    maps.upsert_endpoint(ghost, &info).unwrap();
+    maps.raw_upsert_endpoint(ghost, &info).unwrap();
     let (pc, _) = node.add_pod("c");
     let start = Instant::now();
     while maps.endpoint(ghost).unwrap().is_some() {
@@ -1040,7 +1041,7 @@ fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
         .count();
     for i in 0..(capacity - have) as u32 {
         let ip = IpAddr::V4(std::net::Ipv4Addr::from(0x6440_0000 + i));
-        maps.upsert_endpoint(ip, &info).unwrap();
+        maps.raw_upsert_endpoint(ip, &info).unwrap();
         filler.push(ip);
     }
     // A new pod: ADD succeeds (it writes no endpoint record: the agent
@@ -1078,7 +1079,7 @@ fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
     );
     // Room again: c gets its XDP mode and its records without a new ADD.
     for ip in &filler {
-        maps.remove_endpoint(*ip).unwrap();
+        maps.raw_remove_endpoint(*ip).unwrap();
     }
     let took = node.wait_mode(&hc, "xdp", Duration::from_secs(3));
     eprintln!("c back on XDP {took:?} after the map had room");

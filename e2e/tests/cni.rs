@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
 
 use std::{collections::HashSet, net::IpAddr, path::Path};
+use xdpcni_ebpf::testing::RawMaps;
 
 use std::time::Duration;
 
@@ -340,7 +341,7 @@ fn the_policy_gate_holds_a_new_pod_a_policy_may_select() {
 
     // The agent's gate: namespace "guarded" has policies, "free" has none.
     let mut maps = Maps::open_pinned(pins.path()).unwrap();
-    maps.write_policy_gate(&[("guarded".to_string(), 2)].into())
+    maps.raw_write_policy_gate(&[("guarded".to_string(), 2)].into())
         .unwrap();
     assert_eq!(maps.policy_gate().unwrap().complete, 1);
     let (guarded, guarded_res, guarded_idx) = add("g", "guarded");
@@ -369,8 +370,8 @@ fn the_policy_gate_holds_a_new_pod_a_policy_may_select() {
     // Released: the pod has its network (kernel routing).
     in_netns(&net.node, || {
         let mut dp = Datapath::open_existing(pins.path())?;
-        anyhow::ensure!(dp.release(guarded_idx)?, "was held");
-        anyhow::ensure!(!dp.release(guarded_idx)?, "released once");
+        anyhow::ensure!(dp.release_hold(guarded_idx)?, "was held");
+        anyhow::ensure!(!dp.release_hold(guarded_idx)?, "released once");
         Ok(())
     })
     .unwrap();

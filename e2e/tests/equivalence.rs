@@ -32,6 +32,7 @@ use std::{
     path::Path,
     time::{Duration, Instant},
 };
+use xdpcni_ebpf::testing::RawMaps;
 
 use serde_json::json;
 use xdpcni_e2e::{
@@ -365,7 +366,7 @@ impl Lab {
         let pins = self.pins.path().to_path_buf();
         in_netns(&self.net.node, move || {
             let mut dp = Datapath::open_existing(&pins)?;
-            let policy = xdpcni_agent::policy::Policy {
+            let policy = xdpcni_agent::wish::Wish {
                 mode,
                 redirect,
                 cpu_mask: pod::online_cpus(),
@@ -1057,8 +1058,8 @@ fn compare_probes(setups: &[Setup]) {
     // What the agent does for a Service backend: b:5353/udp is NAT'd.
     in_netns(&lab.net.node, || {
         let mut maps = Maps::open_pinned(lab.pins.path())?;
-        maps.add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 5353)?;
-        maps.add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 80)?;
+        maps.raw_add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 5353)?;
+        maps.raw_add_nat_port(IpAddr::V4(lab.b.v4), xdpcni_ebpf::L4Proto::Udp, 80)?;
         Ok(())
     })
     .unwrap();

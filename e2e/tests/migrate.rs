@@ -17,6 +17,7 @@ use std::{
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
+use xdpcni_ebpf::testing::RawMaps;
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
@@ -611,7 +612,7 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
         let mut maps = Maps::open_layout1(node.pins.path()).unwrap();
         let gate: std::collections::BTreeMap<String, u32> =
             [("guarded".to_string(), 1)].into_iter().collect();
-        maps.write_policy_gate(&gate).unwrap();
+        maps.raw_write_policy_gate(&gate).unwrap();
     }
     let pg = Netns::new("xp").unwrap();
     let (code, err) = node.try_add(Build::This, "guarded", "g", &pg);

@@ -7,6 +7,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use xdpcni_ebpf::testing::{RawDatapath, RawMaps};
 
 use anyhow::Result;
 use xdpcni_e2e::{
@@ -27,7 +28,7 @@ fn with_datapath(f: impl FnOnce(&Node, &mut Datapath) -> Result<()> + Send) {
     let pins = PinDir::new("xt").expect("pin dir");
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
-        node.register_all(dp.maps_mut(), RedirectPolicy::Devmap, 0)?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         f(&node, &mut dp)
     })
     .expect("test body");
@@ -116,7 +117,7 @@ fn ipv4_redirect_via_devmap_rewrites_macs_and_ttl() {
 
         // The target is B's host veth: without its devmap entry the program
         // falls back to the kernel and leaves the frame as it was.
-        assert!(dp.maps_mut().remove_tx_port(b.host_ifindex)?);
+        assert!(dp.raw_maps().raw_remove_tx_port(b.host_ifindex)?);
         expect_unchanged(dp, a, &frame, XDP_PASS, Verdict::PassNoTarget);
         Ok(())
     });
@@ -167,7 +168,7 @@ fn icmp_echo_redirects_but_errors_go_to_kernel() {
 }
 
 fn cpumap_endpoints(node: &Node, dp: &mut Datapath, mask: u64) -> Result<()> {
-    node.register_all(dp.maps_mut(), RedirectPolicy::Cpumap, mask)
+    node.register_all(dp.raw_maps(), RedirectPolicy::Cpumap, mask)
 }
 
 #[test]
@@ -176,7 +177,7 @@ fn cpumap_redirect_targets_an_allowed_cpu() {
         let (a, b) = (&node.pods[0], &node.pods[1]);
         // Only CPU 1 is allowed for B, and only CPU 1 has a cpumap entry.
         cpumap_endpoints(node, dp, 1 << 1)?;
-        dp.enable_cpu(1, 256)?;
+        dp.raw_enable_cpu(1, 256)?;
         assert_eq!(dp.maps().cpu_queue_size(1)?, Some(256));
         for frame in [
             v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x"))),
@@ -191,7 +192,7 @@ fn cpumap_redirect_targets_an_allowed_cpu() {
 
         // Without CPU 1's entry the redirect has no target: the frame goes to
         // the kernel untouched, which shows CPU 1 was the one picked.
-        dp.disable_cpu(1)?;
+        dp.raw_disable_cpu(1)?;
         assert_eq!(dp.maps().cpu_queue_size(1)?, None);
         let frame = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x")));
         expect_unchanged(dp, a, &frame, XDP_PASS, Verdict::PassNoTarget);
@@ -199,7 +200,7 @@ fn cpumap_redirect_targets_an_allowed_cpu() {
         // Two allowed CPUs, only CPU 0 enabled: flows hash over both, so some
         // redirect and the others find no target.
         cpumap_endpoints(node, dp, 0b11)?;
-        dp.enable_cpu(0, 256)?;
+        dp.raw_enable_cpu(0, 256)?;
         let (mut redirected, mut passed) = (0, 0);
         for sport in 1000..1064u16 {
             let f = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(sport, 53, b"x")));
@@ -341,7 +342,7 @@ fn oversize_frames_and_gso_super_packets_go_to_kernel_apart() {
         let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
         info.mtu = 1000;
         for addr in b.addrs() {
-            dp.maps_mut().upsert_endpoint(addr, &info)?;
+            dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
         }
         let big = v4_frame(
             a,
@@ -389,8 +390,8 @@ fn oversize_frames_and_gso_super_packets_go_to_kernel_apart() {
         expect_unchanged(dp, a, &gso6, XDP_PASS, Verdict::PassGso);
         // To a destination with the sender's MTU, exactly 1500 is a frame.
         for addr in b.addrs() {
-            dp.maps_mut()
-                .upsert_endpoint(addr, &b.endpoint(RedirectPolicy::Devmap, 0))?;
+            dp.raw_maps()
+                .raw_upsert_endpoint(addr, &b.endpoint(RedirectPolicy::Devmap, 0))?;
         }
         let full = v4_frame(
             a,
@@ -411,7 +412,7 @@ fn kernel_only_endpoints_go_to_kernel_both_ways() {
         let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
         info.flags = EP_KERNEL_ONLY;
         for addr in b.addrs() {
-            dp.maps_mut().upsert_endpoint(addr, &info)?;
+            dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
         }
         // To B, and from B.
         let to_b = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(1, 2)));
@@ -420,8 +421,8 @@ fn kernel_only_endpoints_go_to_kernel_both_ways() {
         expect_unchanged(dp, b, &from_b, XDP_PASS, Verdict::PassKernelOnly);
         // Cleared again: fast path.
         for addr in b.addrs() {
-            dp.maps_mut()
-                .upsert_endpoint(addr, &b.endpoint(RedirectPolicy::Devmap, 0))?;
+            dp.raw_maps()
+                .raw_upsert_endpoint(addr, &b.endpoint(RedirectPolicy::Devmap, 0))?;
         }
         assert_eq!(run(dp, a, &to_b).action, XDP_REDIRECT);
         Ok(())
@@ -441,17 +442,18 @@ fn flows_from_and_to_nated_ports_go_to_kernel() {
         }
         // B:8080/tcp and B:53/udp are Service backends: their replies to A
         // must be un-DNATed by conntrack.
-        dp.maps_mut()
-            .add_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?;
-        dp.maps_mut()
-            .add_nat_port(IpAddr::V6(b.ipv6), L4Proto::Udp, 53)?;
+        dp.raw_maps()
+            .raw_add_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?;
+        dp.raw_maps()
+            .raw_add_nat_port(IpAddr::V6(b.ipv6), L4Proto::Udp, 53)?;
         assert!(!no_nat(dp, IpAddr::V4(b.ipv4)) && !no_nat(dp, IpAddr::V6(b.ipv6)));
         assert!(no_nat(dp, IpAddr::V4(a.ipv4)), "A has no NAT'd port");
         // Re-registered while it has NAT'd ports: the flag stays off, whatever
         // the caller passed.
         let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
         info.flags = EP_NO_NAT_PORTS;
-        dp.maps_mut().upsert_endpoint(IpAddr::V4(b.ipv4), &info)?;
+        dp.raw_maps()
+            .raw_upsert_endpoint(IpAddr::V4(b.ipv4), &info)?;
         assert!(!no_nat(dp, IpAddr::V4(b.ipv4)));
         let reply = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40000)));
         expect_unchanged(dp, b, &reply, XDP_PASS, Verdict::PassNat);
@@ -474,20 +476,20 @@ fn flows_from_and_to_nated_ports_go_to_kernel() {
         assert_eq!(run(dp, a, &other).action, XDP_REDIRECT);
         // Removed: fast path again.
         assert!(dp
-            .maps_mut()
-            .remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
+            .raw_maps()
+            .raw_remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
         assert!(!dp
-            .maps_mut()
-            .remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
+            .raw_maps()
+            .raw_remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);
         assert_eq!(run(dp, b, &reply).action, XDP_REDIRECT);
         // The flag comes back with the refresh the agent runs after a batch
         // of removals: on B's IPv4 (no port left), not its IPv6 (53/udp).
-        assert_eq!(dp.maps_mut().refresh_nat_flags()?, 1);
+        assert_eq!(dp.raw_maps().raw_refresh_nat_flags()?, 1);
         assert!(no_nat(dp, IpAddr::V4(b.ipv4)));
         assert!(!no_nat(dp, IpAddr::V6(b.ipv6)));
         expect_unchanged(dp, b, &reply6, XDP_PASS, Verdict::PassNat);
         assert_eq!(
-            dp.maps_mut().refresh_nat_flags()?,
+            dp.raw_maps().raw_refresh_nat_flags()?,
             0,
             "nothing left to repair"
         );
@@ -514,7 +516,7 @@ fn counter_slots_are_unique_under_concurrent_claims_reused_zeroed_and_shared_whe
                     s.spawn(move || -> Result<Vec<u32>> {
                         let mut m = Maps::open_pinned(&pin)?;
                         (0..400)
-                            .map(|i| Ok(m.claim_slot(t * 1_000_000 + i)?))
+                            .map(|i| Ok(m.raw_claim_slot(t * 1_000_000 + i)?))
                             .collect()
                     })
                 })
@@ -529,20 +531,24 @@ fn counter_slots_are_unique_under_concurrent_claims_reused_zeroed_and_shared_whe
         assert_eq!(all.len(), 802, "every claim got a slot of its own");
         assert!(!all.contains(&0));
         // Claiming again is idempotent.
-        assert_eq!(dp.maps_mut().claim_slot(1_000_000)?, claimed[0]);
+        assert_eq!(dp.raw_maps().raw_claim_slot(1_000_000)?, claimed[0]);
         // A's counts, then A's veth goes: its slot is freed and zeroed, and
         // the next veth that takes it starts from nothing.
         let f = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_UDP, udp(1, 2, b"x")));
         assert_eq!(run(dp, a, &f).action, XDP_REDIRECT);
         assert_eq!(count(dp, a, Verdict::RedirectDevmap), 1);
-        dp.maps_mut().remove_counters(a.host_ifindex)?;
+        dp.raw_maps().raw_remove_counters(a.host_ifindex)?;
         assert_eq!(dp.maps().slot(a.host_ifindex)?, None);
-        assert_eq!(dp.maps_mut().claim_slot(3_000_000)?, sa, "lowest free slot");
+        assert_eq!(
+            dp.raw_maps().raw_claim_slot(3_000_000)?,
+            sa,
+            "lowest free slot"
+        );
         assert_eq!(dp.maps().counters(3_000_000)?.iter().count(), 0);
         // Fill every slot: the next veth shares slot 0, and its packets are
         // still counted there (and still forwarded).
         let mut n = 0;
-        while dp.maps_mut().claim_slot(4_000_000 + n)? != 0 {
+        while dp.raw_maps().raw_claim_slot(4_000_000 + n)? != 0 {
             n += 1;
             assert!(n < MAX_SLOTS, "slots never ran out");
         }
@@ -551,10 +557,11 @@ fn counter_slots_are_unique_under_concurrent_claims_reused_zeroed_and_shared_whe
             MAX_SLOTS as usize - 1 - 802,
             "slots 1..MAX all taken"
         );
-        dp.maps_mut().remove_counters(a.host_ifindex)?;
+        dp.raw_maps().raw_remove_counters(a.host_ifindex)?;
         let mut info = a.endpoint(RedirectPolicy::Devmap, 0);
         info.ifindex = a.host_ifindex;
-        dp.maps_mut().upsert_endpoint(IpAddr::V4(a.ipv4), &info)?;
+        dp.raw_maps()
+            .raw_upsert_endpoint(IpAddr::V4(a.ipv4), &info)?;
         // No slot recorded: a later upsert claims one once a slot frees.
         assert_eq!(dp.maps().slot(a.host_ifindex)?, None);
         let ep = dp.maps().endpoint(IpAddr::V4(a.ipv4))?.unwrap();
@@ -728,7 +735,7 @@ fn counters_account_every_verdict_per_ifindex() {
         let cb = dp.maps().counters(b.host_ifindex)?;
         assert_eq!(cb.packets(Verdict::RxFastpath), 5);
         assert_eq!(cb.packets(Verdict::RedirectDevmap), 0, "B sent nothing");
-        dp.maps_mut().remove_counters(a.host_ifindex)?;
+        dp.raw_maps().raw_remove_counters(a.host_ifindex)?;
         assert_eq!(dp.maps().counters(a.host_ifindex)?.iter().count(), 0);
         Ok(())
     });

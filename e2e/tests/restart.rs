@@ -12,6 +12,7 @@ use std::{
     process::{Command, Stdio},
     time::Duration,
 };
+use xdpcni_ebpf::testing::RawDatapath;
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
@@ -129,10 +130,13 @@ fn an_upgrade_swaps_programs_atomically_under_traffic() {
     let (a, b) = (&node.pods[0], &node.pods[1]);
     let links_before = in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
-        node.register_all(dp.maps_mut(), RedirectPolicy::Devmap, 0)?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         let mut links = Vec::new();
         for pod in &node.pods {
-            links.push(dp.attach(pod.host_ifindex, AttachMode::Native)?.link_id);
+            links.push(
+                dp.switch_mode(pod.host_ifindex, AttachMode::Native)?
+                    .link_id,
+            );
         }
         Ok(links)
     })
@@ -180,9 +184,9 @@ fn link_pins_of_deleted_veths_are_collected() {
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
         for pod in &node.pods {
-            dp.attach(pod.host_ifindex, AttachMode::Generic)?;
+            dp.raw_attach(pod.host_ifindex, AttachMode::Generic)?;
         }
-        assert!(dp.gc_links()?.is_empty(), "live links stay");
+        assert!(dp.raw_gc_links()?.is_empty(), "live links stay");
         // The veth goes (pod deleted); its pinned link outlives it.
         node.ns.ip(&["link", "del", &b.host_veth])?;
         assert!(
@@ -194,7 +198,7 @@ fn link_pins_of_deleted_veths_are_collected() {
             .join("links")
             .join(format!("{}_generic", b.host_ifindex));
         assert!(pin.exists());
-        assert_eq!(dp.gc_links()?, vec![b.host_ifindex]);
+        assert_eq!(dp.raw_gc_links()?, vec![b.host_ifindex]);
         assert!(!pin.exists());
         assert!(dp.attachment(a.host_ifindex)?.is_some(), "A untouched");
         Ok(())

@@ -8,6 +8,7 @@
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
 
 use std::net::IpAddr;
+use xdpcni_ebpf::testing::RawDatapath;
 
 use anyhow::{ensure, Result};
 use xdpcni_e2e::{
@@ -73,14 +74,14 @@ fn two_pods(mode: AttachMode, redirect: RedirectPolicy) {
     let cpu_mask = (1u64 << ncpus.min(63)) - 1;
     let dp = in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
-        node.register_all(dp.maps_mut(), redirect, cpu_mask)?;
+        node.register_all(dp.raw_maps(), redirect, cpu_mask)?;
         if redirect == RedirectPolicy::Cpumap {
             for cpu in 0..ncpus {
-                dp.enable_cpu(cpu, 2048)?;
+                dp.raw_enable_cpu(cpu, 2048)?;
             }
         }
         for pod in &node.pods {
-            let att = dp.attach(pod.host_ifindex, mode)?;
+            let att = dp.switch_mode(pod.host_ifindex, mode)?;
             ensure!(att.changed && att.mode == mode);
         }
         Ok(dp)
@@ -184,7 +185,7 @@ fn two_pods(mode: AttachMode, redirect: RedirectPolicy) {
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
         for pod in &node.pods {
-            ensure!(dp.detach(pod.host_ifindex)?);
+            ensure!(dp.raw_detach(pod.host_ifindex)?);
             ensure!(dp.attachment(pod.host_ifindex)?.is_none());
         }
         Ok(())

@@ -17,13 +17,14 @@ mod sys;
 pub mod abi;
 
 pub use bpffs::{is_bpffs, mount_bpffs};
+pub use datapath::Migration;
 pub use datapath::{
-    is_held, layout_dir, AttachMode, Attachment, Counters, Datapath, Filled, HoldHook, L4Proto,
-    MapFill, Maps, CPUMAP_PROGRAM, DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM,
-    TC_FROM_POD_PROGRAM,
+    is_held, layout_dir, AttachMode, Attachment, Collected, Counters, Datapath, Filled, HoldHook,
+    L4Proto, MapFill, Maps, NatSync, CPUMAP_PROGRAM, CPUMAP_QUEUE, DEFAULT_PIN_DIR,
+    FROM_POD_PROGRAM, HOLD_PROGRAM, TC_FROM_POD_PROGRAM,
 };
 pub use error::{Error, Result};
-pub use migrate::{Migration, Pinned};
+pub use migrate::Pinned;
 pub use sys::LinkState;
 
 /// What the kernel holds, by id: how the tests show that a migration left
@@ -48,3 +49,117 @@ pub static UPGRADE_TEST_OBJECT: &[u8] =
 #[cfg(feature = "test-objects")]
 pub static BENCH_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/bench.bpf.o"));
+
+/// Map-level writes and links for tests that build a datapath by hand
+/// (hand-made records, a devmap entry removed to prove a redirect's target,
+/// counter slots claimed by the thousand). Only with the `test-objects`
+/// feature, which only the e2e crate turns on: the product writes a pod's
+/// state through the verbs of `datapath/pod.rs`, which keep the order the
+/// programs rely on, and `scripts/test.sh` builds the node's crates alone to
+/// prove none of them needs this.
+#[cfg(feature = "test-objects")]
+pub mod testing {
+    use std::net::IpAddr;
+
+    use crate::{abi::EndpointInfo, AttachMode, Attachment, Datapath, L4Proto, Maps, Result};
+
+    /// Raw writes of [`Maps`], for tests.
+    pub trait RawMaps {
+        /// `Maps::upsert_endpoint`: one record, as given.
+        fn raw_upsert_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()>;
+        /// `Maps::remove_endpoint`.
+        fn raw_remove_endpoint(&mut self, addr: IpAddr) -> Result<bool>;
+        /// `Maps::add_tx_port`.
+        fn raw_add_tx_port(&mut self, ifindex: u32) -> Result<()>;
+        /// `Maps::remove_tx_port`.
+        fn raw_remove_tx_port(&mut self, ifindex: u32) -> Result<bool>;
+        /// `Maps::add_nat_port`.
+        fn raw_add_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<()>;
+        /// `Maps::remove_nat_port`.
+        fn raw_remove_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<bool>;
+        /// `Maps::refresh_nat_flags`.
+        fn raw_refresh_nat_flags(&mut self) -> Result<usize>;
+        /// `Maps::claim_slot`.
+        fn raw_claim_slot(&mut self, ifindex: u32) -> Result<u32>;
+        /// `Maps::remove_counters`.
+        fn raw_remove_counters(&mut self, ifindex: u32) -> Result<()>;
+        /// `Maps::write_policy_gate`.
+        fn raw_write_policy_gate(
+            &mut self,
+            want: &std::collections::BTreeMap<String, u32>,
+        ) -> Result<()>;
+    }
+
+    impl RawMaps for Maps {
+        fn raw_upsert_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()> {
+            self.upsert_endpoint(addr, info)
+        }
+        fn raw_remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
+            self.remove_endpoint(addr)
+        }
+        fn raw_add_tx_port(&mut self, ifindex: u32) -> Result<()> {
+            self.add_tx_port(ifindex)
+        }
+        fn raw_remove_tx_port(&mut self, ifindex: u32) -> Result<bool> {
+            self.remove_tx_port(ifindex)
+        }
+        fn raw_add_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<()> {
+            self.add_nat_port(addr, proto, port)
+        }
+        fn raw_remove_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<bool> {
+            self.remove_nat_port(addr, proto, port)
+        }
+        fn raw_refresh_nat_flags(&mut self) -> Result<usize> {
+            self.refresh_nat_flags()
+        }
+        fn raw_claim_slot(&mut self, ifindex: u32) -> Result<u32> {
+            self.claim_slot(ifindex)
+        }
+        fn raw_remove_counters(&mut self, ifindex: u32) -> Result<()> {
+            self.remove_counters(ifindex)
+        }
+        fn raw_write_policy_gate(
+            &mut self,
+            want: &std::collections::BTreeMap<String, u32>,
+        ) -> Result<()> {
+            self.write_policy_gate(want)
+        }
+    }
+
+    /// Raw link and map access of a [`Datapath`], for tests.
+    pub trait RawDatapath {
+        /// The maps, writable through [`RawMaps`].
+        fn raw_maps(&mut self) -> &mut Maps;
+        /// `Datapath::attach` without the records check of `switch_mode`.
+        fn raw_attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment>;
+        /// `Datapath::detach`.
+        fn raw_detach(&mut self, ifindex: u32) -> Result<bool>;
+        /// `Datapath::gc_links`.
+        fn raw_gc_links(&mut self) -> Result<Vec<u32>>;
+        /// `Datapath::enable_cpu`.
+        fn raw_enable_cpu(&mut self, cpu: u32, queue_size: u32) -> Result<()>;
+        /// `Datapath::disable_cpu`.
+        fn raw_disable_cpu(&mut self, cpu: u32) -> Result<()>;
+    }
+
+    impl RawDatapath for Datapath {
+        fn raw_maps(&mut self) -> &mut Maps {
+            &mut self.maps
+        }
+        fn raw_attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment> {
+            self.attach(ifindex, mode)
+        }
+        fn raw_detach(&mut self, ifindex: u32) -> Result<bool> {
+            self.detach(ifindex)
+        }
+        fn raw_gc_links(&mut self) -> Result<Vec<u32>> {
+            self.gc_links()
+        }
+        fn raw_enable_cpu(&mut self, cpu: u32, queue_size: u32) -> Result<()> {
+            self.enable_cpu(cpu, queue_size)
+        }
+        fn raw_disable_cpu(&mut self, cpu: u32) -> Result<()> {
+            self.disable_cpu(cpu)
+        }
+    }
+}

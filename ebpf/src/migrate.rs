@@ -32,33 +32,19 @@
 //! this build comes back there is nothing to migrate: links running other
 //! programs are moved back, the aliases pinned again.
 
-use std::{
-    fs,
-    os::fd::AsFd as _,
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{fs, os::fd::AsFd as _, path::Path, time::Instant};
 
 use tracing::info;
 
 use crate::{
     abi::{DatapathMeta, MAX_CPUS, META_COMPLETE, META_FILLING},
-    datapath::{link_pins, LinkKind, MapName, Maps},
+    datapath::{
+        links::{link_pins, LinkKind},
+        maps::{MapName, Maps},
+        types::Migration,
+    },
     sys, Datapath, Error, Result,
 };
-
-/// A migration [`crate::Datapath::open`] carried out.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Migration {
-    /// The layout it came from.
-    pub from: u32,
-    /// What was copied.
-    pub filled: crate::datapath::Filled,
-    /// Links moved to this layout's programs.
-    pub links: usize,
-    /// From loading this layout to removing the older one.
-    pub duration: Duration,
-}
 
 /// What is pinned under a pin directory, read without loading or writing
 /// anything: what the CNI plugin checks before it uses the datapath, and

@@ -653,10 +653,11 @@ static __always_inline int rewrite_redirect(struct packet *p, const struct endpo
  * Stage 4 on tc: rewrite and hand the skb to the peer of the destination's
  * host veth, the destination pod's eth0, which receives it at once (no
  * backlog round, GSO kept). No tx_ports lookup (measured: 0.9% of the CPU
- * of a 64-byte flood): every writer adds a veth's tx_ports entry before its
- * endpoint records and removes it after them, so an endpoint found here has
- * one; a veth that vanishes under its record makes bpf_redirect_peer drop
- * the frame, where the kernel path would have had no route to it either.
+ * of a 64-byte flood): the one writer of these maps, the verbs of
+ * ebpf/src/datapath/pod.rs, adds a veth's tx_ports entry before its endpoint
+ * records and removes it after them, so an endpoint found here has one; a
+ * veth that vanishes under its record makes bpf_redirect_peer drop the
+ * frame, where the kernel path would have had no route to it either.
  * The destination's cpumap policy is XDP's: an skb is already on a CPU's
  * receive path.
  */

@@ -6,8 +6,7 @@
 //! (what the e2e tests exec) have them.
 //!
 //! The steps are named where they are: `add:<step>` and `del:<step>` in the
-//! plugin, `converge:<step>` in [`crate::pod::converge`] (the plugin's ADD
-//! and the agent's mode switches both run it).
+//! plugin, `converge:<step>` in the agent's `apply.rs` (its mode switches).
 
 /// The environment variable naming the step to stop at.
 pub const STOP_AT: &str = "XDPCNI_TEST_STOP_AT";

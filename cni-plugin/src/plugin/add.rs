@@ -203,8 +203,7 @@ impl Add<'_> {
         self.progress.datapath = true;
         // The hold's drops count as the pod's own (its slot stays its own
         // when the agent attaches it).
-        dp.maps_mut().claim_slot(host.index)?;
-        dp.hold(host.index, &host.name)?;
+        dp.hold_pod(host.index, &host.name, &[])?;
         info!(
             "{}: held until the agent classifies the pod: {why}",
             host.name

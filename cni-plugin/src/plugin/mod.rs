@@ -83,24 +83,11 @@ fn forget_endpoint(
     owns_ifindex: bool,
 ) -> Result<()> {
     if !owns_ifindex {
-        for ip in ips {
-            if dp
-                .maps()
-                .endpoint(*ip)?
-                .is_some_and(|e| e.ifindex == ifindex)
-            {
-                dp.maps_mut().remove_endpoint(*ip)?;
-            }
-        }
-        return Ok(());
+        return Ok(dp.forget_addresses(ifindex, ips)?);
     }
-    dp.detach(ifindex)?;
-    dp.release(ifindex)?;
-    hook::stop_point("del:detached");
-    dp.maps_mut().remove_endpoints_of(ifindex)?;
-    hook::stop_point("del:endpoints");
-    dp.maps_mut().remove_tx_port(ifindex)?;
-    dp.maps_mut().remove_counters(ifindex)?;
+    dp.forget_veth(ifindex, &mut |step| {
+        hook::stop_point(&format!("del:{step}"))
+    })?;
     Ok(())
 }
 

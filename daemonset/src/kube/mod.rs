@@ -42,7 +42,7 @@ use crate::{
     config::Config,
     daemon::{Core, ReconcileError, Shutdown, NODE_RESYNC, RESYNC},
     metrics::Stage,
-    reconciler::{is_live, orphans, pod_key, veth_present, PodKey},
+    records::{is_live, orphans, pod_key, veth_present, PodKey},
     routes,
 };
 
@@ -199,7 +199,7 @@ fn error_policy(_pod: Arc<Pod>, error: &PodError, ctx: Arc<Ctx>) -> Action {
     Action::requeue(RETRY)
 }
 
-async fn publish_problems(ctx: &Ctx, pod: &Pod, problems: &[crate::policy::Problem]) {
+async fn publish_problems(ctx: &Ctx, pod: &Pod, problems: &[crate::wish::Problem]) {
     let note = problems
         .iter()
         .map(ToString::to_string)
@@ -658,7 +658,7 @@ mod tests {
     #[test]
     fn nat_ports_from_endpoints_and_host_ports() {
         let rec = |ns: &str, name: &str, ip: &str| {
-            crate::reconciler::test_record(ns, name, name, vec![ip.parse().unwrap()])
+            crate::records::test_record(ns, name, name, vec![ip.parse().unwrap()])
         };
         let records = vec![
             rec("default", "a", "10.1.0.2"),

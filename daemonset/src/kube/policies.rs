@@ -45,7 +45,7 @@ use crate::{
         forget_connections,
         model::{self, Cluster, LocalPod},
     },
-    reconciler::{is_live, pod_key, PodKey},
+    records::{is_live, pod_key, PodKey},
 };
 
 /// How long a packet the fast path took before a pod became kernel-only may

@@ -27,7 +27,7 @@ use self::{
     model::Enforcement,
     nft::{Objects, Switching},
 };
-use crate::reconciler::PodKey;
+use crate::records::PodKey;
 
 /// Failures applying or reading the ruleset.
 #[derive(Debug, thiserror::Error)]

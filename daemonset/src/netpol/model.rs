@@ -41,7 +41,7 @@ use k8s_openapi::{
 use kube::ResourceExt;
 
 use super::addrs::AddrSet;
-use crate::reconciler::PodKey;
+use crate::records::PodKey;
 
 /// The label every namespace carries with its own name.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";

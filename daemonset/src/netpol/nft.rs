@@ -62,7 +62,7 @@ use super::{
     addrs::AddrSet,
     model::{Direction, Enforcement, Peers, PortRange, Ports, Rule},
 };
-use crate::reconciler::PodKey;
+use crate::records::PodKey;
 
 /// The table every rule of the product lives in (family `inet`).
 pub use xdpcni_host::nftable::TABLE;

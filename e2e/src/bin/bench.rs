@@ -19,6 +19,7 @@ use std::{
     sync::atomic::{AtomicBool, AtomicU16, Ordering},
     time::{Duration, Instant},
 };
+use xdpcni_ebpf::testing::RawDatapath;
 
 use anyhow::{bail, ensure, Context, Result};
 use serde::Serialize;
@@ -621,7 +622,7 @@ fn ceiling(b: &Bench, payload: usize, dur: Duration, mode: aya::programs::XdpMod
     let pin = b._pins.path().to_path_buf();
     let sink = in_netns(&b.net.node, || {
         let mut dp = Datapath::open_existing(&pin)?;
-        dp.detach(host)?;
+        dp.raw_detach(host)?;
         DropSink::attach(host, mode)
     })?;
     let before = sink.dropped()?;

@@ -12,6 +12,7 @@
 //! `cargo run --release -p xdpcni-e2e --bin datapath-cost` (root, bpffs).
 
 use std::net::{IpAddr, Ipv4Addr};
+use xdpcni_ebpf::testing::{RawDatapath, RawMaps};
 
 use anyhow::{Context, Result};
 use xdpcni_e2e::{
@@ -55,7 +56,7 @@ fn main() -> Result<()> {
 
     let rows = in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
-        node.register_all(dp.maps_mut(), RedirectPolicy::Devmap, 0)?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         // The repeats run on the buffer the previous one rewrote, whose
         // destination MAC becomes b's pod MAC; the datapath passes frames not
         // addressed to the host veth (pass_otherhost). Registering b with a's
@@ -65,7 +66,8 @@ fn main() -> Result<()> {
             .endpoint(IpAddr::V4(b.ipv4))?
             .context("b's endpoint")?;
         info.pod_mac = a.host_mac;
-        dp.maps_mut().upsert_endpoint(IpAddr::V4(b.ipv4), &info)?;
+        dp.raw_maps()
+            .raw_upsert_endpoint(IpAddr::V4(b.ipv4), &info)?;
         let measure = |dp: &Datapath, f: &[u8], want: u32| -> Result<f64> {
             let mut v = Vec::with_capacity(SAMPLES);
             for _ in 0..SAMPLES {
@@ -88,7 +90,7 @@ fn main() -> Result<()> {
         ];
         for i in 0..50_000u32 {
             let ip = IpAddr::V4(Ipv4Addr::from(0x0a63_0000 + i));
-            dp.maps_mut().add_nat_port(ip, L4Proto::Tcp, 80)?;
+            dp.raw_maps().raw_add_nat_port(ip, L4Proto::Tcp, 80)?;
         }
         rows.push((
             "UDP, redirect, nat_ports 50k entries",
@@ -102,16 +104,16 @@ fn main() -> Result<()> {
                 info.pod_mac = a.host_mac; // as above
             }
             for addr in pod.addrs() {
-                dp.maps_mut().add_nat_port(addr, L4Proto::Tcp, 1)?;
-                dp.maps_mut().upsert_endpoint(addr, &info)?;
+                dp.raw_maps().raw_add_nat_port(addr, L4Proto::Tcp, 1)?;
+                dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
             }
         }
         rows.push((
             "UDP, redirect, nat_ports 50k entries, pods with NAT'd ports (lookups run)",
             measure(&dp, &udp_f, XDP_REDIRECT)?,
         ));
-        dp.maps_mut()
-            .add_nat_port(IpAddr::V4(a.ipv4), L4Proto::Udp, 8053)?;
+        dp.raw_maps()
+            .raw_add_nat_port(IpAddr::V4(a.ipv4), L4Proto::Udp, 8053)?;
         rows.push((
             "UDP from a NAT'd port, pass",
             measure(&dp, &nat_f, XDP_PASS)?,

@@ -5,6 +5,7 @@
 //! already right. Reads its spec as JSON on stdin.
 
 use std::{fs::File, io::Read, net::IpAddr, os::fd::AsRawFd, path::PathBuf};
+use xdpcni_ebpf::testing::{RawDatapath, RawMaps};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -71,10 +72,10 @@ fn main() -> Result<()> {
             cpu_mask: 0,
         };
         for ip in &ep.ips {
-            dp.maps_mut().upsert_endpoint(*ip, &info)?;
+            dp.raw_maps().raw_upsert_endpoint(*ip, &info)?;
         }
-        dp.maps_mut().add_tx_port(ep.ifindex)?;
-        let a = dp.attach(ep.ifindex, mode)?;
+        dp.raw_maps().raw_add_tx_port(ep.ifindex)?;
+        let a = dp.switch_mode(ep.ifindex, mode)?;
         attachments.push(Attached {
             ifindex: a.ifindex,
             prog_id: a.prog_id,

@@ -185,7 +185,7 @@ impl Datapath {
     /// the veth, first in their order, through pinned tcx links. Nothing
     /// but ARP and neighbour discovery reaches or leaves the pod until
     /// [`Datapath::release`]. Idempotent; whether anything was attached.
-    pub fn hold(&mut self, ifindex: u32, ifname: &str) -> Result<bool> {
+    pub(crate) fn hold(&mut self, ifindex: u32, ifname: &str) -> Result<bool> {
         let mut changed = false;
         for hook in HoldHook::ALL {
             let kind = LinkKind::Hold(hook);
@@ -275,7 +275,7 @@ impl Datapath {
     }
 
     /// Ends the hold of host veth `ifindex`; whether there was one.
-    pub fn release(&mut self, ifindex: u32) -> Result<bool> {
+    pub(crate) fn release(&mut self, ifindex: u32) -> Result<bool> {
         release_pins(&self.pin_dir, ifindex)
     }
 
@@ -294,7 +294,7 @@ impl Datapath {
     /// routing); a link on the other hook (XDP <-> tc) goes only *after* it,
     /// so that one of the two hooks carries every frame throughout (with both
     /// on, XDP sees a frame first and tc what XDP passed).
-    pub fn attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment> {
+    pub(crate) fn attach(&mut self, ifindex: u32, mode: AttachMode) -> Result<Attachment> {
         let want = self.program_id_for(mode)?;
         let kind = LinkKind::Datapath(mode);
         if mode.is_xdp() {
@@ -428,7 +428,7 @@ impl Datapath {
     }
 
     /// Detaches the datapath from `ifindex`; `Ok(false)` if it was not attached.
-    pub fn detach(&mut self, ifindex: u32) -> Result<bool> {
+    pub(crate) fn detach(&mut self, ifindex: u32) -> Result<bool> {
         detach_pins(&self.pin_dir, ifindex)
     }
 
@@ -438,7 +438,7 @@ impl Datapath {
 
     /// Removes link pins (XDP and hold) whose device is gone (a pinned link
     /// outlives its veth); returns the ifindexes cleaned.
-    pub fn gc_links(&mut self) -> Result<Vec<u32>> {
+    pub(crate) fn gc_links(&mut self) -> Result<Vec<u32>> {
         let mut removed = Vec::new();
         for (ifindex, kind, pin) in self.link_pins()? {
             if !kind.is_live(&pin, ifindex) {

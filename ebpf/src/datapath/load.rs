@@ -252,7 +252,7 @@ impl Datapath {
 
     /// The migration from an older layout [`Datapath::open`] carried out,
     /// if it found one.
-    pub fn migration(&self) -> Option<&crate::migrate::Migration> {
+    pub fn migration(&self) -> Option<&super::Migration> {
         self.migration.as_ref()
     }
 
@@ -300,11 +300,6 @@ impl Datapath {
         &self.maps
     }
 
-    /// The maps, to update.
-    pub fn maps_mut(&mut self) -> &mut Maps {
-        &mut self.maps
-    }
-
     /// The program that runs on pod host veths, e.g. for `test_run`.
     pub fn from_pod_program(&self) -> &Xdp {
         &self.from_pod
@@ -337,7 +332,7 @@ impl Datapath {
 impl Datapath {
     /// Enables cpumap delivery on `cpu` with a queue of `queue_size` frames,
     /// running the second-stage program there.
-    pub fn enable_cpu(&mut self, cpu: u32, queue_size: u32) -> Result<()> {
+    pub(crate) fn enable_cpu(&mut self, cpu: u32, queue_size: u32) -> Result<()> {
         if cpu >= self.maps.cpu_map.len() {
             return Err(Error::Invalid {
                 what: "cpu",
@@ -358,7 +353,7 @@ impl Datapath {
     }
 
     /// Disables cpumap delivery on `cpu`.
-    pub fn disable_cpu(&mut self, cpu: u32) -> Result<()> {
+    pub(crate) fn disable_cpu(&mut self, cpu: u32) -> Result<()> {
         // The kernel frees a cpumap entry written with queue size 0
         // (cpu_map_update_elem); aya 0.14 has no CpuMap::remove.
         self.maps

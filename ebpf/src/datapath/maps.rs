@@ -11,7 +11,10 @@ use aya::{
 };
 use tracing::warn;
 
-use super::{layout_dir, Counters, L4Proto};
+use super::{
+    layout_dir,
+    types::{Counters, Filled, L4Proto},
+};
 use crate::{
     abi::{
         family_addr, ip_of, ipv4_key, ipv4_of_key, DatapathMeta, Endpoint6Key, EndpointInfo,
@@ -251,7 +254,7 @@ impl Maps {
     /// when the list cannot be written (a full map, a name that does not
     /// fit), the gate is marked incomplete instead and the error returned:
     /// every new pod is then held (the safe side).
-    pub fn write_policy_gate(
+    pub(crate) fn write_policy_gate(
         &mut self,
         want: &std::collections::BTreeMap<String, u32>,
     ) -> Result<()> {
@@ -309,7 +312,7 @@ impl Maps {
     /// own are filled in here: `stats_slot` (its veth's counter slot, claimed
     /// on first use) and [`EP_NO_NAT_PORTS`] (set when `nat_ports` holds no
     /// port of `addr`); the caller's values of both are ignored.
-    pub fn upsert_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()> {
+    pub(crate) fn upsert_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()> {
         if info.cpu_mask != 0 && info.cpu_mask >> MAX_CPUS.min(63) > 1 {
             return Err(Error::Invalid {
                 what: "cpu_mask",
@@ -355,7 +358,7 @@ impl Maps {
 
     /// Flags the record of `addr`, if any, kernel-only: no program
     /// redirects to or from it any more. Whether there was one.
-    pub fn flag_kernel_only(&mut self, addr: IpAddr) -> Result<bool> {
+    pub(crate) fn flag_kernel_only(&mut self, addr: IpAddr) -> Result<bool> {
         let Some(mut info) = self.endpoint(addr)? else {
             return Ok(false);
         };
@@ -389,7 +392,7 @@ impl Maps {
     /// Makes every endpoint's [`EP_NO_NAT_PORTS`] agree with `nat_ports`:
     /// repairs what a writer racing a NAT port change may have left. Returns
     /// how many records changed.
-    pub fn refresh_nat_flags(&mut self) -> Result<usize> {
+    pub(crate) fn refresh_nat_flags(&mut self) -> Result<usize> {
         let natted: std::collections::HashSet<IpAddr> =
             self.nat_ports()?.into_iter().map(|(ip, _, _)| ip).collect();
         let mut changed = 0;
@@ -423,7 +426,7 @@ impl Maps {
     /// slot, taken with `BPF_NOEXIST` in `slot_owners` so that concurrent
     /// writers (parallel CNI ADDs, the agent) never share one. Its rows start
     /// at zero. With every slot taken, the shared slot 0 (and a warning).
-    pub fn claim_slot(&mut self, ifindex: u32) -> Result<u32> {
+    pub(crate) fn claim_slot(&mut self, ifindex: u32) -> Result<u32> {
         if let Some(s) = self.slot(ifindex)? {
             return Ok(s);
         }
@@ -473,7 +476,7 @@ impl Maps {
     }
 
     /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
-    pub fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
+    pub(crate) fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
         let r = match addr {
             IpAddr::V4(v4) => self.endpoints4.remove(&ipv4_key(v4)),
             IpAddr::V6(v6) => self.endpoints6.remove(&Endpoint6Key { addr: v6.octets() }),
@@ -484,7 +487,7 @@ impl Maps {
     /// Removes every endpoint record pointing at host veth `ifindex`, named
     /// anywhere or not (an ADD killed before it saved its addresses leaves
     /// records nobody lists); the addresses removed.
-    pub fn remove_endpoints_of(&mut self, ifindex: u32) -> Result<Vec<IpAddr>> {
+    pub(crate) fn remove_endpoints_of(&mut self, ifindex: u32) -> Result<Vec<IpAddr>> {
         let mine: Vec<IpAddr> = self
             .endpoints()?
             .into_iter()
@@ -541,7 +544,7 @@ impl Maps {
     }
 
     /// Makes host veth `ifindex` a redirect target (devmap entry).
-    pub fn add_tx_port(&mut self, ifindex: u32) -> Result<()> {
+    pub(crate) fn add_tx_port(&mut self, ifindex: u32) -> Result<()> {
         self.tx_ports
             .insert(ifindex, ifindex, None, 0)
             .map_err(|e| Error::XdpMap {
@@ -551,7 +554,7 @@ impl Maps {
     }
 
     /// Removes host veth `ifindex` from the redirect targets.
-    pub fn remove_tx_port(&mut self, ifindex: u32) -> Result<bool> {
+    pub(crate) fn remove_tx_port(&mut self, ifindex: u32) -> Result<bool> {
         removed(self.tx_ports.remove(ifindex), || {
             format!("removing tx port {ifindex}")
         })
@@ -578,7 +581,7 @@ impl Maps {
     /// Sends replies from `(addr, proto, port)` to the kernel, which may NAT them.
     /// Clears the address's [`EP_NO_NAT_PORTS`] first, so no packet skips a
     /// lookup that would now match.
-    pub fn add_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<()> {
+    pub(crate) fn add_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<()> {
         self.set_no_nat(addr, false)?;
         let key = nat_key(addr, proto, port);
         self.nat_ports.insert(key, 1, 0).map_err(|e| {
@@ -600,7 +603,12 @@ impl Maps {
     /// ports up (the safe side) until [`Maps::refresh_nat_flags`], which the
     /// agent runs after each batch of changes: one scan per batch, not one
     /// per removed port.
-    pub fn remove_nat_port(&mut self, addr: IpAddr, proto: L4Proto, port: u16) -> Result<bool> {
+    pub(crate) fn remove_nat_port(
+        &mut self,
+        addr: IpAddr,
+        proto: L4Proto,
+        port: u16,
+    ) -> Result<bool> {
         removed(self.nat_ports.remove(&nat_key(addr, proto, port)), || {
             format!("removing NAT port {addr}/{port}")
         })
@@ -716,7 +724,7 @@ impl Maps {
     }
 
     /// Forgets the counters of `ifindex` (its veth is gone) and frees its slot.
-    pub fn remove_counters(&mut self, ifindex: u32) -> Result<()> {
+    pub(crate) fn remove_counters(&mut self, ifindex: u32) -> Result<()> {
         let Some(slot) = self.slot(ifindex)? else {
             return Ok(());
         };
@@ -733,21 +741,6 @@ impl Maps {
         }
         Ok(())
     }
-}
-
-/// What [`Maps::fill_from`] copied.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Filled {
-    /// Endpoint records (addresses), both families.
-    pub endpoints: usize,
-    /// Redirect targets (devmap entries).
-    pub tx_ports: usize,
-    /// NAT'd ports.
-    pub nat_ports: usize,
-    /// Counter slots claimed, with every row of their values.
-    pub slots: usize,
-    /// Namespaces of the policy gate.
-    pub policy_namespaces: usize,
 }
 
 impl Maps {

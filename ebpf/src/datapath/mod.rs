@@ -28,20 +28,20 @@
 //! the same objects: [`Datapath::open`] reuses pinned programs whose tag
 //! matches the embedded object and swaps links atomically when it does not.
 
-mod links;
+pub(crate) mod links;
 mod load;
-mod maps;
-mod types;
+pub(crate) mod maps;
+mod pod;
+pub(crate) mod types;
 
 use std::path::{Path, PathBuf};
 
 use aya::programs::{SchedClassifier, Xdp};
 
 pub use links::is_held;
-pub(crate) use links::{link_pins, LinkKind};
-pub(crate) use maps::MapName;
-pub use maps::{Filled, MapFill, Maps};
-pub use types::{AttachMode, Attachment, Counters, HoldHook, L4Proto};
+pub use maps::{MapFill, Maps};
+pub use pod::{Collected, NatSync, CPUMAP_QUEUE};
+pub use types::{AttachMode, Attachment, Counters, Filled, HoldHook, L4Proto, Migration};
 
 /// Name of the program attached to pod host veths.
 pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
@@ -81,5 +81,5 @@ pub struct Datapath {
     pub(crate) hold: SchedClassifier,
     pub(crate) maps: Maps,
     upgraded: bool,
-    migration: Option<crate::migrate::Migration>,
+    migration: Option<Migration>,
 }

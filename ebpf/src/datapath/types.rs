@@ -1,7 +1,7 @@
 //! The datapath's value types: how a program is attached, what a hold is on,
 //! an attachment, a veth's counters, a NAT'd port's protocol.
 
-use std::{fmt, str::FromStr};
+use std::{fmt, str::FromStr, time::Duration};
 
 use aya::programs::{TcAttachType, XdpMode as AyaXdpMode};
 
@@ -183,4 +183,32 @@ impl L4Proto {
             Self::Udp => 17,
         }
     }
+}
+
+/// What `Maps::fill_from` copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Filled {
+    /// Endpoint records (addresses), both families.
+    pub endpoints: usize,
+    /// Redirect targets (devmap entries).
+    pub tx_ports: usize,
+    /// NAT'd ports.
+    pub nat_ports: usize,
+    /// Counter slots claimed, with every row of their values.
+    pub slots: usize,
+    /// Namespaces of the policy gate.
+    pub policy_namespaces: usize,
+}
+
+/// A migration [`crate::Datapath::open`] carried out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Migration {
+    /// The layout it came from.
+    pub from: u32,
+    /// What was copied.
+    pub filled: Filled,
+    /// Links moved to this layout's programs.
+    pub links: usize,
+    /// From loading this layout to removing the older one.
+    pub duration: Duration,
 }

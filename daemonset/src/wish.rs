@@ -1,5 +1,5 @@
-//! A pod's fast-path policy from its annotations (`xdpcni.io/...`), with the
-//! node defaults for what is absent and a fallback, plus a problem report, for
+//! What a pod asks of the fast path (its wish: mode, redirect, cpus), from its
+//! annotations (`xdpcni.io/...`) over the node defaults for what is absent and a fallback, plus a problem report, for
 //! every value that is wrong.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ pub const ANNOTATION_CPUS: &str = "xdpcni.io/cpus";
 
 /// What the datapath does for one pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Policy {
+pub struct Wish {
     /// XDP mode on the pod's host veth.
     pub mode: XdpMode,
     /// How frames to the pod are delivered.
@@ -101,9 +101,9 @@ impl std::fmt::Display for Problem {
 /// and `online` (mask of online CPUs) to check CPU lists against.
 pub fn resolve(
     annotations: &BTreeMap<String, String>,
-    defaults: &Policy,
+    defaults: &Wish,
     online: u64,
-) -> (Policy, Vec<Problem>) {
+) -> (Wish, Vec<Problem>) {
     let mut p = *defaults;
     let mut problems = Vec::new();
     if let Some(v) = annotations.get(ANNOTATION_MODE) {
@@ -166,7 +166,7 @@ mod tests {
             .collect()
     }
 
-    const DEF: Policy = Policy {
+    const DEF: Wish = Wish {
         mode: XdpMode::Xdp(AttachMode::Native),
         redirect: RedirectPolicy::Devmap,
         cpu_mask: 0,
