@@ -51,35 +51,14 @@ fn main() {
 fn uninstall(dir: &Path) -> i32 {
     match xdpcni_host::install::uninstall(dir) {
         Ok(r) => {
-            for p in &r.paths {
-                eprintln!("xdpcni uninstall: removed {}", p.display());
-            }
             if r.paths.is_empty() {
                 eprintln!(
                     "xdpcni uninstall: nothing installed (no manifest in {})",
                     dir.display()
                 );
             }
-            if r.policy_table {
-                eprintln!(
-                    "xdpcni uninstall: removed the NetworkPolicy table inet {}",
-                    xdpcni_host::nftable::TABLE
-                );
-            }
-            if r.overlay.device {
-                eprintln!(
-                    "xdpcni uninstall: removed the VXLAN device {} (its FDB, neighbour and route entries)",
-                    xdpcni_host::overlay::DEVICE
-                );
-            }
-            if r.overlay.routes > 0 {
-                eprintln!(
-                    "xdpcni uninstall: removed {} routes to other nodes' pods",
-                    r.overlay.routes
-                );
-            }
-            for pod in &r.pods_left {
-                eprintln!("xdpcni uninstall: pod {pod} is still on the node (kernel routing until it is deleted)");
+            for line in r.lines() {
+                eprintln!("xdpcni uninstall: {line}");
             }
             0
         }

@@ -165,14 +165,14 @@ impl Pod<'_> {
     fn current(&self, dp: &Datapath) -> Result<XdpMode, ApplyError> {
         Ok(dp
             .attachment(self.ifindex())?
-            .map_or(XdpMode::Off, |a| XdpMode::Xdp(a.mode)))
+            .map_or(XdpMode::Off, |a| XdpMode::from(a.mode)))
     }
 
     /// Tries `want`, then its fallbacks, until one is in place.
     fn converge(&self, dp: &mut Datapath, want: XdpMode) -> Result<Applied, ApplyError> {
         let mut out = Applied::reached(want);
         let mut target = want;
-        while let XdpMode::Xdp(mode) = target {
+        while let Some(mode) = target.attach() {
             // Re-read each round: a refused attach may have removed the old link.
             let current = self.current(dp)?;
             if current == target {

@@ -36,7 +36,7 @@ use crate::{
     forward,
     metrics::{DatapathReader, Metrics, Stage, CONTENT_TYPE},
     netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
-    reconciler::{KernelOnly, PodInput, PodOutcome, Reconciler},
+    reconciler::{Hold, KernelOnly, PodInput, PodOutcome, PolicyFacts, Reconciler},
     records::{is_live, pod_key, Annotations, PodKey},
     status::{self, Book, PodStatus, PolicyStatus, Status},
 };
@@ -124,11 +124,12 @@ pub struct Core {
     ready: AtomicBool,
     blocked: Mutex<Blocked>,
     enforcer: Mutex<Enforcer>,
-    /// The local pods NetworkPolicies isolate, with the policies that do,
-    /// as last put in force; `None` until the policies were first listed
-    /// and applied (pod reconciles wait for it: kernel-only is never
+    /// What the NetworkPolicy state says of the local pods (isolation,
+    /// classification, whether the rules are in force), as the policy task
+    /// last published it; `None` until the policies were first listed and
+    /// applied (pod reconciles wait for it: kernel-only and holds are never
     /// decided from half a picture).
-    isolated: watch::Sender<Option<BTreeMap<PodKey, Vec<String>>>>,
+    policy_facts: watch::Sender<Option<PolicyFacts>>,
 }
 
 /// Pods named by FORWARD rules, and when the rules were last read.
@@ -146,6 +147,49 @@ pub struct BlockedChange {
     pub added: Vec<(PodKey, forward::Rule)>,
     /// Pods no rule names any more.
     pub removed: Vec<PodKey>,
+}
+
+impl BlockedChange {
+    /// Whether no pod changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
+    }
+}
+
+/// What a pass of the node loop (either mode) found before any per-pod work.
+#[derive(Debug)]
+pub struct PassChecks<'a> {
+    /// Something asked for the pass: a watch event, a record written, the
+    /// pods file changed, routes being retired.
+    pub woken: bool,
+    /// The datapath's pins were gone and it was made anew.
+    pub reloaded: bool,
+    /// A live record's veth is gone.
+    pub vanished: bool,
+    /// What the FORWARD scan changed.
+    pub forward: &'a BlockedChange,
+    /// The records' generation now.
+    pub generation: u64,
+    /// The records' generation of the last full pass that left everything
+    /// in place, and when it ran.
+    pub settled: Option<(u64, Instant)>,
+}
+
+impl PassChecks<'_> {
+    /// Whether the pass may stop after its checks: nothing woke it, nothing
+    /// vanished or reloaded, no FORWARD rule changed, and the last full pass
+    /// saw these records less than [`NODE_RESYNC`] ago. The one quiet-pass
+    /// test of both modes: an idle node does no per-pod work each
+    /// `intervalMs`, and a full pass runs at least every [`NODE_RESYNC`].
+    pub fn quiet(&self) -> bool {
+        !self.woken
+            && !self.reloaded
+            && !self.vanished
+            && self.forward.is_empty()
+            && self.settled.is_some_and(|(generation, at)| {
+                generation == self.generation && at.elapsed() < NODE_RESYNC
+            })
+    }
 }
 
 /// A pod that could not be reconciled.
@@ -244,7 +288,7 @@ impl Core {
             ready: AtomicBool::new(false),
             blocked: Mutex::new(Blocked::default()),
             enforcer: Mutex::new(Enforcer::new()),
-            isolated: watch::channel(None).0,
+            policy_facts: watch::channel(None).0,
         }))
     }
 
@@ -286,19 +330,14 @@ impl Core {
         applied
     }
 
-    /// Records which local pods policies isolate now, and the policies
-    /// (`namespace/name`) that do (what pod reconciles read); returns the
-    /// pods whose isolation or isolating policies changed.
-    pub fn set_isolated(&self, now: BTreeMap<PodKey, Vec<String>>) -> BTreeSet<PodKey> {
+    /// Publishes what the NetworkPolicy state says of the local pods (what
+    /// pod reconciles read); returns those of `keys` whose isolation,
+    /// isolating policies or hold changed.
+    pub fn set_policy_facts(&self, now: PolicyFacts, keys: &[PodKey]) -> BTreeSet<PodKey> {
         let mut changed = BTreeSet::new();
-        self.isolated.send_modify(|cur| {
+        self.policy_facts.send_modify(|cur| {
             let before = cur.take().unwrap_or_default();
-            changed = before
-                .iter()
-                .filter(|(k, v)| now.get(*k) != Some(*v))
-                .chain(now.iter().filter(|(k, v)| before.get(*k) != Some(*v)))
-                .map(|(k, _)| k.clone())
-                .collect();
+            changed = before.changed(&now, keys);
             *cur = Some(now);
         });
         changed
@@ -312,27 +351,37 @@ impl Core {
             .unwrap_or_else(PoisonError::into_inner) = (mode, node);
     }
 
-    /// What a reconcile of pod `key` needs beyond its record: `annotations`
-    /// and whether (and why) it is kernel-only. The one place the input is
-    /// put together, for both modes.
+    /// What a reconcile of pod `key` needs beyond its record: `annotations`,
+    /// whether (and why) it is kernel-only, and its hold. The one place the
+    /// input is put together, for both modes.
     pub fn pod_input(&self, key: &PodKey, annotations: Annotations) -> PodInput {
         PodInput {
             annotations,
             kernel_only: self.kernel_only(key),
+            hold: self
+                .policy_facts
+                .borrow()
+                .as_ref()
+                .map_or(Hold::Keep, |f| f.hold(key)),
         }
     }
 
     /// Waits until the policies were first put in force (at once in
     /// standalone mode, which has none).
     pub async fn policies_known(&self) {
-        let mut rx = self.isolated.subscribe();
+        let mut rx = self.policy_facts.subscribe();
         let _ = rx.wait_for(Option::is_some).await;
     }
 
     /// Whether (and why) the pod must take the kernel path both ways: a
     /// NetworkPolicy isolates it, or a FORWARD rule names it.
     pub fn kernel_only(&self, key: &PodKey) -> Option<KernelOnly> {
-        if let Some(names) = self.isolated.borrow().as_ref().and_then(|s| s.get(key)) {
+        if let Some(names) = self
+            .policy_facts
+            .borrow()
+            .as_ref()
+            .and_then(|f| f.isolating(key))
+        {
             return Some(KernelOnly::Policies(names.clone()));
         }
         self.blocked
@@ -473,7 +522,7 @@ impl Core {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let mut policies = self.book.policy();
-        policies.known = self.isolated.borrow().is_some();
+        policies.known = self.policy_facts.borrow().is_some();
         Status {
             version: env!("CARGO_PKG_VERSION").into(),
             agent_mode: agent_mode.into(),
@@ -560,7 +609,7 @@ impl Core {
     }
 
     /// Runs `f` on the reconciler, on a blocking thread (it makes syscalls).
-    pub async fn with_reconciler<T: Send + 'static>(
+    async fn with_reconciler<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Reconciler) -> T + Send + 'static,
     ) -> Result<T> {
@@ -588,30 +637,6 @@ impl Core {
             self.metrics.error(Stage::Gate);
         }
         written.map(drop).map_err(Into::into)
-    }
-
-    /// Ends the hold of each record of `records` whose pod is held; the
-    /// records released. A failure is counted and logged; the pod stays
-    /// held.
-    pub async fn release(self: &Arc<Self>, records: Vec<Record>) -> Vec<Record> {
-        let core = Arc::clone(self);
-        let done = self
-            .with_reconciler(move |r| {
-                let mut out = Vec::new();
-                for rec in records {
-                    match r.release(&rec) {
-                        Ok(true) => out.push(rec),
-                        Ok(false) => {}
-                        Err(e) => {
-                            warn!(error = %e, host_veth = %rec.host_veth, "releasing a hold");
-                            core.metrics.error(Stage::Gate);
-                        }
-                    }
-                }
-                out
-            })
-            .await;
-        done.unwrap_or_default()
     }
 
     /// Wakes every one of `targets` when the CNI writes or removes a record
@@ -915,5 +940,58 @@ async fn readyz(State(core): State<Arc<Core>>) -> impl IntoResponse {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_is_quiet_only_when_nothing_changed_since_a_recent_full_pass() {
+        let none = BlockedChange::default();
+        let recent = Some((7, Instant::now()));
+        let checks = |woken, reloaded, vanished, forward, generation, settled| PassChecks {
+            woken,
+            reloaded,
+            vanished,
+            forward,
+            generation,
+            settled,
+        };
+        assert!(checks(false, false, false, &none, 7, recent).quiet());
+        assert!(
+            !checks(true, false, false, &none, 7, recent).quiet(),
+            "woken"
+        );
+        assert!(
+            !checks(false, true, false, &none, 7, recent).quiet(),
+            "reloaded"
+        );
+        assert!(
+            !checks(false, false, true, &none, 7, recent).quiet(),
+            "a veth vanished"
+        );
+        assert!(
+            !checks(false, false, false, &none, 8, recent).quiet(),
+            "new records"
+        );
+        assert!(
+            !checks(false, false, false, &none, 7, None).quiet(),
+            "no full pass yet"
+        );
+        let stale = Instant::now().checked_sub(NODE_RESYNC + Duration::from_secs(1));
+        assert!(
+            !checks(false, false, false, &none, 7, stale.map(|t| (7, t))).quiet(),
+            "a full pass is due"
+        );
+        let named = BlockedChange {
+            added: Vec::new(),
+            removed: vec![("ns".into(), "p".into())],
+        };
+        assert!(
+            !checks(false, false, false, &named, 7, recent).quiet(),
+            "FORWARD changed"
+        );
     }
 }

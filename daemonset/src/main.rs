@@ -198,44 +198,27 @@ fn main() -> Result<()> {
             pod,
         } => status(&config, url, output, pod.as_deref()),
         Command::Uninstall { pin_dir, state_dir } => {
-            if let Some(state) = state_dir {
-                let removed = xdpcni_host::install::uninstall(&state).with_context(|| {
-                    format!(
-                        "uninstalling the installation recorded in {}",
-                        state.display()
-                    )
-                })?;
-                for p in removed.paths {
-                    eprintln!("xdpcni-agent: removed {}", p.display());
+            // The host crate's uninstall, as `xdpcni uninstall` runs it:
+            // every step runs even when one fails; the failures together.
+            let mut failed = Vec::new();
+            let manifest = state_dir.as_deref().map(xdpcni_host::install::uninstall);
+            let node = xdpcni_host::install::uninstall_node(&pin_dir);
+            for done in manifest.into_iter().chain([node]) {
+                match done {
+                    Ok(removed) => {
+                        for line in removed.lines() {
+                            eprintln!("xdpcni-agent: {line}");
+                        }
+                    }
+                    Err(e) => failed.push(e.to_string()),
                 }
             }
-            xdpcni_ebpf::Datapath::uninstall(&pin_dir)
-                .with_context(|| format!("uninstalling {}", pin_dir.display()))?;
-            eprintln!(
-                "xdpcni-agent: datapath at {} detached and unpinned",
-                pin_dir.display()
+            anyhow::ensure!(
+                failed.is_empty(),
+                "uninstalling xdpcni (datapath at {}): {}",
+                pin_dir.display(),
+                failed.join("; ")
             );
-            let overlay = xdpcni_host::netlink::Netlink::new()
-                .and_then(|mut nl| xdpcni_host::overlay::remove(&mut nl))
-                .context("removing the VXLAN device and the node routes")?;
-            if overlay.device {
-                eprintln!(
-                    "xdpcni-agent: VXLAN device {} removed",
-                    xdpcni_host::overlay::DEVICE
-                );
-            }
-            if overlay.routes > 0 {
-                eprintln!(
-                    "xdpcni-agent: {} routes to other nodes' pods removed",
-                    overlay.routes
-                );
-            }
-            if xdpcni_host::nftable::remove_table().context("removing the NetworkPolicy table")? {
-                eprintln!(
-                    "xdpcni-agent: NetworkPolicy table inet {} removed",
-                    xdpcni_host::nftable::TABLE
-                );
-            }
             Ok(())
         }
     }

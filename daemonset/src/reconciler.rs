@@ -29,13 +29,105 @@ pub enum KernelOnly {
     ForwardRule(String),
 }
 
-/// What the agent knows of a pod beyond its record.
+/// What the NetworkPolicy state says of the hold the CNI may have put on a
+/// new pod at its ADD.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hold {
+    /// Leave it as it is: the pod is not classified yet (its Pod object, or
+    /// the policies, are not known).
+    #[default]
+    Keep,
+    /// Classified: its Pod is known and every policy that selects it is in
+    /// force, so a hold goes.
+    Release,
+    /// The rules of a policy that selects it could not be put in force: it
+    /// is held (fail closed) until they are.
+    Hold,
+}
+
+/// What the NetworkPolicy state says of the node's pods, as the policy task
+/// last published it (standalone mode: no policies, every pod classified).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyFacts {
+    /// The local pods policies isolate, with the policies (`namespace/name`)
+    /// that do.
+    pub isolated: BTreeMap<PodKey, Vec<String>>,
+    /// Local pods whose Pod object is not known yet (not classified).
+    pub unknown: BTreeSet<PodKey>,
+    /// Whether the rules of every policy are in force.
+    pub in_force: bool,
+    /// Whether a record without a pod name is classified (standalone mode,
+    /// where no policy can select it).
+    pub unnamed_classified: bool,
+}
+
+impl PolicyFacts {
+    /// No policies at all (standalone mode).
+    pub fn none() -> Self {
+        Self {
+            in_force: true,
+            unnamed_classified: true,
+            ..Self::default()
+        }
+    }
+
+    /// The policies isolating pod `key`, if any.
+    pub fn isolating(&self, key: &PodKey) -> Option<&Vec<String>> {
+        self.isolated.get(key)
+    }
+
+    /// What these facts say of the hold of pod `key`: the one decision of
+    /// who is held, for both modes.
+    pub fn hold(&self, key: &PodKey) -> Hold {
+        if !self.in_force {
+            return if self.isolated.contains_key(key) {
+                Hold::Hold
+            } else {
+                Hold::Keep
+            };
+        }
+        let named = !key.0.is_empty();
+        if (named || self.unnamed_classified) && !self.unknown.contains(key) {
+            Hold::Release
+        } else {
+            Hold::Keep
+        }
+    }
+
+    /// The pods whose isolation, isolating policies or hold differ between
+    /// `self` and `other`.
+    pub fn changed(&self, other: &Self, keys: &[PodKey]) -> BTreeSet<PodKey> {
+        let mut out: BTreeSet<PodKey> = self
+            .isolated
+            .iter()
+            .filter(|(k, v)| other.isolated.get(*k) != Some(*v))
+            .chain(
+                other
+                    .isolated
+                    .iter()
+                    .filter(|(k, v)| self.isolated.get(*k) != Some(*v)),
+            )
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.extend(
+            keys.iter()
+                .filter(|k| self.hold(k) != other.hold(k))
+                .cloned(),
+        );
+        out
+    }
+}
+
+/// What the agent knows of a pod beyond its record: the facts its reconcile
+/// turns into its datapath state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInput {
     /// Its annotations.
     pub annotations: Annotations,
     /// Kernel routing both ways, and why.
     pub kernel_only: Option<KernelOnly>,
+    /// Its hold.
+    pub hold: Hold,
 }
 
 /// The outcome of reconciling one pod.
@@ -61,20 +153,21 @@ pub struct PodOutcome {
 /// Why a pod is in its mode: the first that applies of a vanished veth, a
 /// hold, kernel-only, a full map, a kernel refusal, the annotation, the
 /// node default.
-fn why(
-    wish: &Wish,
-    annotations: &Annotations,
-    held: bool,
-    kernel_only: Option<&KernelOnly>,
-    applied: &Applied,
-) -> Why {
-    let (code, text) = if held {
+fn why(wish: &Wish, pod: &PodInput, held: bool, applied: &Applied) -> Why {
+    let annotations = &pod.annotations;
+    let (code, text) = if held && pod.hold == Hold::Hold {
+        (
+            WhyCode::Held,
+            "held: the rules of a NetworkPolicy that selects it are not in force (fail closed)"
+                .to_string(),
+        )
+    } else if held {
         (
             WhyCode::Held,
             "held since its CNI ADD until the agent classifies it against the NetworkPolicies"
                 .to_string(),
         )
-    } else if let Some(k) = kernel_only {
+    } else if let Some(k) = &pod.kernel_only {
         match k {
             KernelOnly::Policies(names) => (
                 WhyCode::NetworkPolicy,
@@ -171,7 +264,11 @@ impl Reconciler {
             let problem = Problem::veth_gone(&rec.host_veth);
             return Ok(self.outcome(key, wish, why, Applied::nothing(), vec![problem]));
         }
-        let held = self.dp.is_held(rec.host_ifindex);
+        let held = match self.hold(rec, pod.hold) {
+            Ok(held) => held,
+            Err(_) if being_deleted(&self.state_dir, rec) => return Ok(self.deleted(key, wish)),
+            Err(e) => return Err(e.into()),
+        };
         let kernel_only = pod.kernel_only.is_some() || held;
         let applied = match apply(&mut self.dp, rec, &wish, kernel_only) {
             Ok(a) => a,
@@ -183,13 +280,7 @@ impl Reconciler {
         if applied.changed {
             info!(mode = applied.mode.as_str(), kernel_only, held, "applied");
         }
-        let why = why(
-            &wish,
-            &pod.annotations,
-            held,
-            pod.kernel_only.as_ref(),
-            &applied,
-        );
+        let why = why(&wish, pod, held, &applied);
         problems.extend(applied.problems.iter().cloned());
         Ok(self.outcome(key, wish, why, applied, problems))
     }
@@ -236,43 +327,32 @@ impl Reconciler {
         }
     }
 
-    /// Ends the hold the CNI put on the pod of `rec` at ADD (its namespace
-    /// may have NetworkPolicies): called once the pod is classified (its
-    /// policies are known and, if any selects it, their rules are in the
-    /// kernel). The pod is on kernel routing after; its next reconcile
-    /// attaches its mode. Whether it was held.
-    pub fn release(&mut self, rec: &Record) -> Result<bool, xdpcni_ebpf::Error> {
-        if !veth_present(rec) {
-            return Ok(false);
+    /// Brings the hold of the pod of `rec` to what `want` says: a
+    /// classified pod's hold (the CNI's, at ADD) goes, and the pod takes
+    /// kernel routing until the rest of its reconcile attaches its mode; a
+    /// pod whose policies cannot be put in force is held (its records
+    /// flagged kernel-only first). Whether it is held now.
+    fn hold(&mut self, rec: &Record, want: Hold) -> Result<bool, xdpcni_ebpf::Error> {
+        match want {
+            Hold::Keep => {}
+            Hold::Release => {
+                if self.dp.release_hold(rec.host_ifindex)? {
+                    info!(host_veth = %rec.host_veth, "hold released: the pod is classified");
+                }
+            }
+            Hold::Hold => {
+                if self
+                    .dp
+                    .hold_pod(rec.host_ifindex, &rec.host_veth, &rec.ips)?
+                {
+                    warn!(
+                        host_veth = %rec.host_veth,
+                        "held: the NetworkPolicy rules that select the pod are not in force"
+                    );
+                }
+            }
         }
-        let released = self.dp.release_hold(rec.host_ifindex)?;
-        if released {
-            info!(host_veth = %rec.host_veth, "hold released: the pod is classified");
-        }
-        Ok(released)
-    }
-
-    /// Flags the endpoint records of `rec` kernel-only at once (a policy now
-    /// isolates the pod: the fast path must stop carrying its frames before
-    /// its reconcile detaches XDP).
-    pub fn flag_kernel_only(&mut self, rec: &Record) -> Result<(), xdpcni_ebpf::Error> {
-        self.dp.flag_kernel_only(&rec.ips)
-    }
-
-    /// Holds the pod of `rec` (drops every IP packet to and from it), as the
-    /// CNI does at ADD: for a pod whose policies cannot be put in force. Its
-    /// endpoint records are flagged kernel-only first (the datapath's
-    /// `hold_pod`); its reconcile then detaches XDP.
-    pub fn hold(&mut self, rec: &Record) -> Result<bool, xdpcni_ebpf::Error> {
-        if !veth_present(rec) {
-            return Ok(false);
-        }
-        self.dp.hold_pod(rec.host_ifindex, &rec.host_veth, &rec.ips)
-    }
-
-    /// Whether the pod of `rec` is held.
-    pub fn is_held(&self, rec: &Record) -> bool {
-        self.dp.is_held(rec.host_ifindex)
+        Ok(self.dp.is_held(rec.host_ifindex))
     }
 
     /// Writes the policy gate the CNI reads at ADD: the namespaces that hold
@@ -338,5 +418,61 @@ impl Reconciler {
             info!(repaired = done.repaired, "endpoint NAT flags repaired");
         }
         Ok((done.added, done.removed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(ns: &str, name: &str) -> PodKey {
+        (ns.to_string(), name.to_string())
+    }
+
+    #[test]
+    fn a_hold_goes_only_for_a_classified_pod_with_its_rules_in_force() {
+        let (a, b, orphan) = (key("ns", "a"), key("ns", "b"), key("", "c1"));
+        let mut f = PolicyFacts {
+            isolated: [(a.clone(), vec!["ns/deny".to_string()])].into(),
+            unknown: [b.clone()].into(),
+            in_force: true,
+            unnamed_classified: false,
+        };
+        assert_eq!(
+            f.hold(&a),
+            Hold::Release,
+            "isolated but in force: classified"
+        );
+        assert_eq!(f.hold(&b), Hold::Keep, "its Pod is not known yet");
+        assert_eq!(f.hold(&orphan), Hold::Keep, "no pod name: never classified");
+        f.in_force = false;
+        assert_eq!(f.hold(&a), Hold::Hold, "a policy selects it, rules failed");
+        assert_eq!(f.hold(&b), Hold::Keep);
+        let none = PolicyFacts::none();
+        assert_eq!(
+            none.hold(&orphan),
+            Hold::Release,
+            "standalone: no policy can select it"
+        );
+        assert_eq!(none.isolating(&a), None);
+    }
+
+    #[test]
+    fn changed_names_pods_whose_isolation_or_hold_moved() {
+        let (a, b) = (key("ns", "a"), key("ns", "b"));
+        let before = PolicyFacts {
+            in_force: true,
+            ..PolicyFacts::default()
+        };
+        let mut now = before.clone();
+        now.isolated.insert(a.clone(), vec!["ns/p".into()]);
+        let keys = [a.clone(), b.clone()];
+        assert_eq!(before.changed(&now, &keys), [a.clone()].into());
+        assert_eq!(now.changed(&before, &keys), [a.clone()].into());
+        // Rules failing changes the hold of the isolated pod only.
+        let mut failed = now.clone();
+        failed.in_force = false;
+        assert_eq!(now.changed(&failed, &keys), [a.clone(), b.clone()].into());
+        assert!(now.changed(&now.clone(), &keys).is_empty());
     }
 }

@@ -1,13 +1,13 @@
 //! Standalone mode: no Kubernetes. Each pod's annotations come from a local
 //! JSON file (`podsFile`), read every `intervalMs` and whenever the CNI
 //! writes or removes a record. A pass does per-pod work only when the file,
-//! the records, a veth or a FORWARD rule changed, or [`NODE_RESYNC`] after
+//! the records, a veth or a FORWARD rule changed, or [`NODE_RESYNC`](crate::daemon::NODE_RESYNC) after
 //! the last full pass; then a live record is reconciled through the core
 //! when it or its input (annotations, kernel-only) changed since its last
 //! good reconcile, its veth is gone, a full map left it on kernel routing,
 //! or [`RESYNC`] after it, and the node-wide work runs. There are no NetworkPolicies: the
 //! policy gate lists no namespace, and a pod held at ADD (before the gate
-//! was written) is released at once. Used by the demo and by runtimes
+//! was written) is released by its reconcile. Used by the demo and by runtimes
 //! without Kubernetes.
 
 use std::{
@@ -21,8 +21,8 @@ use tracing::{info, warn, Instrument};
 
 use crate::{
     config::{read_pods_file, Config},
-    daemon::{Core, Shutdown, NODE_RESYNC, RESYNC},
-    reconciler::PodInput,
+    daemon::{Core, PassChecks, Shutdown, RESYNC},
+    reconciler::{PodInput, PolicyFacts},
     records::{is_live, pod_key, veth_present},
 };
 
@@ -37,8 +37,10 @@ pub async fn run(cfg: Config) -> Result<()> {
     let core = Core::open(cfg).await?;
     core.set_agent_mode("standalone", None);
     core.serve(shutdown.clone()).await?;
-    // No NetworkPolicies without Kubernetes: no pod is isolated.
-    core.set_isolated(Default::default());
+    // No NetworkPolicies without Kubernetes: no pod is isolated, every pod
+    // is classified (a pod held at ADD, before the gate was written, is
+    // released by its reconcile).
+    core.set_policy_facts(PolicyFacts::none(), &[]);
     let records_changed = Arc::new(tokio::sync::Notify::new());
     core.watch_records(vec![Arc::clone(&records_changed)])?;
     let mut pods = HashMap::new();
@@ -68,14 +70,15 @@ pub async fn run(cfg: Config) -> Result<()> {
         // is there and no FORWARD rule changed: no per-pod work this pass.
         let vanished = records.iter().any(|r| is_live(r) && !veth_present(r));
         let forward = core.scan_forward(&records).await;
-        let quiet = !pods_changed
-            && !reloaded
-            && !vanished
-            && forward.added.is_empty()
-            && forward.removed.is_empty()
-            && settled.is_some_and(|(generation, at)| {
-                generation == listing.generation && at.elapsed() < NODE_RESYNC
-            });
+        let quiet = PassChecks {
+            woken: pods_changed,
+            reloaded,
+            vanished,
+            forward: &forward,
+            generation: listing.generation,
+            settled,
+        }
+        .quiet();
         if quiet {
             core.idle_pass();
             tokio::select! {
@@ -87,13 +90,12 @@ pub async fn run(cfg: Config) -> Result<()> {
         }
         let live: Vec<_> = records.iter().filter(|r| is_live(r)).cloned().collect();
         if gated_generation != Some(listing.generation) {
-            // No policies here: new pods need no hold, and held ones are
-            // classified already. (A failure is counted; the next pass
-            // retries.)
+            // No policies here: new pods need no hold (one held before the
+            // gate was written is released by its reconcile). A failure is
+            // counted; the next pass retries.
             if core.write_gate(BTreeMap::new()).await.is_ok() {
                 gated_generation = Some(listing.generation);
             }
-            core.release(live.clone()).await;
         }
         let (mut failed, mut reconciled) = (false, false);
         done.retain(|id, _| live.iter().any(|r| &r.container_id == id));

@@ -157,7 +157,6 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use xdpcni_ebpf::AttachMode;
 
     fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -167,7 +166,7 @@ mod tests {
     }
 
     const DEF: Wish = Wish {
-        mode: XdpMode::Xdp(AttachMode::Native),
+        mode: XdpMode::Native,
         redirect: RedirectPolicy::Devmap,
         cpu_mask: 0,
     };
@@ -184,9 +183,9 @@ mod tests {
     #[test]
     fn every_valid_value() {
         for (v, m) in [
-            ("native", XdpMode::Xdp(AttachMode::Native)),
-            ("generic", XdpMode::Xdp(AttachMode::Generic)),
-            ("tc", XdpMode::Xdp(AttachMode::Tc)),
+            ("native", XdpMode::Native),
+            ("generic", XdpMode::Generic),
+            ("tc", XdpMode::Tc),
             ("off", XdpMode::Off),
         ] {
             let (p, probs) = resolve(&ann(&[(ANNOTATION_MODE, v)]), &DEF, 0b11);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use xdpcni_agent::wish::{resolve, Wish, ANNOTATION_CPUS, ANNOTATION_MODE, ANNOTATION_REDIRECT};
-use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode};
+use xdpcni_ebpf::abi::RedirectPolicy;
 use xdpcni_host::{
     hook::fuzz_cases,
     pod::{format_cpu_list, parse_cpu_list, XdpMode},
@@ -46,8 +46,8 @@ fn defaults() -> impl Strategy<Value = Wish> {
     (0u8..3, any::<bool>(), any::<u64>()).prop_map(|(m, c, mask)| Wish {
         mode: match m {
             0 => XdpMode::Off,
-            1 => XdpMode::Xdp(AttachMode::Native),
-            _ => XdpMode::Xdp(AttachMode::Generic),
+            1 => XdpMode::Native,
+            _ => XdpMode::Generic,
         },
         redirect: if c {
             RedirectPolicy::Cpumap

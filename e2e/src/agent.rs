@@ -105,11 +105,10 @@ impl StandaloneAgent {
 
 /// How [`mode_of`] shows `mode` attached: `xdp`, `xdpgeneric`, `tc` or `none`.
 pub fn shown(mode: xdpcni_host::pod::XdpMode) -> &'static str {
-    use xdpcni_ebpf::AttachMode;
     match mode {
-        xdpcni_host::pod::XdpMode::Xdp(AttachMode::Native) => "xdp",
-        xdpcni_host::pod::XdpMode::Xdp(AttachMode::Generic) => "xdpgeneric",
-        xdpcni_host::pod::XdpMode::Xdp(AttachMode::Tc) => "tc",
+        xdpcni_host::pod::XdpMode::Native => "xdp",
+        xdpcni_host::pod::XdpMode::Generic => "xdpgeneric",
+        xdpcni_host::pod::XdpMode::Tc => "tc",
         xdpcni_host::pod::XdpMode::Off => "none",
     }
 }

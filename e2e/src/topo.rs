@@ -59,7 +59,7 @@ impl Pod {
     /// Applies the pod side of `mode` as the CNI plugin and agent do
     /// (`xdpcni_host::pod::offloads`, the one home of that table).
     pub fn apply_mode_offloads(&self, mode: AttachMode) -> Result<()> {
-        let settings = xdpcni_host::pod::offloads(xdpcni_host::pod::XdpMode::Xdp(mode));
+        let settings = xdpcni_host::pod::offloads(xdpcni_host::pod::XdpMode::from(mode));
         xdpcni_host::pod::set_offloads(&self.ns.path(), "eth0", &settings)
             .with_context(|| format!("{mode} offloads on eth0 in {}", self.ns.name()))
     }

@@ -88,7 +88,7 @@ impl Setup {
 
     fn name(&self) -> String {
         let one = |(m, r): (XdpMode, RedirectPolicy)| match m {
-            XdpMode::Xdp(AttachMode::Native | AttachMode::Generic) => {
+            XdpMode::Native | XdpMode::Generic => {
                 format!("{m}/{}", r.as_str())
             }
             _ => m.to_string(),
@@ -105,11 +105,11 @@ impl Setup {
 fn xdp_setups() -> Vec<Setup> {
     XDP_MODES
         .iter()
-        .map(|(_, m, r)| Setup::all(XdpMode::Xdp(*m), *r))
+        .map(|(_, m, r)| Setup::all(XdpMode::from(*m), *r))
         .collect()
 }
 
-const TC: (XdpMode, RedirectPolicy) = (XdpMode::Xdp(AttachMode::Tc), RedirectPolicy::Devmap);
+const TC: (XdpMode, RedirectPolicy) = (XdpMode::Tc, RedirectPolicy::Devmap);
 
 /// Every pod in tc.
 fn tc_setups() -> Vec<Setup> {
@@ -122,8 +122,8 @@ fn tc_setups() -> Vec<Setup> {
 /// sender ignores its destination's cpumap policy (two_pods.rs shows it).
 fn tc_mixed_setups() -> Vec<Setup> {
     let others = [
-        (XdpMode::Xdp(AttachMode::Native), RedirectPolicy::Devmap),
-        (XdpMode::Xdp(AttachMode::Generic), RedirectPolicy::Devmap),
+        (XdpMode::Native, RedirectPolicy::Devmap),
+        (XdpMode::Generic, RedirectPolicy::Devmap),
         (XdpMode::Off, RedirectPolicy::Devmap),
     ];
     let mut v = Vec::new();
@@ -1409,7 +1409,7 @@ fn every_path() -> Vec<(String, XdpMode, RedirectPolicy)> {
     v.extend(
         XDP_MODES
             .iter()
-            .map(|(n, m, r)| (n.to_string(), XdpMode::Xdp(*m), *r)),
+            .map(|(n, m, r)| (n.to_string(), XdpMode::from(*m), *r)),
     );
     v.push(("tc".to_string(), TC.0, TC.1));
     v

@@ -217,7 +217,7 @@ pub fn read_manifest(state_dir: &Path) -> Result<Option<Manifest>, InstallError>
     }
 }
 
-/// What [`uninstall`] did.
+/// What [`uninstall`] or [`uninstall_node`] did.
 #[derive(Debug, Default)]
 pub struct Removed {
     /// Files and directories removed.
@@ -234,6 +234,47 @@ pub struct Removed {
     pub overlay: crate::overlay::Removed,
 }
 
+impl Removed {
+    /// What was removed, one line each, as both binaries' `uninstall` print it.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .paths
+            .iter()
+            .map(|p| format!("removed {}", p.display()))
+            .collect();
+        if self.policy_table {
+            out.push(format!(
+                "removed the NetworkPolicy table inet {}",
+                crate::nftable::TABLE
+            ));
+        }
+        if self.overlay.device {
+            out.push(format!(
+                "removed the VXLAN device {} (its FDB, neighbour and route entries)",
+                crate::overlay::DEVICE
+            ));
+        }
+        if self.overlay.routes > 0 {
+            out.push(format!(
+                "removed {} routes to other nodes' pods",
+                self.overlay.routes
+            ));
+        }
+        if self.source_rules > 0 {
+            out.push(format!(
+                "removed {} copies of the IPv6 source-check rule",
+                self.source_rules
+            ));
+        }
+        for pod in &self.pods_left {
+            out.push(format!(
+                "pod {pod} is still on the node (kernel routing until it is deleted)"
+            ));
+        }
+        out
+    }
+}
+
 /// Takes xdpcni off the node: detaches and unpins the datapath, removes the
 /// NetworkPolicy table, the VXLAN device and the routes to other nodes'
 /// pods, the conflist and the binaries [`install`] created,
@@ -246,30 +287,7 @@ pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
     };
     let mut removed = Removed::default();
     let mut failed = Vec::new();
-    match xdpcni_ebpf::Datapath::uninstall(&m.pin_dir) {
-        Ok(()) => removed.paths.push(m.pin_dir.clone()),
-        Err(source) => failed.push(
-            InstallError::Datapath {
-                pin_dir: m.pin_dir.clone(),
-                source,
-            }
-            .to_string(),
-        ),
-    }
-    match crate::nftable::remove_table() {
-        Ok(gone) => removed.policy_table = gone,
-        Err(e) => failed.push(format!(
-            "removing the NetworkPolicy table inet {}: {e}",
-            crate::nftable::TABLE
-        )),
-    }
-    match crate::netlink::Netlink::new().and_then(|mut nl| crate::overlay::remove(&mut nl)) {
-        Ok(o) => removed.overlay = o,
-        Err(e) => failed.push(format!(
-            "removing the VXLAN device {} and the node routes: {e}",
-            crate::overlay::DEVICE
-        )),
-    }
+    remove_node_state(&m.pin_dir, &mut removed, &mut failed);
     for p in std::iter::once(&m.conflist).chain(m.binaries.iter()) {
         match std::fs::remove_file(p) {
             Ok(()) => removed.paths.push(p.clone()),
@@ -310,6 +328,50 @@ pub fn uninstall(state_dir: &Path) -> Result<Removed, InstallError> {
             failed.push(format!("removing the manifest: {e}"));
         }
     }
+    finish(removed, failed)
+}
+
+/// Takes xdpcni's node-wide state off the node without a manifest (the
+/// agent's `uninstall`): the datapath at `pin_dir` (every link detached,
+/// every pin removed), the NetworkPolicy table, the VXLAN device and the
+/// routes to other nodes' pods. Every step runs even when one fails; the
+/// failures are returned together. Nothing to remove is success.
+pub fn uninstall_node(pin_dir: &Path) -> Result<Removed, InstallError> {
+    let mut removed = Removed::default();
+    let mut failed = Vec::new();
+    remove_node_state(pin_dir, &mut removed, &mut failed);
+    finish(removed, failed)
+}
+
+/// The node-wide part of both uninstalls, collecting what failed.
+fn remove_node_state(pin_dir: &Path, removed: &mut Removed, failed: &mut Vec<String>) {
+    match xdpcni_ebpf::Datapath::uninstall(pin_dir) {
+        Ok(()) => removed.paths.push(pin_dir.to_path_buf()),
+        Err(source) => failed.push(
+            InstallError::Datapath {
+                pin_dir: pin_dir.to_path_buf(),
+                source,
+            }
+            .to_string(),
+        ),
+    }
+    match crate::nftable::remove_table() {
+        Ok(gone) => removed.policy_table = gone,
+        Err(e) => failed.push(format!(
+            "removing the NetworkPolicy table inet {}: {e}",
+            crate::nftable::TABLE
+        )),
+    }
+    match crate::netlink::Netlink::new().and_then(|mut nl| crate::overlay::remove(&mut nl)) {
+        Ok(o) => removed.overlay = o,
+        Err(e) => failed.push(format!(
+            "removing the VXLAN device {} and the node routes: {e}",
+            crate::overlay::DEVICE
+        )),
+    }
+}
+
+fn finish(removed: Removed, failed: Vec<String>) -> Result<Removed, InstallError> {
     if failed.is_empty() {
         Ok(removed)
     } else {

@@ -12,14 +12,28 @@ use crate::{
     netns::in_netns,
 };
 
-/// The mode asked for a pod: an attach mode of the datapath (XDP native or
-/// generic, or the tc hook), or kernel routing only.
+/// The mode of a pod (the `xdpcni.io/xdp-mode` annotation's values): one of
+/// the datapath's attach modes, or kernel routing only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XdpMode {
-    /// Attach in this mode.
-    Xdp(AttachMode),
+    /// Driver-mode XDP on the host veth.
+    Native,
+    /// The datapath on the host veth's tcx ingress (`bpf_redirect_peer`).
+    Tc,
+    /// skb-mode XDP on the host veth.
+    Generic,
     /// Kernel routing only.
     Off,
+}
+
+impl From<AttachMode> for XdpMode {
+    fn from(m: AttachMode) -> Self {
+        match m {
+            AttachMode::Native => Self::Native,
+            AttachMode::Tc => Self::Tc,
+            AttachMode::Generic => Self::Generic,
+        }
+    }
 }
 
 /// The node default of a pod without annotations: tc, the fastest into
@@ -27,19 +41,24 @@ pub enum XdpMode {
 /// packets, TCP with GSO kept, raw forwarding); native XDP leads only where
 /// the destination consumes in XDP, which a pod asks for by annotation. On a
 /// kernel without tcx (before 6.6) it falls back to generic.
-pub const DEFAULT_MODE: XdpMode = XdpMode::Xdp(AttachMode::Tc);
+pub const DEFAULT_MODE: XdpMode = XdpMode::Tc;
 
 impl XdpMode {
     /// Every mode, in the fallback order: native XDP (the fastest where
     /// the destination consumes in XDP), the tc hook (the fastest into
     /// sockets; needs tcx, kernel 6.6), generic XDP (any kernel with XDP),
     /// kernel routing (always works).
-    pub const ALL: [XdpMode; 4] = [
-        Self::Xdp(AttachMode::Native),
-        Self::Xdp(AttachMode::Tc),
-        Self::Xdp(AttachMode::Generic),
-        Self::Off,
-    ];
+    pub const ALL: [XdpMode; 4] = [Self::Native, Self::Tc, Self::Generic, Self::Off];
+
+    /// The datapath's attach mode, or `None` for kernel routing.
+    pub const fn attach(self) -> Option<AttachMode> {
+        match self {
+            Self::Native => Some(AttachMode::Native),
+            Self::Tc => Some(AttachMode::Tc),
+            Self::Generic => Some(AttachMode::Generic),
+            Self::Off => None,
+        }
+    }
 
     /// Parses `native`, `tc`, `generic` or `off`.
     pub fn parse(s: &str) -> Option<Self> {
@@ -52,12 +71,9 @@ impl XdpMode {
         names.join(", ")
     }
 
-    /// `native`, `tc`, `generic` or `off`.
+    /// `native`, `tc`, `generic` or `off`: the attach mode's name, or `off`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Xdp(m) => m.as_str(),
-            Self::Off => "off",
-        }
+        self.attach().map_or("off", AttachMode::as_str)
     }
 }
 
@@ -91,9 +107,9 @@ impl<'de> serde::Deserialize<'de> for XdpMode {
 /// then generic, then kernel routing, which always works.
 pub fn fallback(mode: XdpMode) -> XdpMode {
     match mode {
-        XdpMode::Xdp(AttachMode::Native) => XdpMode::Xdp(AttachMode::Tc),
-        XdpMode::Xdp(AttachMode::Tc) => XdpMode::Xdp(AttachMode::Generic),
-        XdpMode::Xdp(AttachMode::Generic) | XdpMode::Off => XdpMode::Off,
+        XdpMode::Native => XdpMode::Tc,
+        XdpMode::Tc => XdpMode::Generic,
+        XdpMode::Generic | XdpMode::Off => XdpMode::Off,
     }
 }
 
@@ -114,10 +130,10 @@ pub fn offloads(mode: XdpMode) -> Vec<(Offload, bool)> {
 /// first applies what both the old and the new mode tolerate).
 pub fn before(target: XdpMode) -> Vec<(Offload, bool)> {
     match target {
-        XdpMode::Xdp(AttachMode::Native) => {
+        XdpMode::Native => {
             vec![(Offload::Gro, true), (Offload::TxChecksum, false)]
         }
-        XdpMode::Xdp(AttachMode::Generic | AttachMode::Tc) | XdpMode::Off => {
+        XdpMode::Generic | XdpMode::Tc | XdpMode::Off => {
             vec![(Offload::Gro, true)]
         }
     }
@@ -126,8 +142,8 @@ pub fn before(target: XdpMode) -> Vec<(Offload, bool)> {
 /// The relaxations `target` allows once it is in place.
 pub fn after(target: XdpMode) -> Vec<(Offload, bool)> {
     match target {
-        XdpMode::Xdp(AttachMode::Native) => vec![],
-        XdpMode::Xdp(AttachMode::Generic | AttachMode::Tc) | XdpMode::Off => {
+        XdpMode::Native => vec![],
+        XdpMode::Generic | XdpMode::Tc | XdpMode::Off => {
             vec![(Offload::TxChecksum, true), (Offload::Tso, true)]
         }
     }
@@ -272,10 +288,10 @@ mod tests {
 
     #[test]
     fn fallback_chain_ends_in_kernel_routing() {
-        let m = fallback(XdpMode::Xdp(AttachMode::Native));
-        assert_eq!(m, XdpMode::Xdp(AttachMode::Tc));
+        let m = fallback(XdpMode::Native);
+        assert_eq!(m, XdpMode::Tc);
         let m = fallback(m);
-        assert_eq!(m, XdpMode::Xdp(AttachMode::Generic));
+        assert_eq!(m, XdpMode::Generic);
         assert_eq!(fallback(m), XdpMode::Off);
         assert_eq!(fallback(XdpMode::Off), XdpMode::Off);
         // The fallback walks XdpMode::ALL in order, so metrics and docs that
@@ -288,16 +304,12 @@ mod tests {
     #[test]
     fn offload_table_per_mode() {
         use Offload::*;
-        let native = offloads(XdpMode::Xdp(AttachMode::Native));
+        let native = offloads(XdpMode::Native);
         assert_eq!(native, vec![(Gro, true), (TxChecksum, false)]);
-        let generic = offloads(XdpMode::Xdp(AttachMode::Generic));
+        let generic = offloads(XdpMode::Generic);
         assert_eq!(generic, vec![(Gro, true), (TxChecksum, true), (Tso, true)]);
         assert_eq!(offloads(XdpMode::Off), generic, "off keeps every offload");
-        assert_eq!(
-            offloads(XdpMode::Xdp(AttachMode::Tc)),
-            generic,
-            "tc keeps every offload"
-        );
+        assert_eq!(offloads(XdpMode::Tc), generic, "tc keeps every offload");
         // A switch never relaxes before the attach what the target forbids.
         for m in XdpMode::ALL {
             for (o, on) in before(m) {

@@ -40,7 +40,7 @@ use xdpcni_host::state::Record;
 
 use crate::{
     config::Config,
-    daemon::{Core, ReconcileError, Shutdown, NODE_RESYNC, RESYNC},
+    daemon::{Core, PassChecks, ReconcileError, Shutdown, NODE_RESYNC, RESYNC},
     metrics::Stage,
     records::{is_live, orphans, pod_key, veth_present, PodKey},
     routes,
@@ -181,7 +181,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
     for rec in records {
         let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
         if !outcome.new_problems.is_empty() {
-            publish_problems(&ctx, &pod, &outcome.new_problems).await;
+            publish_problems(&ctx.recorder, &ctx.core, &pod, &outcome.new_problems).await;
         }
         if outcome.map_full {
             // Room may come back at any time: look again soon.
@@ -199,18 +199,25 @@ fn error_policy(_pod: Arc<Pod>, error: &PodError, ctx: Arc<Ctx>) -> Action {
     Action::requeue(RETRY)
 }
 
-async fn publish_problems(ctx: &Ctx, pod: &Pod, problems: &[crate::wish::Problem]) {
+/// The refused values and kernel refusals of a reconcile, as one
+/// `XdpcniFallback` Event on the pod.
+async fn publish_problems(
+    recorder: &Recorder,
+    core: &Core,
+    pod: &Pod,
+    problems: &[crate::wish::Problem],
+) {
     let note = problems
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ");
-    publish(ctx, pod, "XdpcniFallback", &note).await;
+    publish(recorder, core, pod, "XdpcniFallback", &note).await;
 }
 
 /// Publishes a Warning Event about `pod` (notes cut to the API's 1000
 /// characters); a failure is logged and counted, never fatal.
-async fn publish(ctx: &Ctx, pod: &Pod, reason: &str, note: &str) {
+async fn publish(recorder: &Recorder, core: &Core, pod: &Pod, reason: &str, note: &str) {
     let event = Event {
         type_: EventType::Warning,
         reason: reason.into(),
@@ -218,9 +225,9 @@ async fn publish(ctx: &Ctx, pod: &Pod, reason: &str, note: &str) {
         action: "ApplyXdpPolicy".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
         warn!(error = %e, "could not publish the Event");
-        ctx.core.metrics.error(Stage::Event);
+        core.metrics.error(Stage::Event);
     }
 }
 
@@ -465,15 +472,15 @@ impl NodeTask {
         // FORWARD rules naming pods: reconcile the pods whose state changed,
         // and tell the newly named ones why.
         let change = core.scan_forward(&records).await;
-        let quiet = !woken
-            && !router.retiring()
-            && !reloaded
-            && !vanished
-            && change.added.is_empty()
-            && change.removed.is_empty()
-            && full.is_some_and(|(generation, at)| {
-                generation == listing.generation && at.elapsed() < NODE_RESYNC
-            });
+        let quiet = PassChecks {
+            woken: woken || router.retiring(),
+            reloaded,
+            vanished,
+            forward: &change,
+            generation: listing.generation,
+            settled: *full,
+        }
+        .quiet();
         if quiet {
             core.idle_pass();
             return Ok(());
@@ -490,7 +497,14 @@ impl NodeTask {
                     "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
                      would bypass it, so the pod takes kernel routing while it is there"
                 );
-                publish(&self.ctx, pod, "XdpcniKernelOnly", &note).await;
+                publish(
+                    &self.ctx.recorder,
+                    &self.ctx.core,
+                    pod,
+                    "XdpcniKernelOnly",
+                    &note,
+                )
+                .await;
             }
         }
         for key in change.added.iter().map(|(k, _)| k).chain(&change.removed) {

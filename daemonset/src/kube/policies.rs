@@ -6,18 +6,19 @@
 //! 1. writes the policy gate (the namespaces with policies), so that from
 //!    then on every new pod a policy may select is held at its ADD;
 //! 2. puts the rules in force (one nftables transaction);
-//! 3. releases the pods held at ADD that are now classified (their Pod is
-//!    known, and any policy selecting them is in force); if the rules could
-//!    not be put in force, holds every pod a policy selects instead (fail
-//!    closed) and says so in an Event on each policy involved;
-//! 4. tells the pod controller which pods' isolation changed (they become
-//!    kernel-only, or may take the fast path again), flagging newly isolated
-//!    ones kernel-only at once;
+//! 3. publishes the facts pod reconciles read ([`PolicyFacts`]: which pods
+//!    policies isolate, which are classified, whether the rules are in
+//!    force); a failure is an Event on each policy involved;
+//! 4. reconciles at once the pods whose isolation or hold the facts change
+//!    (a newly isolated pod goes kernel-only, a classified one's hold goes,
+//!    a pod whose rules failed is held: fail closed), and tells the pod
+//!    controller about them. The task never writes the datapath itself:
+//!    each pod's reconcile turns the facts into its state;
 //! 5. deletes the conntrack entries of pods isolated anew, once their fast
 //!    path traffic has drained (conntrack never saw what XDP carried).
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeSet, HashSet},
     sync::Arc,
     time::Duration,
 };
@@ -36,6 +37,7 @@ use kube::{
 };
 use tokio::sync::{mpsc, Notify};
 use tracing::{info, warn};
+use xdpcni_ebpf::is_held;
 use xdpcni_host::state::Record;
 
 use crate::{
@@ -45,6 +47,7 @@ use crate::{
         forget_connections,
         model::{self, Cluster, LocalPod},
     },
+    reconciler::{Hold, PolicyFacts},
     records::{is_live, pod_key, PodKey},
 };
 
@@ -133,81 +136,53 @@ impl PolicyTask {
         let local_ips: BTreeSet<std::net::IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
         let applied = core.enforce(e.clone(), local_ips.clone()).await;
-        let isolated: BTreeMap<PodKey, Vec<String>> = e
-            .pods
-            .iter()
-            .map(|(k, p)| (k.clone(), p.policies.iter().cloned().collect()))
-            .collect();
-        let mut touched: BTreeSet<PodKey> = BTreeSet::new();
+        // 3. The facts every pod reconcile reads: who is isolated, who is
+        // classified, whether the rules are in force.
+        let facts = PolicyFacts {
+            isolated: e
+                .pods
+                .iter()
+                .map(|(k, p)| (k.clone(), p.policies.iter().cloned().collect()))
+                .collect(),
+            unknown: e.unknown.clone(),
+            in_force: applied.is_ok(),
+            unnamed_classified: false,
+        };
+        let keys: Vec<PodKey> = records.iter().map(pod_key).collect();
+        let changed = core.set_policy_facts(facts, &keys);
         match &applied {
-            Ok(_) => {
-                reported.clear();
-                // 3. Classified pods: released.
-                let classified: Vec<Record> = records
-                    .iter()
-                    .filter(|r| !r.pod_name.is_empty() && !e.unknown.contains(&pod_key(r)))
-                    .cloned()
-                    .collect();
-                for rec in core.release(classified).await {
-                    touched.insert(pod_key(&rec));
-                }
-            }
-            Err(err) => {
-                // The rules are not in force: hold every pod a policy
-                // selects (fail closed) until they are.
-                let selected: Vec<Record> = records
-                    .iter()
-                    .filter(|r| isolated.contains_key(&pod_key(r)))
-                    .cloned()
-                    .collect();
-                let held = core
-                    .with_reconciler(move |r| {
-                        let mut held = Vec::new();
-                        for rec in &selected {
-                            if r.is_held(rec) {
-                                continue;
-                            }
-                            match r.hold(rec) {
-                                Ok(_) => held.push(rec.host_veth.clone()),
-                                Err(e) => {
-                                    warn!(error = %e, host_veth = %rec.host_veth, "holding a pod")
-                                }
-                            }
-                        }
-                        held
-                    })
-                    .await
-                    .unwrap_or_default();
-                if !held.is_empty() {
-                    warn!(
-                        ?held,
-                        "NetworkPolicy rules not in force: the pods they select are held"
-                    );
-                }
-                self.report_failure(&e, &err.to_string(), reported).await;
-            }
+            Ok(_) => reported.clear(),
+            Err(err) => self.report_failure(&e, &err.to_string(), reported).await,
         }
-        // 4. Pod reconciles where isolation changed or a hold went; pods a
-        // policy isolates now leave the fast path at once (their records
-        // kernel-only), before their reconcile detaches XDP.
-        let changed = core.set_isolated(isolated.clone());
-        let newly: Vec<Record> = records
+        // 4. The pods whose isolation or hold changed, and held pods whose
+        // hold the facts now decide, are reconciled at once: a pod isolated
+        // anew leaves the fast path before its conntrack entries go (5.),
+        // one whose rules failed is held, a classified one released.
+        let pin_dir = core.config().pin_dir.clone();
+        let due: Vec<Record> = records
             .iter()
-            .filter(|r| changed.contains(&pod_key(r)) && isolated.contains_key(&pod_key(r)))
+            .filter(|r| {
+                let key = pod_key(r);
+                changed.contains(&key)
+                    || (is_held(&pin_dir, r.host_ifindex)
+                        && core.pod_input(&key, Default::default()).hold != Hold::Keep)
+            })
             .cloned()
             .collect();
-        if !newly.is_empty() {
-            let flagged = core
-                .with_reconciler(move |r| {
-                    newly
-                        .iter()
-                        .map(|rec| r.flag_kernel_only(rec))
-                        .collect::<Result<Vec<()>, _>>()
-                })
-                .await;
-            if !matches!(flagged, Ok(Ok(_))) {
-                warn!("flagging newly isolated pods kernel-only failed; their reconcile retries");
-                core.metrics.error(Stage::Apply);
+        let mut touched = changed;
+        for rec in due {
+            let key = pod_key(&rec);
+            touched.insert(key.clone());
+            let pod = pods.iter().find(|p| {
+                p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1
+            });
+            let annotations = pod.map(|p| p.annotations().clone()).unwrap_or_default();
+            let input = core.pod_input(&key, annotations);
+            // A failure is counted by the core; the pod's own reconcile retries.
+            if let Ok(outcome) = core.reconcile_pod(rec, input).await {
+                if let (Some(pod), false) = (pod, outcome.new_problems.is_empty()) {
+                    super::publish_problems(&self.recorder, core, pod, &outcome.new_problems).await;
+                }
             }
         }
         // 5. Pods isolated anew: once what the fast path carried for them
@@ -242,7 +217,6 @@ impl PolicyTask {
                 });
             }
         }
-        touched.extend(changed);
         for key in touched {
             if self
                 .trigger

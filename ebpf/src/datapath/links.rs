@@ -36,9 +36,14 @@ impl LinkKind {
         Self::Hold(HoldHook::Egress),
     ];
 
+    /// The pin name's suffix. Pin names are an on-disk layout every release
+    /// reads (a rollback's agent too), so they are spelled here and never
+    /// follow a rename of the user-facing mode words (`AttachMode::as_str`).
     const fn suffix(self) -> &'static str {
         match self {
-            Self::Datapath(m) => m.as_str(),
+            Self::Datapath(AttachMode::Native) => "native",
+            Self::Datapath(AttachMode::Generic) => "generic",
+            Self::Datapath(AttachMode::Tc) => "tc",
             Self::Hold(HoldHook::Ingress) => "hold_ingress",
             Self::Hold(HoldHook::Egress) => "hold_egress",
         }
