@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Proves that binaries built for a node carry no test hooks or test objects,
-and that the test builds beside them do (so the check can see them).
+"""Proves that the product binaries carry no test knobs or test objects,
+whatever else was built beside them, and that the tests' hooked builds do (so
+the check can see them).
 
   check-release.py --release BIN... --test BIN...
 

@@ -6,6 +6,7 @@
 //! the whole plugin;
 //! `main.rs` only wires stdin, the environment and stdout to it.
 
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod ipam;

@@ -16,6 +16,7 @@
 //!   prepare-node.
 
 pub mod apply;
+pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod forward;

@@ -21,33 +21,57 @@ use crate::netns::{unique_name, Netns};
 /// Where Debian's containernetworking-plugins live.
 pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
 
-/// The `xdpcni` binary of this build (`target/<profile>/xdpcni`).
-pub fn plugin_binary() -> Result<PathBuf> {
+static PRODUCT_BINARIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes [`plugin_binary`] and [`agent_binary`] find the product builds
+/// (`xdpcni`, `xdpcni-agent`: what a node runs) instead of this crate's
+/// hooked ones: for the demo and the benchmarks, which set no test knob.
+pub fn use_product_binaries() {
+    PRODUCT_BINARIES.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The binary `product` (or, for the tests, its hooked build `hooked`) of
+/// this build, in `target/<profile>/`.
+fn binary(product: &str, hooked: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
+    let (name, build) = if PRODUCT_BINARIES.load(std::sync::atomic::Ordering::Relaxed) {
+        (
+            product,
+            "cargo build -p xdpcni-plugin -p xdpcni-agent --bins".to_string(),
+        )
+    } else {
+        (
+            hooked,
+            "cargo build -p xdpcni-e2e --bins (cargo test -p xdpcni-e2e builds it)".to_string(),
+        )
+    };
     // target/<profile>/deps/<test> or target/<profile>/<bin>
     for dir in exe.ancestors().skip(1).take(2) {
-        let candidate = dir.join("xdpcni");
+        let candidate = dir.join(name);
         if candidate.is_file() {
             return Ok(candidate);
         }
     }
     bail!(
-        "the xdpcni binary is not built next to {} (run `cargo build -p xdpcni-plugin` first; scripts/test.sh does)",
+        "{name} is not built next to {} (run `{build}`)",
         exe.display()
     )
 }
 
-/// The prefix of every test knob a product binary reads only when built
-/// with the `test-hooks` feature (`XDPCNI_TEST_STOP_AT`, `XDPCNI_TEST_FAIL_AFTER`).
+/// The CNI plugin the harness runs: `xdpcni-hooked` (the plugin with its
+/// test hooks armed) for the tests, `xdpcni` after [`use_product_binaries`].
+pub fn plugin_binary() -> Result<PathBuf> {
+    binary("xdpcni", "xdpcni-hooked")
+}
+
+/// The prefix of every test knob ([`crate::hooks`]).
 pub const TEST_KNOB_PREFIX: &str = "XDPCNI_TEST_";
 
-/// Refuses to run `bin` with a test knob when it was built without test
-/// hooks: it would ignore the knob, and the test would fail later with
-/// nothing saying why ("never reached migrate:started"). A build of the
-/// product crates alone (`cargo build -p xdpcni-agent`, the image, `cargo
-/// test -p xdpcni-plugin`) leaves such binaries in target/; the tests need
-/// the workspace's (`cargo build --workspace --bins`, as scripts/test.sh
-/// does), which the e2e crate's features give hooks.
+/// Refuses to run `bin` with a test knob when it is no hooked build: it
+/// would ignore the knob, and the test would fail later with nothing saying
+/// why ("never reached migrate:started"). Only this crate's binaries
+/// (`xdpcni-hooked`, `xdpcni-agent-hooked`) read the knobs; a product
+/// binary carries no knob's name, which is what this looks for.
 pub fn require_hooks<'a>(bin: &Path, env: impl IntoIterator<Item = &'a str>) -> Result<()> {
     let Some(knob) = env.into_iter().find(|k| k.starts_with(TEST_KNOB_PREFIX)) else {
         return Ok(());
@@ -64,18 +88,17 @@ pub fn require_hooks<'a>(bin: &Path, env: impl IntoIterator<Item = &'a str>) -> 
         Some((_, _, h)) => *h,
         None => {
             let data = std::fs::read(bin).with_context(|| format!("reading {}", bin.display()))?;
-            let h = data
-                .windows(xdpcni_host::hook::STOP_AT.len())
-                .any(|w| w == xdpcni_host::hook::STOP_AT.as_bytes());
+            let marker = crate::hooks::STOP_AT.as_bytes();
+            let h = data.windows(marker.len()).any(|w| w == marker);
             checked.push((bin.to_path_buf(), modified, h));
             h
         }
     };
     if !hooked {
         bail!(
-            "{} was built without test hooks, so it would ignore {knob}: a build of the product \
-             crates alone (cargo build -p xdpcni-agent -p xdpcni-plugin, cargo test -p ...) \
-             replaced the test build; run `cargo build --workspace --bins` (scripts/test.sh does)",
+            "{} has no test hooks, so it would ignore {knob}: the tests run this crate's \
+             hooked builds (xdpcni-hooked, xdpcni-agent-hooked; `cargo build -p xdpcni-e2e \
+             --bins`), not the product binaries",
             bin.display()
         );
     }
@@ -250,7 +273,7 @@ pub fn exec_killed_at(
     step: &str,
 ) -> Result<()> {
     let mut call = call.clone();
-    call.env.push((xdpcni_host::hook::STOP_AT, Some(step)));
+    call.env.push((crate::hooks::STOP_AT, Some(step)));
     let mut child = spawn(plugin, cni_path, node, conf.to_string().as_bytes(), &call)?;
     let pid = libc::pid_t::try_from(child.id())?;
     let mut status = 0;
@@ -398,17 +421,10 @@ impl Network {
     }
 }
 
-/// The `xdpcni-agent` binary of this build.
+/// The agent the harness runs: `xdpcni-agent-hooked` for the tests,
+/// `xdpcni-agent` after [`use_product_binaries`].
 pub fn agent_binary() -> Result<PathBuf> {
-    let plugin = plugin_binary()?;
-    let agent = plugin.with_file_name("xdpcni-agent");
-    if !agent.is_file() {
-        bail!(
-            "{} is not built (cargo build --workspace --bins)",
-            agent.display()
-        );
-    }
-    Ok(agent)
+    binary("xdpcni-agent", "xdpcni-agent-hooked")
 }
 
 /// A process started inside `node`'s network namespace, killed (by its PID)
@@ -588,12 +604,12 @@ mod tests {
         let bare = dir.path().join("bare");
         std::fs::write(&bare, b"\x7fELF no knobs here").unwrap();
         let hooked = dir.path().join("hooked");
-        std::fs::write(&hooked, format!("..{}..", xdpcni_host::hook::STOP_AT)).unwrap();
-        let err = require_hooks(&bare, ["PATH", xdpcni_host::hook::STOP_AT]).unwrap_err();
+        std::fs::write(&hooked, format!("..{}..", crate::hooks::STOP_AT)).unwrap();
+        let err = require_hooks(&bare, ["PATH", crate::hooks::STOP_AT]).unwrap_err();
         let msg = format!("{err:#}");
-        assert!(msg.contains("cargo build --workspace --bins"), "{msg}");
-        assert!(msg.contains(xdpcni_host::hook::STOP_AT), "{msg}");
-        require_hooks(&hooked, [xdpcni_host::hook::STOP_AT]).unwrap();
+        assert!(msg.contains("cargo build -p xdpcni-e2e --bins"), "{msg}");
+        assert!(msg.contains(crate::hooks::STOP_AT), "{msg}");
+        require_hooks(&hooked, [crate::hooks::STOP_AT]).unwrap();
         // Without a knob nothing is read: a product binary runs as it is.
         require_hooks(&dir.path().join("absent"), ["PATH"]).unwrap();
     }

@@ -723,7 +723,7 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
         let what = format!("switch to {mode} killed at {step}");
         let agent = node.start_agent_env(
             &format!("crash{i}.log"),
-            &[(xdpcni_host::hook::STOP_AT, step)],
+            &[(xdpcni_e2e::hooks::STOP_AT, step)],
         );
         node.set_pods(json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }));
         agent

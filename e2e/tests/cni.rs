@@ -499,7 +499,7 @@ fn bad_input_gets_the_right_code_and_leaks_nothing() {
     for step in ["ipam", "veth", "hold", "pod", "routes"] {
         let mut c = add();
         c.args = &args;
-        c.env.push(("XDPCNI_TEST_FAIL_AFTER", Some(step)));
+        c.env.push((xdpcni_e2e::hooks::FAIL_AFTER, Some(step)));
         let out = net.call(&c, &json!({})).unwrap();
         assert_eq!(out.code(), Some(100), "{step}: {:?}", out.json);
         assert!(out.json["msg"].as_str().unwrap().contains(step));

@@ -106,7 +106,7 @@ impl Node {
     /// Starts this build's agent stopped at crash point `step`, and kills it
     /// there.
     fn kill_at(&self, step: &str, log: &str) {
-        let agent = self.agent(Build::This, log, &[(xdpcni_host::hook::STOP_AT, step)]);
+        let agent = self.agent(Build::This, log, &[(xdpcni_e2e::hooks::STOP_AT, step)]);
         agent
             .wait_stopped(Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("never reached {step}: {e:#}: {}", self.log(log)));

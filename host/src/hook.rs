@@ -1,34 +1,56 @@
-//! Test knobs. Crash points: with `XDPCNI_TEST_STOP_AT=<step>` in its
-//! environment, a process stops itself (SIGSTOP) when it reaches `<step>`, so
-//! a test can SIGKILL it exactly there and prove that what comes next (DEL,
-//! GC, an agent restart) leaves nothing behind. Without the variable a stop
-//! point is one environment lookup. Only builds with the `test-hooks` feature
-//! (what the e2e tests exec) have them.
+//! Test hooks: named points in the product's code where a test build acts.
+//! Crash points (`stop_point`): a test stops the process there (SIGSTOP) and
+//! SIGKILLs it, to prove that what comes next (DEL, GC, an agent restart)
+//! leaves nothing behind; fail points (`fail_point`): an injected failure, to
+//! prove that ADD undoes every earlier step.
+//!
+//! The product binaries never [`arm`] them: a point is one load of an empty
+//! slot, and no product binary reads a test knob or carries a knob's name.
+//! The e2e crate's own binaries (`xdpcni-hooked`, `xdpcni-agent-hooked`: the
+//! product's `main` with the slot armed first) arm them with functions that
+//! read the tests' knobs (`xdpcni_e2e::hooks`), whatever features a build
+//! unifies.
 //!
 //! The steps are named where they are: `add:<step>` and `del:<step>` in the
-//! plugin, `converge:<step>` in the agent's `apply.rs` (its mode switches).
+//! plugin, `converge:<step>` in the agent's `apply.rs` (its mode switches),
+//! `migrate:<step>` in the datapath's migration.
 
-/// The environment variable naming the step to stop at.
-pub const STOP_AT: &str = "XDPCNI_TEST_STOP_AT";
+use std::sync::OnceLock;
 
-/// Stops this process with SIGSTOP if [`STOP_AT`] names `step`. It goes on
-/// if it is continued (SIGCONT) instead of killed. Without the `test-hooks`
-/// feature (every binary built for a node) it does nothing.
-#[cfg(feature = "test-hooks")]
+/// What an armed build does at the points.
+#[derive(Clone, Copy, Debug)]
+pub struct Hooks {
+    /// At a crash point named `step`.
+    pub stop: fn(step: &str),
+    /// At a fail point named `step`: whether to fail there.
+    pub fail: fn(step: &str) -> bool,
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
+
+/// Arms the points of this process (once; a second call changes nothing).
+/// Only the e2e crate's binaries call it.
+pub fn arm(hooks: Hooks) {
+    let _ = HOOKS.set(hooks);
+}
+
+/// Whether this process's points are armed.
+pub fn armed() -> bool {
+    HOOKS.get().is_some()
+}
+
+/// A crash point: nothing unless armed.
 pub fn stop_point(step: &str) {
-    if std::env::var_os(STOP_AT).is_some_and(|s| s == step) {
-        eprintln!("xdpcni: stopping at {step} ({STOP_AT})");
-        // SAFETY: raise has no memory-safety preconditions.
-        unsafe {
-            libc::raise(libc::SIGSTOP);
-        }
+    if let Some(h) = HOOKS.get() {
+        (h.stop)(step);
     }
 }
 
-/// A crash point of a build without test hooks: nothing.
-#[cfg(not(feature = "test-hooks"))]
-#[inline(always)]
-pub fn stop_point(_step: &str) {}
+/// A fail point: whether an armed build's test asks to fail at `step`
+/// (never, unless armed).
+pub fn fail_point(step: &str) -> bool {
+    HOOKS.get().is_some_and(|h| (h.fail)(step))
+}
 
 /// How many generated inputs each property test (`fuzz_*`) tries:
 /// `XDPCNI_FUZZ_CASES`, or 2000 (a bounded run, seconds in CI).

@@ -50,21 +50,17 @@ fn host_prefix(ip: IpAddr) -> u8 {
     }
 }
 
-/// Fails with an injected error when `XDPCNI_TEST_FAIL_AFTER` names `step`:
-/// lets the tests prove that ADD undoes every earlier step.
-/// Each step is also a crash point (`add:<step>`, see [`hook`]).
-/// Without the `test-hooks` feature (every binary built for a node) it does
-/// nothing.
+/// A step of ADD done: a crash point (`add:<step>`) and a fail point, where
+/// a test build injects an error to prove that ADD undoes every earlier step
+/// (see [`hook`]; nothing in a product binary).
 fn fail_point(step: &str) -> Result<()> {
-    #[cfg(feature = "test-hooks")]
-    {
-        hook::stop_point(&format!("add:{step}"));
-        if std::env::var("XDPCNI_TEST_FAIL_AFTER").is_ok_and(|s| s == step) {
-            return Err(Error::Injected(step.into()));
-        }
+    if !hook::armed() {
+        return Ok(());
     }
-    #[cfg(not(feature = "test-hooks"))]
-    let _ = step;
+    hook::stop_point(&format!("add:{step}"));
+    if hook::fail_point(step) {
+        return Err(Error::Injected(step.into()));
+    }
     Ok(())
 }
 

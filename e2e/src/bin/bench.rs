@@ -1565,6 +1565,8 @@ fn np_json(name: &str, spec: Value) -> Value {
 }
 
 fn main() -> Result<()> {
+    // What a node runs: the product binaries, not the tests' hooked builds.
+    xdpcni_e2e::cni::use_product_binaries();
     let o = parse_args();
     install_signal_handlers()?;
     let run = measure(&o)?;

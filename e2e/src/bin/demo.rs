@@ -35,6 +35,8 @@ struct Pod {
 }
 
 fn main() -> Result<()> {
+    // What a node runs: the product binaries, not the tests' hooked builds.
+    xdpcni_e2e::cni::use_product_binaries();
     println!("== a node namespace, the xdpcni-agent (standalone), three pods through the CNI");
     let pins = PinDir::new("xdemo")?;
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack())?;

@@ -208,6 +208,8 @@ const F_STANDALONE_CPU: &str = "agent idle CPU, 250 pods (standalone mode)";
 const F_STANDALONE_RSS: &str = "agent RSS, 250 pods (standalone mode)";
 
 fn main() -> Result<()> {
+    // What a node runs: the product binaries, not the tests' hooked builds.
+    xdpcni_e2e::cni::use_product_binaries();
     let o = <Opts as clap::Parser>::parse();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&INTERRUPTED))
