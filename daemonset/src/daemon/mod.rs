@@ -1,0 +1,500 @@
+//! The agent's core, shared by the standalone and the Kubernetes modes: the
+//! datapath behind one lock (the reconciler: its one writer in the agent),
+//! the policy facts pod reconciles read, readiness and the shutdown signal
+//! (tokio's). A mode decides *when* to reconcile what (watch events, a
+//! file); the core does the reconciling and reports it. Its other parts,
+//! each an `impl Core` of its own file: `cni_records` (the CNI's records,
+//! inotify), `node_work` (collection, NAT'd ports, the FORWARD scan, the
+//! quiet-pass test), `http` (/metrics, /healthz, /readyz, /v1/status).
+
+mod cni_records;
+mod http;
+mod node_work;
+
+pub use node_work::{BlockedChange, PassChecks};
+use node_work::{Blocked, NodeMemo};
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use tokio::sync::watch;
+use tracing::{info, warn};
+use xdpcni_ebpf::{Datapath, Maps};
+use xdpcni_host::{
+    pod::online_cpus,
+    state::{self, Record},
+};
+
+use crate::{
+    apply::ApplyError,
+    config::Config,
+    metrics::{DatapathReader, Metrics, Stage},
+    netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
+    reconciler::{Hold, KernelOnly, PodInput, PodOutcome, PolicyFacts, Reconciler},
+    records::{is_live, pod_key, Annotations, PodKey},
+    status::{self, Book, PodStatus, PolicyStatus},
+};
+
+/// How often a converged pod is reconciled again without a change to it (a
+/// watch event, a record, a pods-file entry): repairs drift (a program
+/// detached by hand, a map entry removed). Both modes.
+pub const RESYNC: Duration = Duration::from_secs(300);
+/// How often the node-wide work reads the datapath and the routes again
+/// when nothing it depends on changed (records, NAT'd ports, Nodes).
+pub const NODE_RESYNC: Duration = Duration::from_secs(30);
+
+/// Set once SIGTERM or SIGINT arrived.
+#[derive(Clone, Debug)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Listens for SIGTERM and SIGINT (tokio::signal).
+    pub fn on_signals() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => info!("SIGTERM"),
+                _ = int.recv() => info!("SIGINT"),
+            }
+            let _ = tx.send(true);
+        });
+        Ok(Self(rx))
+    }
+
+    /// Resolves once the signal came.
+    pub async fn wait(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+
+    /// Whether the signal came.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// The shared core.
+pub struct Core {
+    cfg: Config,
+    reconciler: Mutex<Reconciler>,
+    /// The metrics.
+    pub metrics: Metrics,
+    /// What is in force, read by /metrics and /v1/status.
+    book: Arc<Book>,
+    /// The pinned maps, read by scrapes and /v1/status without the
+    /// reconciler's lock.
+    maps: Arc<dyn DatapathReader>,
+    /// The datapath's fixed facts, for /v1/status.
+    datapath: status::DatapathStatus,
+    /// `kubernetes` or `standalone`, and the node name.
+    agent_mode: Mutex<(&'static str, Option<String>)>,
+    /// The CNI's records, read again only when the state directory changed.
+    records: Mutex<state::Cache>,
+    /// What the node-wide work last ran over without an error.
+    node_memo: Mutex<Option<NodeMemo>>,
+    /// The generation of the listing whose unreadable files were reported.
+    reported_generation: std::sync::atomic::AtomicU64,
+    /// Record files that could not be read, as last listed.
+    unreadable: Mutex<BTreeSet<String>>,
+    /// Those first seen since [`Core::newly_unreadable`] was last asked
+    /// (Kubernetes mode: each becomes an Event on the Node).
+    newly_unreadable: Mutex<Vec<String>>,
+    converged: Mutex<HashMap<String, bool>>,
+    ready: AtomicBool,
+    blocked: Mutex<Blocked>,
+    enforcer: Mutex<Enforcer>,
+    /// What the NetworkPolicy state says of the local pods (isolation,
+    /// classification, whether the rules are in force), as the policy task
+    /// last published it; `None` until the policies were first listed and
+    /// applied (pod reconciles wait for it: kernel-only and holds are never
+    /// decided from half a picture).
+    policy_facts: watch::Sender<Option<PolicyFacts>>,
+}
+
+/// A pod that could not be reconciled.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Applying its policy failed (it is retried).
+    #[error("{0}")]
+    Apply(#[from] ApplyError),
+    /// The blocking task running it died.
+    #[error("the reconcile task failed: {0}")]
+    Task(String),
+}
+
+impl ReconcileError {
+    /// The `kind` label of `xdpcni_reconcile_retries_total`.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::Apply(e) => e.kind(),
+            Self::Task(_) => "task",
+        }
+    }
+}
+
+impl Core {
+    /// Opens (or takes over) the datapath at the config's pin directory.
+    pub async fn open(cfg: Config) -> Result<Arc<Self>> {
+        tokio::task::spawn_blocking(move || Self::open_blocking(cfg)).await?
+    }
+
+    fn open_blocking(cfg: Config) -> Result<Arc<Self>> {
+        let records_dir = cfg.state_dir.clone();
+        let online = online_cpus();
+        let defaults = cfg.defaults(online)?;
+        let dp = Datapath::open_with(
+            &cfg.pin_dir,
+            xdpcni_ebpf::DATAPATH_OBJECT,
+            &mut xdpcni_host::hook::stop_point,
+        )
+        .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
+        let build = dp.build().unwrap_or_default();
+        info!(
+            pin_dir = %cfg.pin_dir.display(),
+            layout = xdpcni_ebpf::abi::LAYOUT,
+            build,
+            upgraded = dp.upgraded(),
+            migrated_from = dp.migration().map(|m| m.from),
+            program = dp.from_pod_program_id().unwrap_or(0),
+            "datapath ready"
+        );
+        // The scrape reads the counters through its own handle on the pins,
+        // never waiting for a reconcile.
+        let maps: Arc<dyn DatapathReader> = Arc::new(
+            Maps::open_pinned(&cfg.pin_dir)
+                .with_context(|| format!("opening the maps at {}", cfg.pin_dir.display()))?,
+        );
+        let book = Arc::new(Book::default());
+        let metrics = Metrics::new(
+            Arc::clone(&maps),
+            Arc::clone(&book),
+            Box::new(|| Enforcer::counters().unwrap_or_default()),
+        );
+        metrics.set_datapath(xdpcni_ebpf::abi::LAYOUT, &build);
+        let migration_seconds = dp.migration().map_or(0.0, |m| m.duration.as_secs_f64());
+        metrics.migration.set(migration_seconds);
+        let datapath = status::DatapathStatus {
+            pin_dir: cfg.pin_dir.display().to_string(),
+            layout: xdpcni_ebpf::abi::LAYOUT,
+            build,
+            programs: dp
+                .program_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(name, id)| status::ProgramStatus {
+                    name: name.into(),
+                    id,
+                })
+                .collect(),
+            maps: Vec::new(),
+            migration_seconds,
+        };
+        let state_dir = cfg.state_dir.clone();
+        Ok(Arc::new(Self {
+            cfg,
+            reconciler: Mutex::new(Reconciler::new(dp, defaults, online, state_dir)),
+            metrics,
+            book,
+            maps,
+            datapath,
+            agent_mode: Mutex::new(("standalone", None)),
+            records: Mutex::new(state::Cache::new(&records_dir)),
+            node_memo: Mutex::new(None),
+            reported_generation: std::sync::atomic::AtomicU64::new(0),
+            unreadable: Mutex::new(BTreeSet::new()),
+            newly_unreadable: Mutex::new(Vec::new()),
+            converged: Mutex::new(HashMap::new()),
+            ready: AtomicBool::new(false),
+            blocked: Mutex::new(Blocked::default()),
+            enforcer: Mutex::new(Enforcer::new()),
+            policy_facts: watch::channel(None).0,
+        }))
+    }
+
+    /// Puts `e` in force (one nftables transaction, on a blocking thread),
+    /// timed and counted; `local` are the addresses of the node's pods. The
+    /// policy metrics follow what is in force.
+    pub async fn enforce(
+        self: &Arc<Self>,
+        e: Enforcement,
+        local: BTreeSet<IpAddr>,
+    ) -> Result<Applied, NetpolError> {
+        let core = Arc::clone(self);
+        let done = tokio::task::spawn_blocking(move || {
+            let applied = core
+                .enforcer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .apply(&e, &local);
+            if let Ok(a) = &applied {
+                if a.changed {
+                    core.metrics.policy_apply.observe(a.seconds);
+                }
+                core.book.set_policy(PolicyStatus::of(&e, a.rules));
+            }
+            applied
+        })
+        .await;
+        let applied = match done {
+            Ok(r) => r,
+            Err(e) => Err(NetpolError::Listing {
+                what: "apply",
+                why: format!("the apply task failed: {e}"),
+            }),
+        };
+        if let Err(e) = &applied {
+            warn!(error = %e, "NetworkPolicy rules not applied");
+            self.metrics.error(Stage::Netpol);
+        }
+        applied
+    }
+
+    /// Publishes what the NetworkPolicy state says of the local pods (what
+    /// pod reconciles read); returns those of `keys` whose isolation,
+    /// isolating policies or hold changed.
+    pub fn set_policy_facts(&self, now: PolicyFacts, keys: &[PodKey]) -> BTreeSet<PodKey> {
+        let mut changed = BTreeSet::new();
+        self.policy_facts.send_modify(|cur| {
+            let before = cur.take().unwrap_or_default();
+            changed = before.changed(&now, keys);
+            *cur = Some(now);
+        });
+        changed
+    }
+
+    /// Says which mode the agent runs in (for /v1/status).
+    pub fn set_agent_mode(&self, mode: &'static str, node: Option<String>) {
+        *self
+            .agent_mode
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (mode, node);
+    }
+
+    /// What a reconcile of pod `key` needs beyond its record: `annotations`,
+    /// whether (and why) it is kernel-only, and its hold. The one place the
+    /// input is put together, for both modes.
+    pub fn pod_input(&self, key: &PodKey, annotations: Annotations) -> PodInput {
+        PodInput {
+            annotations,
+            kernel_only: self.kernel_only(key),
+            hold: self
+                .policy_facts
+                .borrow()
+                .as_ref()
+                .map_or(Hold::Keep, |f| f.hold(key)),
+        }
+    }
+
+    /// Waits until the policies were first put in force (at once in
+    /// standalone mode, which has none).
+    pub async fn policies_known(&self) {
+        let mut rx = self.policy_facts.subscribe();
+        let _ = rx.wait_for(Option::is_some).await;
+    }
+
+    /// Whether (and why) the pod must take the kernel path both ways: a
+    /// NetworkPolicy isolates it, or a FORWARD rule names it.
+    pub fn kernel_only(&self, key: &PodKey) -> Option<KernelOnly> {
+        if let Some(names) = self
+            .policy_facts
+            .borrow()
+            .as_ref()
+            .and_then(|f| f.isolating(key))
+        {
+            return Some(KernelOnly::Policies(names.clone()));
+        }
+        self.blocked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .get(key)
+            .map(|rule| KernelOnly::ForwardRule(rule.to_string()))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Reconciles one pod's record with `input` on a blocking thread: its
+    /// policy applied, the metrics view updated, problems counted.
+    pub async fn reconcile_pod(
+        self: &Arc<Self>,
+        rec: Record,
+        input: PodInput,
+    ) -> Result<PodOutcome, ReconcileError> {
+        let core = Arc::clone(self);
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
+            core.reconcile_blocking(&rec, &input)
+        })
+        .await
+        .map_err(|e| ReconcileError::Task(e.to_string()))?
+    }
+
+    fn reconcile_blocking(
+        &self,
+        rec: &Record,
+        input: &PodInput,
+    ) -> Result<PodOutcome, ReconcileError> {
+        let started = Instant::now();
+        let result = self
+            .reconciler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reconcile(rec, input);
+        self.metrics.observe("pod", started.elapsed().as_secs_f64());
+        let ok = result.is_ok();
+        self.converged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(rec.container_id.clone(), ok);
+        match result {
+            Ok(outcome) => {
+                let (namespace, name) = pod_key(rec);
+                self.book.set_pod(PodStatus {
+                    namespace,
+                    name,
+                    container_id: rec.container_id.clone(),
+                    ips: rec.ips.clone(),
+                    host_veth: rec.host_veth.clone(),
+                    ifindex: rec.host_ifindex,
+                    mode: outcome.mode.as_str().into(),
+                    wanted: outcome.wish.mode.as_str().into(),
+                    why: outcome.why.clone(),
+                    redirect: outcome.wish.redirect.as_str().into(),
+                    cpus: xdpcni_host::pod::format_cpu_list(outcome.wish.cpu_mask),
+                    problems: outcome.problems.iter().map(ToString::to_string).collect(),
+                    reconciled_at: status::now(),
+                    counters: None,
+                });
+                self.metrics
+                    .policy_problems
+                    .inc_by(outcome.new_problems.len() as u64);
+                Ok(outcome)
+            }
+            Err(e) => {
+                warn!(error = %e, "apply failed");
+                self.metrics.error(Stage::Apply);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Runs `f` on the reconciler, on a blocking thread (it makes syscalls).
+    async fn with_reconciler<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Reconciler) -> T + Send + 'static,
+    ) -> Result<T> {
+        let core = Arc::clone(self);
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
+            f(&mut core
+                .reconciler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner))
+        })
+        .await
+        .context("the reconciler task failed")
+    }
+
+    /// Writes the policy gate the CNI reads (the namespaces that hold
+    /// NetworkPolicies); a failure is counted, logged and returned.
+    pub async fn write_gate(self: &Arc<Self>, namespaces: BTreeMap<String, u32>) -> Result<()> {
+        let written = self
+            .with_reconciler(move |r| r.write_gate(&namespaces))
+            .await?;
+        if let Err(e) = &written {
+            warn!(error = %e, "writing the policy gate: every new pod is held until it works");
+            self.metrics.error(Stage::Gate);
+        }
+        written.map(drop).map_err(Into::into)
+    }
+
+    /// Re-creates the datapath if its pins were removed; whether it did
+    /// (every pod must then be reconciled). A failure is counted and
+    /// retried at the next pass.
+    pub async fn ensure_pinned(self: &Arc<Self>) -> bool {
+        let core = Arc::clone(self);
+        let done = tokio::task::spawn_blocking(move || {
+            core.reconciler
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .ensure_pinned()
+        })
+        .await;
+        match done {
+            Ok(Ok(reloaded)) => {
+                if reloaded {
+                    self.metrics.reloads.inc();
+                    *self
+                        .node_memo
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = None;
+                    self.converged
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
+                }
+                reloaded
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, "re-creating the datapath");
+                self.metrics.error(Stage::Pins);
+                false
+            }
+            Err(e) => {
+                warn!(error = %e, "re-creating the datapath: task failed");
+                self.metrics.error(Stage::Pins);
+                false
+            }
+        }
+    }
+
+    /// Whether every live record has been reconciled successfully.
+    pub fn all_converged(&self, records: &[Record]) -> bool {
+        let converged = self
+            .converged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        records
+            .iter()
+            .filter(|r| is_live(r))
+            .all(|r| converged.get(&r.container_id) == Some(&true))
+    }
+
+    /// Marks the node ready (once): /readyz answers 200, `xdpcni_ready` is 1
+    /// and the CNI's ready file is written.
+    pub fn set_ready(&self) -> Result<()> {
+        if self.ready.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.metrics.ready.set(1);
+        if let Some(f) = &self.cfg.ready_file {
+            if let Some(dir) = f.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(f, b"ready\n").with_context(|| format!("writing {}", f.display()))?;
+        }
+        info!("node reconciled: ready");
+        Ok(())
+    }
+
+    /// Whether the node was reconciled.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
