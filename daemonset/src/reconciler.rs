@@ -52,13 +52,17 @@ pub struct PolicyFacts {
     /// The local pods policies isolate, with the policies (`namespace/name`)
     /// that do.
     pub isolated: BTreeMap<PodKey, Vec<String>>,
-    /// Local pods whose Pod object is not known yet (not classified).
-    pub unknown: BTreeSet<PodKey>,
+    /// The records (container IDs) of the local pods the pass classified:
+    /// their Pod object is known and the records were in the pass, so the
+    /// rules it put in force cover their addresses. A record that came after
+    /// the pass (a new pod, or one made again under the same name) is not
+    /// classified until the next one: its hold stays.
+    pub classified: BTreeSet<String>,
     /// Whether the rules of every policy are in force.
     pub in_force: bool,
-    /// Whether a record without a pod name is classified (standalone mode,
-    /// where no policy can select it).
-    pub unnamed_classified: bool,
+    /// Every pod is classified (standalone mode, where no policy can select
+    /// one).
+    pub all_classified: bool,
 }
 
 impl PolicyFacts {
@@ -66,7 +70,7 @@ impl PolicyFacts {
     pub fn none() -> Self {
         Self {
             in_force: true,
-            unnamed_classified: true,
+            all_classified: true,
             ..Self::default()
         }
     }
@@ -76,9 +80,9 @@ impl PolicyFacts {
         self.isolated.get(key)
     }
 
-    /// What these facts say of the hold of pod `key`: the one decision of
-    /// who is held, for both modes.
-    pub fn hold(&self, key: &PodKey) -> Hold {
+    /// What these facts say of the hold of the pod `key` whose record is
+    /// `container_id`: the one decision of who is held, for both modes.
+    pub fn hold(&self, key: &PodKey, container_id: &str) -> Hold {
         if !self.in_force {
             return if self.isolated.contains_key(key) {
                 Hold::Hold
@@ -86,8 +90,7 @@ impl PolicyFacts {
                 Hold::Keep
             };
         }
-        let named = !key.0.is_empty();
-        if (named || self.unnamed_classified) && !self.unknown.contains(key) {
+        if self.all_classified || self.classified.contains(container_id) {
             Hold::Release
         } else {
             Hold::Keep
@@ -95,8 +98,8 @@ impl PolicyFacts {
     }
 
     /// The pods whose isolation, isolating policies or hold differ between
-    /// `self` and `other`.
-    pub fn changed(&self, other: &Self, keys: &[PodKey]) -> BTreeSet<PodKey> {
+    /// `self` and `other`; `records` are the local (pod, container ID)s.
+    pub fn changed(&self, other: &Self, records: &[(PodKey, String)]) -> BTreeSet<PodKey> {
         let mut out: BTreeSet<PodKey> = self
             .isolated
             .iter()
@@ -110,9 +113,10 @@ impl PolicyFacts {
             .map(|(k, _)| k.clone())
             .collect();
         out.extend(
-            keys.iter()
-                .filter(|k| self.hold(k) != other.hold(k))
-                .cloned(),
+            records
+                .iter()
+                .filter(|(k, id)| self.hold(k, id) != other.hold(k, id))
+                .map(|(k, _)| k.clone()),
         );
         out
     }
@@ -430,27 +434,44 @@ mod tests {
     }
 
     #[test]
-    fn a_hold_goes_only_for_a_classified_pod_with_its_rules_in_force() {
+    fn a_hold_goes_only_for_a_record_classified_with_its_rules_in_force() {
         let (a, b, orphan) = (key("ns", "a"), key("ns", "b"), key("", "c1"));
         let mut f = PolicyFacts {
             isolated: [(a.clone(), vec!["ns/deny".to_string()])].into(),
-            unknown: [b.clone()].into(),
+            classified: ["ca".to_string()].into(),
             in_force: true,
-            unnamed_classified: false,
+            all_classified: false,
         };
         assert_eq!(
-            f.hold(&a),
+            f.hold(&a, "ca"),
             Hold::Release,
-            "isolated but in force: classified"
+            "isolated, in force: classified"
         );
-        assert_eq!(f.hold(&b), Hold::Keep, "its Pod is not known yet");
-        assert_eq!(f.hold(&orphan), Hold::Keep, "no pod name: never classified");
+        assert_eq!(
+            f.hold(&a, "ca2"),
+            Hold::Keep,
+            "the same pod made again after the pass: its new address is in no rule yet"
+        );
+        assert_eq!(
+            f.hold(&b, "cb"),
+            Hold::Keep,
+            "not in the pass (a record after it, or its Pod unknown)"
+        );
+        assert_eq!(
+            f.hold(&orphan, "c1"),
+            Hold::Keep,
+            "no pod name: never classified"
+        );
         f.in_force = false;
-        assert_eq!(f.hold(&a), Hold::Hold, "a policy selects it, rules failed");
-        assert_eq!(f.hold(&b), Hold::Keep);
+        assert_eq!(
+            f.hold(&a, "ca"),
+            Hold::Hold,
+            "a policy selects it, rules failed"
+        );
+        assert_eq!(f.hold(&b, "cb"), Hold::Keep);
         let none = PolicyFacts::none();
         assert_eq!(
-            none.hold(&orphan),
+            none.hold(&orphan, "c1"),
             Hold::Release,
             "standalone: no policy can select it"
         );
@@ -466,13 +487,17 @@ mod tests {
         };
         let mut now = before.clone();
         now.isolated.insert(a.clone(), vec!["ns/p".into()]);
-        let keys = [a.clone(), b.clone()];
-        assert_eq!(before.changed(&now, &keys), [a.clone()].into());
-        assert_eq!(now.changed(&before, &keys), [a.clone()].into());
-        // Rules failing changes the hold of the isolated pod only.
+        let records = [(a.clone(), "ca".to_string()), (b.clone(), "cb".to_string())];
+        assert_eq!(before.changed(&now, &records), [a.clone()].into());
+        assert_eq!(now.changed(&before, &records), [a.clone()].into());
+        // Classified in the next pass: its hold changes.
+        let mut next = now.clone();
+        next.classified.insert("cb".into());
+        assert_eq!(now.changed(&next, &records), [b.clone()].into());
+        // Rules failing: the isolated pod is held.
         let mut failed = now.clone();
         failed.in_force = false;
-        assert_eq!(now.changed(&failed, &keys), [a.clone(), b.clone()].into());
-        assert!(now.changed(&now.clone(), &keys).is_empty());
+        assert_eq!(now.changed(&failed, &records), [a.clone()].into());
+        assert!(now.changed(&now.clone(), &records).is_empty());
     }
 }

@@ -24,7 +24,9 @@ use kube::{
 };
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
+    cni::{
+        agent_binary, http_get, plugin_binary, result_ips, wait_ready, Call, Network, NodeProcess,
+    },
     kube::ApiServer,
     netns::Netns,
     traffic::ping,
@@ -109,6 +111,9 @@ fn annotations_events_and_network_policies_from_the_api_server() {
             conf_dir.to_str().unwrap(),
             "--cni-bin-dir",
             bin_dir.to_str().unwrap(),
+            // The plugin the tests run (next to the agent is the product's).
+            "--plugin",
+            plugin_binary().unwrap().to_str().unwrap(),
         ],
         &[("NODE_NAME", NODE), ("KUBECONFIG", &kubeconfig)],
         &net.dir.path().join("install.log"),

@@ -11,8 +11,8 @@ mod cni_records;
 mod http;
 mod node_work;
 
-pub use node_work::{BlockedChange, PassChecks};
 use node_work::{Blocked, NodeMemo};
+pub use node_work::{BlockedChange, PassChecks};
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -260,16 +260,28 @@ impl Core {
     }
 
     /// Publishes what the NetworkPolicy state says of the local pods (what
-    /// pod reconciles read); returns those of `keys` whose isolation,
+    /// pod reconciles read); returns the pods of `records` whose isolation,
     /// isolating policies or hold changed.
-    pub fn set_policy_facts(&self, now: PolicyFacts, keys: &[PodKey]) -> BTreeSet<PodKey> {
+    pub fn set_policy_facts(&self, now: PolicyFacts, records: &[Record]) -> BTreeSet<PodKey> {
+        let ids: Vec<(PodKey, String)> = records
+            .iter()
+            .map(|r| (pod_key(r), r.container_id.clone()))
+            .collect();
         let mut changed = BTreeSet::new();
         self.policy_facts.send_modify(|cur| {
             let before = cur.take().unwrap_or_default();
-            changed = before.changed(&now, keys);
+            changed = before.changed(&now, &ids);
             *cur = Some(now);
         });
         changed
+    }
+
+    /// What the policy facts say of the hold of the pod of `rec`.
+    pub fn hold_of(&self, rec: &Record) -> Hold {
+        self.policy_facts
+            .borrow()
+            .as_ref()
+            .map_or(Hold::Keep, |f| f.hold(&pod_key(rec), &rec.container_id))
     }
 
     /// Says which mode the agent runs in (for /v1/status).
@@ -280,18 +292,15 @@ impl Core {
             .unwrap_or_else(PoisonError::into_inner) = (mode, node);
     }
 
-    /// What a reconcile of pod `key` needs beyond its record: `annotations`,
-    /// whether (and why) it is kernel-only, and its hold. The one place the
-    /// input is put together, for both modes.
+    /// What a reconcile of pod `key` needs beyond its record: `annotations`
+    /// and whether (and why) it is kernel-only. The one place the input is
+    /// put together, for both modes; the hold, which is the record's, is
+    /// added by [`Core::reconcile_pod`] ([`Core::hold_of`]).
     pub fn pod_input(&self, key: &PodKey, annotations: Annotations) -> PodInput {
         PodInput {
             annotations,
             kernel_only: self.kernel_only(key),
-            hold: self
-                .policy_facts
-                .borrow()
-                .as_ref()
-                .map_or(Hold::Keep, |f| f.hold(key)),
+            hold: Hold::Keep,
         }
     }
 
@@ -331,8 +340,9 @@ impl Core {
     pub async fn reconcile_pod(
         self: &Arc<Self>,
         rec: Record,
-        input: PodInput,
+        mut input: PodInput,
     ) -> Result<PodOutcome, ReconcileError> {
+        input.hold = self.hold_of(&rec);
         let core = Arc::clone(self);
         let span = tracing::Span::current();
         tokio::task::spawn_blocking(move || {

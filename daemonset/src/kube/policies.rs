@@ -48,7 +48,7 @@ use crate::{
         model::{self, Cluster, LocalPod},
     },
     reconciler::{Hold, PolicyFacts},
-    records::{is_live, pod_key, PodKey},
+    records::{is_live, pod_key},
 };
 
 /// How long a packet the fast path took before a pod became kernel-only may
@@ -144,12 +144,15 @@ impl PolicyTask {
                 .iter()
                 .map(|(k, p)| (k.clone(), p.policies.iter().cloned().collect()))
                 .collect(),
-            unknown: e.unknown.clone(),
+            classified: records
+                .iter()
+                .filter(|r| !r.pod_name.is_empty() && !e.unknown.contains(&pod_key(r)))
+                .map(|r| r.container_id.clone())
+                .collect(),
             in_force: applied.is_ok(),
-            unnamed_classified: false,
+            all_classified: false,
         };
-        let keys: Vec<PodKey> = records.iter().map(pod_key).collect();
-        let changed = core.set_policy_facts(facts, &keys);
+        let changed = core.set_policy_facts(facts, &records);
         match &applied {
             Ok(_) => reported.clear(),
             Err(err) => self.report_failure(&e, &err.to_string(), reported).await,
@@ -164,8 +167,7 @@ impl PolicyTask {
             .filter(|r| {
                 let key = pod_key(r);
                 changed.contains(&key)
-                    || (is_held(&pin_dir, r.host_ifindex)
-                        && core.pod_input(&key, Default::default()).hold != Hold::Keep)
+                    || (is_held(&pin_dir, r.host_ifindex) && core.hold_of(r) != Hold::Keep)
             })
             .cloned()
             .collect();
