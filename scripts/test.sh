@@ -13,7 +13,7 @@ step "clang-format"
 clang-format --dry-run --Werror ebpf/src/*.c ebpf/include/*.h ebpf/build/*.c e2e/k8s/*.c
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-step "cargo clippy of the node's crates alone (their test hooks off, as in the image)"
+step "cargo clippy of the node's crates alone (without the e2e crate's test-objects, as the image builds them)"
 cargo clippy -p xdpcni-agent -p xdpcni-plugin -p xdpcni-host -p xdpcni-ebpf --all-targets --locked -- -D warnings
 step "setup scripts' own tests"
 bash scripts/test-setup.sh | tee -a "$log"

@@ -2,20 +2,21 @@
 //! each Pod bound to this node when it changes, when its NetworkPolicy
 //! isolation changes (kernel-only when a policy isolates it), and when the
 //! CNI writes its record; it reports refused values as Events on the pod.
-//! The policy task ([`policies`]) enforces NetworkPolicies. A node task does
-//! the node-wide work every `intervalMs`: routes to the other nodes' pod
+//! The policy task ([`policies`]) enforces NetworkPolicies. A node task
+//! (`node_task.rs`) does the node-wide work every `intervalMs`: routes to the other nodes' pod
 //! CIDRs (host-gateway or through the VXLAN device, [`crate::routes`]) and
 //! this node's published VTEP, the NAT'd ports, the records no pod claims,
 //! collection. Nothing is
 //! decided from a cache before its first complete list.
 
+mod node_task;
 pub mod policies;
 
 use std::{
     collections::{BTreeSet, HashSet},
     net::IpAddr,
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -28,28 +29,27 @@ use kube::{
     runtime::{
         controller::{Action, Controller},
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{self, ObjectRef, Store},
+        reflector::{self, Store},
         watcher, WatchStreamExt,
     },
     Api, Client, Resource, ResourceExt,
 };
 use tokio::sync::{mpsc, Notify};
-use tracing::{debug, info, warn, Instrument};
+use tracing::{debug, info, warn};
 use xdpcni_ebpf::L4Proto;
 use xdpcni_host::state::Record;
 
 use crate::{
     config::Config,
-    daemon::{Core, PassChecks, ReconcileError, Shutdown, NODE_RESYNC, RESYNC},
+    daemon::{Core, ReconcileError, Shutdown, RESYNC},
     metrics::Stage,
-    records::{is_live, orphans, pod_key, veth_present, PodKey},
-    routes,
+    records::{is_live, pod_key, PodKey},
 };
 
-use self::policies::PolicyTask;
-
-/// How many refused host-gateway routes of one pass become an Event each.
-const UNREACHABLE_EVENTS: usize = 10;
+use self::{
+    node_task::{NodeTask, REPORTER},
+    policies::PolicyTask,
+};
 
 /// How soon a pod whose reconcile failed is tried again.
 const RETRY: Duration = Duration::from_secs(2);
@@ -228,340 +228,6 @@ async fn publish(recorder: &Recorder, core: &Core, pod: &Pod, reason: &str, note
     if let Err(e) = recorder.publish(&event, &pod.object_ref(&())).await {
         warn!(error = %e, "could not publish the Event");
         core.metrics.error(Stage::Event);
-    }
-}
-
-/// Who the agent's Events say reported them.
-const REPORTER: &str = "xdpcni-agent";
-
-/// The namespace of the Events about this Node. Not through kube's
-/// `Recorder`, which files a cluster-scoped object's Events in `default`:
-/// API servers before 1.23 (and 1.20.12) take events.k8s.io Events about a
-/// cluster-scoped object only in `kube-system`, which every version since
-/// 1.19 accepts; `kubectl describe node` finds them there (it looks in
-/// every namespace for an empty `regarding.namespace`).
-const NODE_EVENTS_NAMESPACE: &str = "kube-system";
-
-/// Creates a Warning Event about `node`, from this node's agent.
-async fn publish_node_event(
-    client: &Client,
-    node: &Node,
-    reason: &str,
-    note: &str,
-) -> kube::Result<()> {
-    use k8s_openapi::{
-        api::events::v1::Event as K8sEvent,
-        apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
-        jiff::Timestamp,
-    };
-    let now = Timestamp::now();
-    let name = node.name_any();
-    let event = K8sEvent {
-        action: Some("ReadRecords".into()),
-        reason: Some(reason.into()),
-        note: Some(note.chars().take(1000).collect()),
-        type_: Some("Warning".into()),
-        event_time: Some(MicroTime(now)),
-        regarding: Some(node.object_ref(&())),
-        reporting_controller: Some(REPORTER.into()),
-        reporting_instance: Some(name.clone()),
-        metadata: ObjectMeta {
-            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-            namespace: Some(NODE_EVENTS_NAMESPACE.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<K8sEvent>::namespaced(client.clone(), NODE_EVENTS_NAMESPACE)
-        .create(&kube::api::PostParams::default(), &event)
-        .await
-        .map(|_| ())
-}
-
-/// The node-wide work, once every cache has its first complete list, on each
-/// change of a Node or Endpoints object and every `intervalMs` (new records,
-/// resync): new records trigger their pods, records no pod claims get the
-/// node defaults, then NAT'd ports, collection, routes, readiness.
-struct NodeTask {
-    ctx: Arc<Ctx>,
-    client: Client,
-    node: String,
-    pods: Store<Pod>,
-    nodes: Store<Node>,
-    endpoints: Store<Endpoints>,
-    trigger: mpsc::Sender<ObjectRef<Pod>>,
-    changed: Arc<Notify>,
-}
-
-impl NodeTask {
-    async fn run(self, shutdown: Shutdown) -> Result<()> {
-        let lists = async {
-            self.pods.wait_until_ready().await?;
-            self.nodes.wait_until_ready().await?;
-            self.endpoints.wait_until_ready().await
-        };
-        tokio::select! {
-            listed = lists => listed.context("a watch cache closed before its first list")?,
-            _ = shutdown.clone().wait() => return Ok(()),
-        }
-        self.ctx.core.policies_known().await;
-        info!(node = %self.node, "first lists complete: pods, nodes, endpoints; policies in force");
-        let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
-        tokio::spawn(conn);
-        let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
-        let mut seen: HashSet<String> = HashSet::new();
-        let mut router = routes::Router::new(self.ctx.core.config().routing()?);
-        let mut full: Option<(u64, Instant)> = None;
-        let mut woken = true;
-        while !shutdown.is_set() {
-            self.pass(&netlink, &mut seen, &mut router, &mut full, woken)
-                .await?;
-            woken = tokio::select! {
-                _ = tokio::time::sleep(interval) => false,
-                _ = self.changed.notified() => true,
-                _ = shutdown.clone().wait() => false,
-            };
-        }
-        Ok(())
-    }
-
-    /// An Event on this Node for each record file that has just become
-    /// unreadable: its pod is out of the agent's view until a human looks
-    /// (the file is kept, never deleted by the agent).
-    async fn report_unreadable(&self) {
-        let bad = self.ctx.core.newly_unreadable();
-        if bad.is_empty() {
-            return;
-        }
-        let Some(node) = self.nodes.get(&ObjectRef::new(&self.node)) else {
-            warn!(node = %self.node, "no Node object to report unreadable records on");
-            return;
-        };
-        for why in bad {
-            let note = format!(
-                "a CNI record of this node cannot be read, so the agent cannot reconcile \
-                 its pod (mode, datapath maps) until it is fixed or the pod is deleted; \
-                 the file is kept: {why}"
-            );
-            if let Err(e) =
-                publish_node_event(&self.client, &node, "XdpcniUnreadableRecord", &note).await
-            {
-                warn!(error = %e, "could not publish the Event");
-                self.ctx.core.metrics.error(Stage::Event);
-            }
-        }
-    }
-
-    /// After a routing pass: this node's VTEP published on its Node (or
-    /// taken off), new warnings logged, each newly refused host-gateway
-    /// route logged and reported as an Event on this Node, the gauges set.
-    async fn routed(&self, o: &routes::Outcome) {
-        let core = &self.ctx.core;
-        core.metrics.set_node_routes(o.routes, o.unreachable);
-        if let Some(r) = &o.report {
-            if (r.added, r.removed) != (0, 0) {
-                info!(
-                    added = r.added,
-                    removed = r.removed,
-                    host_gateway = o.routes.0,
-                    vxlan = o.routes.1,
-                    "node routes updated"
-                );
-            }
-        }
-        if o.device_changed {
-            info!(
-                device = xdpcni_host::overlay::DEVICE,
-                vtep = ?o.vtep,
-                "VXLAN device {}",
-                if o.vtep.is_some() { "made" } else { "removed" }
-            );
-        }
-        for w in &o.warnings {
-            warn!("{w}");
-        }
-        let Some(node) = self.nodes.get(&ObjectRef::new(&self.node)) else {
-            return;
-        };
-        let published = routes::published_vtep(&node).and_then(Result::ok);
-        if published != o.vtep {
-            let value = o.vtep.map(|v| v.to_annotation());
-            let patch = serde_json::json!({
-                "metadata": { "annotations": { xdpcni_host::overlay::VTEP_ANNOTATION: value } }
-            });
-            match Api::<Node>::all(self.client.clone())
-                .patch(
-                    &self.node,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => info!(vtep = ?o.vtep, "published this node's VXLAN endpoint"),
-                Err(e) => {
-                    warn!(error = %e, "could not publish this node's VXLAN endpoint");
-                    core.metrics.error(Stage::Routes);
-                }
-            }
-        }
-        // Every refusal is logged; the first few of a pass become Events (a
-        // cluster that is not one L2 segment would otherwise file one per
-        // node), the rest one Event that counts them.
-        for u in &o.new_unreachable {
-            warn!(node = %u.node, via = %u.via, "{u}");
-        }
-        // A peer this tunnelling node waits for (not publishing its VTEP
-        // yet: starting, or a roll between modes) is a log line only: the
-        // Event is for what the user must change.
-        let refused: Vec<&routes::Unreachable> = o
-            .new_unreachable
-            .iter()
-            .filter(|u| !u.awaiting_vtep)
-            .collect();
-        let mut notes: Vec<String> = refused
-            .iter()
-            .take(UNREACHABLE_EVENTS)
-            .map(ToString::to_string)
-            .collect();
-        if refused.len() > UNREACHABLE_EVENTS {
-            notes.push(format!(
-                "and {} more host-gateway routes refused (their next hops are not on this \
-                 node's L2 segment; the agent's log names each): set routing.mode to vxlan or auto",
-                refused.len() - UNREACHABLE_EVENTS
-            ));
-        }
-        for note in notes {
-            if let Err(e) =
-                publish_node_event(&self.client, &node, "XdpcniUnreachableNextHop", &note).await
-            {
-                warn!(error = %e, "could not publish the Event");
-                core.metrics.error(Stage::Event);
-            }
-        }
-    }
-
-    /// One pass; `router` holds what the last put in place between nodes
-    /// (read from the kernel again only when the Nodes ask for other
-    /// entries, or [`NODE_RESYNC`] after: an entry removed by hand comes
-    /// back then).
-    ///
-    /// A pass the timer started (`woken` false: no watch event, no record
-    /// written) over the same records as the last full pass, with the pins
-    /// in place, every veth there and no FORWARD rule change, ends after
-    /// those checks: an idle node does no per-pod work each `intervalMs`;
-    /// `full` is the records' generation and time of the last full pass,
-    /// and one runs at least every [`NODE_RESYNC`].
-    async fn pass(
-        &self,
-        netlink: &rtnetlink::Handle,
-        seen: &mut HashSet<String>,
-        router: &mut routes::Router,
-        full: &mut Option<(u64, Instant)>,
-        woken: bool,
-    ) -> Result<()> {
-        let core = &self.ctx.core;
-        let reloaded = core.ensure_pinned().await;
-        if reloaded {
-            // A fresh datapath: every pod is attached again.
-            seen.clear();
-        }
-        let listing = core.listing();
-        let records = Arc::clone(&listing.records);
-        // A record whose veth is gone: collect now, not at the resync.
-        let vanished = records.iter().any(|r| is_live(r) && !veth_present(r));
-        // FORWARD rules naming pods: reconcile the pods whose state changed,
-        // and tell the newly named ones why.
-        let change = core.scan_forward(&records).await;
-        let quiet = PassChecks {
-            woken: woken || router.retiring(),
-            reloaded,
-            vanished,
-            forward: &change,
-            generation: listing.generation,
-            settled: *full,
-        }
-        .quiet();
-        if quiet {
-            core.idle_pass();
-            return Ok(());
-        }
-        self.report_unreadable().await;
-        let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
-        let pod_list = self.pods.state();
-        for (key, rule) in &change.added {
-            if let Some(pod) = pod_list
-                .iter()
-                .find(|p| p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1)
-            {
-                let note = format!(
-                    "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
-                     would bypass it, so the pod takes kernel routing while it is there"
-                );
-                publish(
-                    &self.ctx.recorder,
-                    &self.ctx.core,
-                    pod,
-                    "XdpcniKernelOnly",
-                    &note,
-                )
-                .await;
-            }
-        }
-        for key in change.added.iter().map(|(k, _)| k).chain(&change.removed) {
-            if !key.0.is_empty() {
-                let _ = self
-                    .trigger
-                    .send(ObjectRef::new(&key.1).within(&key.0))
-                    .await;
-            }
-        }
-        for rec in &live {
-            if seen.insert(rec.container_id.clone()) && !rec.pod_name.is_empty() {
-                let pod = ObjectRef::new(&rec.pod_name).within(&rec.pod_namespace);
-                if self.trigger.send(pod).await.is_err() {
-                    debug!("the controller stopped");
-                }
-            }
-        }
-        seen.retain(|id| live.iter().any(|r| &r.container_id == id));
-        let listed: HashSet<PodKey> = pod_list
-            .iter()
-            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
-            .collect();
-        for rec in orphans(&live, Some(&listed)) {
-            let (ns, name) = pod_key(rec);
-            let span =
-                tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
-            // Errors are counted and logged by the core; the next pass retries.
-            let input = core.pod_input(&(ns.clone(), name.clone()), Default::default());
-            let _ = core
-                .reconcile_pod(rec.clone(), input)
-                .instrument(span)
-                .await;
-        }
-        let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
-        core.node_work(&listing, Some(nat), vanished).await;
-        let nodes = self.nodes.state();
-        let synced;
-        match router.pass(netlink, &nodes, &self.node, NODE_RESYNC).await {
-            Ok(o) => {
-                self.routed(&o).await;
-                synced = true;
-            }
-            Err(e) => {
-                warn!(error = %e, "node routes");
-                core.metrics.error(Stage::Routes);
-                router.invalidate();
-                synced = false;
-            }
-        }
-        let converged = core.all_converged(&records);
-        if converged {
-            core.set_ready()?;
-        }
-        // Only a pass that left everything in place makes the next quiet.
-        *full = (converged && synced).then(|| (listing.generation, Instant::now()));
-        Ok(())
     }
 }
 

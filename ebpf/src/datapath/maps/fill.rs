@@ -1,0 +1,146 @@
+//! Filling a layout being migrated from an older one (`crate::migrate`).
+
+use aya::maps::{HashMap, MapData, PerCpuValues};
+
+use super::{removed, MapName, Maps};
+use crate::{abi::StatsValue, datapath::types::Filled, Error, Result};
+
+impl Maps {
+    /// Makes these maps (a layout being filled) say what `src` (layout 1,
+    /// same definitions) says, for the maps named in `only` (those of `src`
+    /// that are other objects than these: a map pinned under both names is
+    /// left alone). Every entry of each, but `cpu_map`'s (whose entries carry
+    /// a program: `migrate::converge` writes them). Entries of an earlier,
+    /// abandoned fill go first, so the call can be repeated after a crash.
+    pub(crate) fn fill_from(&mut self, src: &Maps, only: &[&str]) -> Result<Filled> {
+        let op = |what: &str| format!("migrating {what}");
+        let copy = |name: &str| only.contains(&name);
+        let mut filled = Filled::default();
+
+        if copy(MapName::PolicyNamespaces.as_str()) {
+            filled.policy_namespaces = replace_all(
+                &mut self.policy_namespaces,
+                &src.policy_namespaces,
+                MapName::PolicyNamespaces.as_str(),
+            )?;
+        }
+        if copy(MapName::PolicyGate.as_str()) {
+            self.policy_gate
+                .set(0, src.policy_gate()?, 0)
+                .map_err(|e| Error::map(op("the policy gate"), e))?;
+        }
+
+        // Counter slots: owners, each veth's slot, every row of their values.
+        let owners = src.slot_owner_list()?;
+        filled.slots = owners.len();
+        if copy(MapName::Counters.as_str()) {
+            // The slots this layout claimed: zeroed unless src claims them.
+            let mut slots: std::collections::BTreeSet<u32> = self
+                .slot_owner_list()?
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect();
+            let claimed: std::collections::BTreeSet<u32> =
+                owners.iter().map(|(s, _)| *s).chain([0]).collect();
+            slots.extend(claimed.iter().copied());
+            let nr_cpus = aya::util::nr_cpus().map_err(|(_, e)| {
+                Error::io("counting CPUs", "/sys/devices/system/cpu/possible", e)
+            })?;
+            let per_slot = crate::abi::c_layout::XDPCNI_V_MAX;
+            for slot in slots {
+                for r in slot * per_slot..(slot + 1) * per_slot {
+                    let values = if claimed.contains(&slot) {
+                        src.counters
+                            .get(&r, 0)
+                            .map_err(|e| Error::map(op("counters"), e))?
+                    } else {
+                        PerCpuValues::try_from(vec![StatsValue::default(); nr_cpus]).map_err(
+                            |e| Error::Invalid {
+                                what: "counters",
+                                why: e.to_string(),
+                            },
+                        )?
+                    };
+                    self.counters
+                        .set(r, values, 0)
+                        .map_err(|e| Error::map(op("counters"), e))?;
+                }
+            }
+        }
+        if copy(MapName::SlotOwners.as_str()) {
+            replace_all(
+                &mut self.slot_owners,
+                &src.slot_owners,
+                MapName::SlotOwners.as_str(),
+            )?;
+        }
+        if copy(MapName::PortSlots.as_str()) {
+            replace_all(
+                &mut self.port_slots,
+                &src.port_slots,
+                MapName::PortSlots.as_str(),
+            )?;
+        }
+        if copy(MapName::NatPorts.as_str()) {
+            filled.nat_ports = replace_all(
+                &mut self.nat_ports,
+                &src.nat_ports,
+                MapName::NatPorts.as_str(),
+            )?;
+        }
+        if copy(MapName::Endpoints4.as_str()) {
+            filled.endpoints += replace_all(
+                &mut self.endpoints4,
+                &src.endpoints4,
+                MapName::Endpoints4.as_str(),
+            )?;
+        }
+        if copy(MapName::Endpoints6.as_str()) {
+            filled.endpoints += replace_all(
+                &mut self.endpoints6,
+                &src.endpoints6,
+                MapName::Endpoints6.as_str(),
+            )?;
+        }
+        if copy(MapName::TxPorts.as_str()) {
+            for ifindex in self.tx_port_list()? {
+                self.remove_tx_port(ifindex)?;
+            }
+            for ifindex in src.tx_port_list()? {
+                self.add_tx_port(ifindex)?;
+                filled.tx_ports += 1;
+            }
+        }
+        Ok(filled)
+    }
+}
+
+/// Makes hash map `dst` (named `what`) hold exactly the entries of `src`;
+/// how many.
+fn replace_all<K: aya::Pod, V: aya::Pod>(
+    dst: &mut HashMap<MapData, K, V>,
+    src: &HashMap<MapData, K, V>,
+    what: &str,
+) -> Result<usize> {
+    drain(dst, what)?;
+    let mut n = 0;
+    for kv in src.iter() {
+        let (k, v) = kv.map_err(|e| Error::map(format!("migrating {what}"), e))?;
+        dst.insert(k, v, 0)
+            .map_err(|e| Error::map(format!("migrating an entry of {what}"), e))?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Empties hash map `m` (named `what`).
+fn drain<K: aya::Pod, V: aya::Pod>(m: &mut HashMap<MapData, K, V>, what: &str) -> Result<()> {
+    let keys: Vec<K> = m
+        .keys()
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::map(format!("listing {what}"), e))?;
+    for k in keys {
+        removed(m.remove(&k), || format!("clearing {what}"))?;
+    }
+    Ok(())
+}
