@@ -129,55 +129,7 @@ pub fn main() -> Result<()> {
             cni_bin_dir,
             plugin,
             pod_cidrs,
-        } => {
-            let cfg = Config::read(&config)?;
-            let plugin = match plugin {
-                Some(p) => p,
-                None => std::env::current_exe()?.with_file_name("xdpcni"),
-            };
-            let mut facts = crate::install::NodeFacts {
-                cidrs: pod_cidrs,
-                internal_ip: None,
-            };
-            if facts.cidrs.is_empty() {
-                let node = cfg
-                    .node_name()
-                    .context("NODE_NAME (or --pod-cidr) is needed")?;
-                facts = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?
-                    .block_on(crate::install::node_facts(&node))?;
-            }
-            let underlay = crate::install::underlay(facts.internal_ip)?;
-            let mtu = crate::install::pod_mtu(&cfg, underlay.as_ref())?;
-            let mode = cfg.routing()?.mode;
-            match &underlay {
-                Some(u) => eprintln!(
-                    "xdpcni-agent: pod MTU {mtu} (routing {mode}, underlay {} MTU {})",
-                    u.link.name, u.link.mtu
-                ),
-                None => eprintln!(
-                    "xdpcni-agent: pod MTU {mtu} (routing {mode}; no interface holds the \
-                     node's InternalIP {:?}, so the underlay MTU is taken as {})",
-                    facts.internal_ip,
-                    xdpcni_host::netconf::DEFAULT_MTU
-                ),
-            }
-            let cidrs = facts.cidrs;
-            let dest =
-                crate::install::install(&cfg, &cidrs, mtu, &cni_conf_dir, &cni_bin_dir, &plugin)?;
-            eprintln!(
-                "xdpcni-agent: wrote {} for {cidrs:?}, installed {} in {}",
-                dest.conflist.display(),
-                dest.binaries
-                    .iter()
-                    .filter_map(|b| b.file_name()?.to_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                cni_bin_dir.display()
-            );
-            Ok(())
-        }
+        } => install_cni(&config, &cni_conf_dir, &cni_bin_dir, plugin, pod_cidrs),
         Command::Standalone { config } => {
             let cfg = Config::read(&config)?;
             runtime()?.block_on(crate::standalone::run(cfg))
@@ -193,31 +145,91 @@ pub fn main() -> Result<()> {
             output,
             pod,
         } => status(&config, url, output, pod.as_deref()),
-        Command::Uninstall { pin_dir, state_dir } => {
-            // The host crate's uninstall, as `xdpcni uninstall` runs it:
-            // every step runs even when one fails; the failures together.
-            let mut failed = Vec::new();
-            let manifest = state_dir.as_deref().map(xdpcni_host::install::uninstall);
-            let node = xdpcni_host::install::uninstall_node(&pin_dir);
-            for done in manifest.into_iter().chain([node]) {
-                match done {
-                    Ok(removed) => {
-                        for line in removed.lines() {
-                            eprintln!("xdpcni-agent: {line}");
-                        }
-                    }
-                    Err(e) => failed.push(e.to_string()),
+        Command::Uninstall { pin_dir, state_dir } => uninstall(&pin_dir, state_dir.as_deref()),
+    }
+}
+
+/// `install-cni`: the conflist for this node's pod CIDRs (from `--pod-cidr`,
+/// or the Node object) with the pod MTU the routing allows, and the plugins.
+fn install_cni(
+    config: &std::path::Path,
+    cni_conf_dir: &std::path::Path,
+    cni_bin_dir: &std::path::Path,
+    plugin: Option<PathBuf>,
+    pod_cidrs: Vec<String>,
+) -> Result<()> {
+    let cfg = Config::read(config)?;
+    let plugin = match plugin {
+        Some(p) => p,
+        None => std::env::current_exe()?.with_file_name("xdpcni"),
+    };
+    let mut facts = crate::install::NodeFacts {
+        cidrs: pod_cidrs,
+        internal_ip: None,
+    };
+    if facts.cidrs.is_empty() {
+        let node = cfg
+            .node_name()
+            .context("NODE_NAME (or --pod-cidr) is needed")?;
+        facts = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(crate::install::node_facts(&node))?;
+    }
+    let underlay = crate::install::underlay(facts.internal_ip)?;
+    let mtu = crate::install::pod_mtu(&cfg, underlay.as_ref())?;
+    let mode = cfg.routing()?.mode;
+    match &underlay {
+        Some(u) => eprintln!(
+            "xdpcni-agent: pod MTU {mtu} (routing {mode}, underlay {} MTU {})",
+            u.link.name, u.link.mtu
+        ),
+        None => eprintln!(
+            "xdpcni-agent: pod MTU {mtu} (routing {mode}; no interface holds the \
+             node's InternalIP {:?}, so the underlay MTU is taken as {})",
+            facts.internal_ip,
+            xdpcni_host::netconf::DEFAULT_MTU
+        ),
+    }
+    let cidrs = facts.cidrs;
+    let dest = crate::install::install(&cfg, &cidrs, mtu, cni_conf_dir, cni_bin_dir, &plugin)?;
+    eprintln!(
+        "xdpcni-agent: wrote {} for {cidrs:?}, installed {} in {}",
+        dest.conflist.display(),
+        dest.binaries
+            .iter()
+            .filter_map(|b| b.file_name()?.to_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        cni_bin_dir.display()
+    );
+    Ok(())
+}
+
+/// `uninstall`: the host crate's, as `xdpcni uninstall` runs it (every
+/// step runs even when one fails; the failures together), with the
+/// manifest's part when `state_dir` is given.
+fn uninstall(pin_dir: &std::path::Path, state_dir: Option<&std::path::Path>) -> Result<()> {
+    let mut failed = Vec::new();
+    let manifest = state_dir.map(xdpcni_host::install::uninstall);
+    let node = xdpcni_host::install::uninstall_node(pin_dir);
+    for done in manifest.into_iter().chain([node]) {
+        match done {
+            Ok(removed) => {
+                for line in removed.lines() {
+                    eprintln!("xdpcni-agent: {line}");
                 }
             }
-            anyhow::ensure!(
-                failed.is_empty(),
-                "uninstalling xdpcni (datapath at {}): {}",
-                pin_dir.display(),
-                failed.join("; ")
-            );
-            Ok(())
+            Err(e) => failed.push(e.to_string()),
         }
     }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "uninstalling xdpcni (datapath at {}): {}",
+        pin_dir.display(),
+        failed.join("; ")
+    );
+    Ok(())
 }
 
 /// The agent's status URL: `url`, or the `listen` address of the config

@@ -18,12 +18,13 @@ use std::{
 
 use anyhow::{Context, Result};
 use tracing::{info, warn, Instrument};
+use xdpcni_host::state::Record;
 
 use crate::{
     config::{read_pods_file, Config},
     daemon::{Core, PassChecks, Shutdown, RESYNC},
     reconciler::{PodInput, PolicyFacts},
-    records::{is_live, pod_key, veth_present},
+    records::{is_live, pod_key, veth_present, Annotations},
 };
 
 /// Runs the standalone agent until SIGTERM/SIGINT. The datapath stays attached.
@@ -43,108 +44,16 @@ pub async fn run(cfg: Config) -> Result<()> {
     core.set_policy_facts(PolicyFacts::none(), &[]);
     let records_changed = Arc::new(tokio::sync::Notify::new());
     core.watch_records(vec![Arc::clone(&records_changed)])?;
-    let mut pods = HashMap::new();
-    // Each record's last good reconcile: the record and input it had, when.
-    let mut done: HashMap<String, (xdpcni_host::state::Record, PodInput, Instant)> = HashMap::new();
-    let mut gated_generation = None;
-    // The records' generation of the last pass that left every pod done.
-    let mut settled: Option<(u64, Instant)> = None;
+    let mut node = Node {
+        core,
+        pods_file,
+        pods: HashMap::new(),
+        done: HashMap::new(),
+        gated_generation: None,
+        settled: None,
+    };
     while !shutdown.is_set() {
-        let mut pods_changed = false;
-        match read_pods_file(&pods_file) {
-            Ok(p) => {
-                pods_changed = p != pods;
-                pods = p;
-            }
-            Err(e) => warn!(error = %e, "pods file unreadable; keeping the last good one"),
-        }
-        let reloaded = core.ensure_pinned().await;
-        if reloaded {
-            // A fresh datapath: every pod is attached again, the gate too.
-            done.clear();
-            gated_generation = None;
-        }
-        let listing = core.listing();
-        let records = Arc::clone(&listing.records);
-        // Nothing changed since a pass that left every pod done, every veth
-        // is there and no FORWARD rule changed: no per-pod work this pass.
-        let vanished = records.iter().any(|r| is_live(r) && !veth_present(r));
-        let forward = core.scan_forward(&records).await;
-        let quiet = PassChecks {
-            woken: pods_changed,
-            reloaded,
-            vanished,
-            forward: &forward,
-            generation: listing.generation,
-            settled,
-        }
-        .quiet();
-        if quiet {
-            core.idle_pass();
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = records_changed.notified() => {}
-                _ = shutdown.clone().wait() => {}
-            }
-            continue;
-        }
-        let live: Vec<_> = records.iter().filter(|r| is_live(r)).cloned().collect();
-        if gated_generation != Some(listing.generation) {
-            // No policies here: new pods need no hold (one held before the
-            // gate was written is released by its reconcile). A failure is
-            // counted; the next pass retries.
-            if core.write_gate(BTreeMap::new()).await.is_ok() {
-                gated_generation = Some(listing.generation);
-            }
-        }
-        let (mut failed, mut reconciled) = (false, false);
-        done.retain(|id, _| live.iter().any(|r| &r.container_id == id));
-        for rec in &live {
-            let (ns, name) = pod_key(rec);
-            let key = if ns.is_empty() {
-                name.clone()
-            } else {
-                format!("{ns}/{name}")
-            };
-            let input = core.pod_input(
-                &(ns.clone(), name.clone()),
-                pods.get(&key).cloned().unwrap_or_default(),
-            );
-            if done.get(&rec.container_id).is_some_and(|(r, i, at)| {
-                r == rec && *i == input && at.elapsed() < RESYNC && veth_present(rec)
-            }) {
-                continue;
-            }
-            // Standalone has no Events: the log and the counter carry problems.
-            reconciled = true;
-            let span = tracing::info_span!("reconcile", namespace = %ns, pod = %name);
-            match core
-                .reconcile_pod(rec.clone(), input.clone())
-                .instrument(span)
-                .await
-            {
-                Ok(outcome) if !outcome.map_full => {
-                    done.insert(
-                        rec.container_id.clone(),
-                        (rec.clone(), input, Instant::now()),
-                    );
-                }
-                Ok(_) => {
-                    done.remove(&rec.container_id);
-                }
-                Err(_) => {
-                    done.remove(&rec.container_id);
-                    failed = true;
-                }
-            }
-        }
-        let converged = !failed && core.all_converged(&records);
-        core.node_work(&listing, None, reconciled || vanished).await;
-        if converged {
-            core.set_ready()?;
-        }
-        settled =
-            (converged && done.len() == live.len()).then(|| (listing.generation, Instant::now()));
+        node.pass().await?;
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             _ = records_changed.notified() => {}
@@ -153,4 +62,136 @@ pub async fn run(cfg: Config) -> Result<()> {
     }
     info!("stopping; the datapath stays attached");
     Ok(())
+}
+
+/// The standalone loop's state between passes.
+struct Node {
+    core: Arc<Core>,
+    pods_file: std::path::PathBuf,
+    /// The pods file as last read well: annotations by `ns/name` (or
+    /// container ID).
+    pods: HashMap<String, Annotations>,
+    /// Each record's last good reconcile: the record and input it had, when.
+    done: HashMap<String, (Record, PodInput, Instant)>,
+    /// The records' generation the empty policy gate was written for.
+    gated_generation: Option<u64>,
+    /// The records' generation of the last pass that left every pod done.
+    settled: Option<(u64, Instant)>,
+}
+
+impl Node {
+    /// One pass: the checks, then (unless the pass is quiet) the gate, each
+    /// pod that needs it, the node-wide work and readiness.
+    async fn pass(&mut self) -> Result<()> {
+        let pods_changed = self.read_pods();
+        let core = Arc::clone(&self.core);
+        let reloaded = core.ensure_pinned().await;
+        if reloaded {
+            // A fresh datapath: every pod is attached again, the gate too.
+            self.done.clear();
+            self.gated_generation = None;
+        }
+        let listing = core.listing();
+        let records = Arc::clone(&listing.records);
+        let vanished = records.iter().any(|r| is_live(r) && !veth_present(r));
+        let forward = core.scan_forward(&records).await;
+        let quiet = PassChecks {
+            woken: pods_changed,
+            reloaded,
+            vanished,
+            forward: &forward,
+            generation: listing.generation,
+            settled: self.settled,
+        }
+        .quiet();
+        if quiet {
+            core.idle_pass();
+            return Ok(());
+        }
+        let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
+        if self.gated_generation != Some(listing.generation) {
+            // No policies here: new pods need no hold (one held before the
+            // gate was written is released by its reconcile). A failure is
+            // counted; the next pass retries.
+            if core.write_gate(BTreeMap::new()).await.is_ok() {
+                self.gated_generation = Some(listing.generation);
+            }
+        }
+        let (failed, reconciled) = self.reconcile_pods(&live).await;
+        let converged = !failed && core.all_converged(&records);
+        core.node_work(&listing, None, reconciled || vanished).await;
+        if converged {
+            core.set_ready()?;
+        }
+        self.settled = (converged && self.done.len() == live.len())
+            .then(|| (listing.generation, Instant::now()));
+        Ok(())
+    }
+
+    /// Reads the pods file; whether it changed. An unreadable one keeps the
+    /// last good one.
+    fn read_pods(&mut self) -> bool {
+        match read_pods_file(&self.pods_file) {
+            Ok(p) => {
+                let changed = p != self.pods;
+                self.pods = p;
+                changed
+            }
+            Err(e) => {
+                warn!(error = %e, "pods file unreadable; keeping the last good one");
+                false
+            }
+        }
+    }
+
+    /// Reconciles each live record whose record or input changed since its
+    /// last good reconcile, whose veth is gone, that a full map left on
+    /// kernel routing, or that [`RESYNC`] passed for. Returns (a reconcile
+    /// failed, anything was reconciled).
+    async fn reconcile_pods(&mut self, live: &[Record]) -> (bool, bool) {
+        let (mut failed, mut reconciled) = (false, false);
+        self.done
+            .retain(|id, _| live.iter().any(|r| &r.container_id == id));
+        for rec in live {
+            let (ns, name) = pod_key(rec);
+            let key = if ns.is_empty() {
+                name.clone()
+            } else {
+                format!("{ns}/{name}")
+            };
+            let input = self.core.pod_input(
+                &(ns.clone(), name.clone()),
+                self.pods.get(&key).cloned().unwrap_or_default(),
+            );
+            if self.done.get(&rec.container_id).is_some_and(|(r, i, at)| {
+                r == rec && *i == input && at.elapsed() < RESYNC && veth_present(rec)
+            }) {
+                continue;
+            }
+            // Standalone has no Events: the log and the counter carry problems.
+            reconciled = true;
+            let span = tracing::info_span!("reconcile", namespace = %ns, pod = %name);
+            match self
+                .core
+                .reconcile_pod(rec.clone(), input.clone())
+                .instrument(span)
+                .await
+            {
+                Ok(outcome) if !outcome.map_full => {
+                    self.done.insert(
+                        rec.container_id.clone(),
+                        (rec.clone(), input, Instant::now()),
+                    );
+                }
+                Ok(_) => {
+                    self.done.remove(&rec.container_id);
+                }
+                Err(_) => {
+                    self.done.remove(&rec.container_id);
+                    failed = true;
+                }
+            }
+        }
+        (failed, reconciled)
+    }
 }

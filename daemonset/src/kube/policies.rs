@@ -19,6 +19,7 @@
 
 use std::{
     collections::{BTreeSet, HashSet},
+    net::IpAddr,
     sync::Arc,
     time::Duration,
 };
@@ -48,7 +49,7 @@ use crate::{
         model::{self, Cluster, LocalPod},
     },
     reconciler::{Hold, PolicyFacts},
-    records::{is_live, pod_key},
+    records::{is_live, pod_key, PodKey},
 };
 
 /// How long a packet the fast path took before a pod became kernel-only may
@@ -101,6 +102,7 @@ impl PolicyTask {
         Ok(())
     }
 
+    /// One pass: the steps of the module doc, in order.
     async fn pass(&self, reported: &mut HashSet<String>) {
         let core = &self.core;
         let records: Vec<Record> = core
@@ -109,115 +111,30 @@ impl PolicyTask {
             .filter(|r| is_live(r))
             .cloned()
             .collect();
-        let local: Vec<LocalPod> = records
-            .iter()
-            .filter(|r| !r.pod_name.is_empty())
-            .map(|r| LocalPod {
-                key: pod_key(r),
-                ips: r.ips.clone(),
-            })
-            .collect();
-        let (policies, namespaces, pods) = (
-            self.policies.state(),
-            self.namespaces.state(),
-            self.pods.state(),
-        );
-        let e = model::compute(
-            &Cluster {
-                policies: &policies,
-                namespaces: &namespaces,
-                pods: &pods,
-            },
-            &local,
-        );
+        let pods = self.pods.state();
+        let e = self.compute(&records, &pods);
         // 1. New ADDs in these namespaces are held from here on.
         let _ = core.write_gate(e.namespaces.clone()).await;
         // 2. The rules.
-        let local_ips: BTreeSet<std::net::IpAddr> =
+        let local_ips: BTreeSet<IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
         let applied = core.enforce(e.clone(), local_ips.clone()).await;
-        // 3. The facts every pod reconcile reads: who is isolated, who is
-        // classified, whether the rules are in force.
-        let facts = PolicyFacts {
-            isolated: e
-                .pods
-                .iter()
-                .map(|(k, p)| (k.clone(), p.policies.iter().cloned().collect()))
-                .collect(),
-            classified: records
-                .iter()
-                .filter(|r| !r.pod_name.is_empty() && !e.unknown.contains(&pod_key(r)))
-                .map(|r| r.container_id.clone())
-                .collect(),
-            in_force: applied.is_ok(),
-            all_classified: false,
-        };
-        let changed = core.set_policy_facts(facts, &records);
+        // 3. The facts every pod reconcile reads.
+        let changed = core.set_policy_facts(facts(&e, &records, applied.is_ok()), &records);
         match &applied {
             Ok(_) => reported.clear(),
             Err(err) => self.report_failure(&e, &err.to_string(), reported).await,
         }
-        // 4. The pods whose isolation or hold changed, and held pods whose
-        // hold the facts now decide, are reconciled at once: a pod isolated
-        // anew leaves the fast path before its conntrack entries go (5.),
-        // one whose rules failed is held, a classified one released.
-        let pin_dir = core.config().pin_dir.clone();
-        let due: Vec<Record> = records
-            .iter()
-            .filter(|r| {
-                let key = pod_key(r);
-                changed.contains(&key)
-                    || (is_held(&pin_dir, r.host_ifindex) && core.hold_of(r) != Hold::Keep)
-            })
-            .cloned()
-            .collect();
-        let mut touched = changed;
-        for rec in due {
-            let key = pod_key(&rec);
-            touched.insert(key.clone());
-            let pod = pods.iter().find(|p| {
-                p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1
-            });
-            let annotations = pod.map(|p| p.annotations().clone()).unwrap_or_default();
-            let input = core.pod_input(&key, annotations);
-            // A failure is counted by the core; the pod's own reconcile retries.
-            if let Ok(outcome) = core.reconcile_pod(rec, input).await {
-                if let (Some(pod), false) = (pod, outcome.new_problems.is_empty()) {
-                    super::publish_problems(&self.recorder, core, pod, &outcome.new_problems).await;
-                }
-            }
-        }
-        // 5. Pods isolated anew: once what the fast path carried for them
-        // has drained, their conntrack entries go (made anew by the next
-        // packet through the rules; see netpol::forget_connections).
+        // 4. The pods those facts change, reconciled at once.
+        let touched = self.reconcile_changed(&records, &pods, changed).await;
+        // 5. Pods isolated anew: their conntrack entries, once drained.
         if let Ok(a) = &applied {
-            let ips: BTreeSet<std::net::IpAddr> = records
+            let ips: BTreeSet<IpAddr> = records
                 .iter()
                 .filter(|r| a.newly_isolated.contains(&pod_key(r)))
                 .flat_map(|r| r.ips.iter().copied())
                 .collect();
-            if !ips.is_empty() {
-                let local = local_ips;
-                let core = Arc::clone(core);
-                tokio::spawn(async move {
-                    tokio::time::sleep(FAST_PATH_DRAIN).await;
-                    let ips2 = ips.clone();
-                    match tokio::task::spawn_blocking(move || forget_connections(&ips2, &local))
-                        .await
-                    {
-                        Ok(Ok(n)) => info!(
-                            ?ips,
-                            deleted = n,
-                            "conntrack entries the fast path left for newly isolated pods deleted"
-                        ),
-                        Ok(Err(e)) => {
-                            warn!(error = %e, "deleting the conntrack entries of newly isolated pods");
-                            core.metrics.error(Stage::Netpol);
-                        }
-                        Err(e) => warn!(error = %e, "the conntrack task failed"),
-                    }
-                });
-            }
+            forget_after_drain(core, ips, local_ips);
         }
         for key in touched {
             if self
@@ -229,6 +146,66 @@ impl PolicyTask {
                 return;
             }
         }
+    }
+
+    /// What the policies mean for this node's pods of `records`.
+    fn compute(&self, records: &[Record], pods: &[Arc<Pod>]) -> model::Enforcement {
+        let local: Vec<LocalPod> = records
+            .iter()
+            .filter(|r| !r.pod_name.is_empty())
+            .map(|r| LocalPod {
+                key: pod_key(r),
+                ips: r.ips.clone(),
+            })
+            .collect();
+        let (policies, namespaces) = (self.policies.state(), self.namespaces.state());
+        model::compute(
+            &Cluster {
+                policies: &policies,
+                namespaces: &namespaces,
+                pods,
+            },
+            &local,
+        )
+    }
+
+    /// Reconciles at once the pods of `records` in `changed` (their
+    /// isolation or hold moved) and the held pods whose hold the facts now
+    /// decide: a pod isolated anew leaves the fast path before its conntrack
+    /// entries go, one whose rules failed is held, a classified one
+    /// released. Returns the pods to tell the controller about.
+    async fn reconcile_changed(
+        &self,
+        records: &[Record],
+        pods: &[Arc<Pod>],
+        changed: BTreeSet<PodKey>,
+    ) -> BTreeSet<PodKey> {
+        let core = &self.core;
+        let pin_dir = &core.config().pin_dir;
+        let due: Vec<&Record> = records
+            .iter()
+            .filter(|r| {
+                changed.contains(&pod_key(r))
+                    || (is_held(pin_dir, r.host_ifindex) && core.hold_of(r) != Hold::Keep)
+            })
+            .collect();
+        let mut touched = changed.clone();
+        for rec in due {
+            let key = pod_key(rec);
+            touched.insert(key.clone());
+            let pod = pods.iter().find(|p| {
+                p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1
+            });
+            let annotations = pod.map(|p| p.annotations().clone()).unwrap_or_default();
+            let input = core.pod_input(&key, annotations);
+            // A failure is counted by the core; the pod's own reconcile retries.
+            if let Ok(outcome) = core.reconcile_pod(rec.clone(), input).await {
+                if let (Some(pod), false) = (pod, outcome.new_problems.is_empty()) {
+                    super::publish_problems(&self.recorder, core, pod, &outcome.new_problems).await;
+                }
+            }
+        }
+        touched
     }
 
     /// An Event on each policy that selects a pod of this node, once per
@@ -276,4 +253,49 @@ impl PolicyTask {
             }
         }
     }
+}
+
+/// The facts of a pass over `records` whose rules are `in_force` or not:
+/// who is isolated (and by which policies), which records are classified.
+fn facts(e: &model::Enforcement, records: &[Record], in_force: bool) -> PolicyFacts {
+    PolicyFacts {
+        isolated: e
+            .pods
+            .iter()
+            .map(|(k, p)| (k.clone(), p.policies.iter().cloned().collect()))
+            .collect(),
+        classified: records
+            .iter()
+            .filter(|r| !r.pod_name.is_empty() && !e.unknown.contains(&pod_key(r)))
+            .map(|r| r.container_id.clone())
+            .collect(),
+        in_force,
+        all_classified: false,
+    }
+}
+
+/// Deletes the conntrack entries of `ips` (pods isolated anew) once what
+/// the fast path carried for them has drained: made anew by their next
+/// packet through the rules (see netpol::forget_connections).
+fn forget_after_drain(core: &Arc<Core>, ips: BTreeSet<IpAddr>, local: BTreeSet<IpAddr>) {
+    if ips.is_empty() {
+        return;
+    }
+    let core = Arc::clone(core);
+    tokio::spawn(async move {
+        tokio::time::sleep(FAST_PATH_DRAIN).await;
+        let ips2 = ips.clone();
+        match tokio::task::spawn_blocking(move || forget_connections(&ips2, &local)).await {
+            Ok(Ok(n)) => info!(
+                ?ips,
+                deleted = n,
+                "conntrack entries the fast path left for newly isolated pods deleted"
+            ),
+            Ok(Err(e)) => {
+                warn!(error = %e, "deleting the conntrack entries of newly isolated pods");
+                core.metrics.error(Stage::Netpol);
+            }
+            Err(e) => warn!(error = %e, "the conntrack task failed"),
+        }
+    });
 }
