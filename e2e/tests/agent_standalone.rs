@@ -707,7 +707,7 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
     // 40 s of pings at 10 ms: longer than the eight rounds take.
     let pinger = BackgroundPing::start(&pa, b_ip, 4000).unwrap();
     // Each switch is killed at one of the crash points of the shared attach
-    // logic (pod::converge), then a fresh agent takes over: into and out of
+    // logic (the agent's apply.rs), then a fresh agent takes over: into and out of
     // tc from each XDP mode and off, at each point.
     let rounds = [
         ("converge:offloads", "generic", "xdpgeneric"),

@@ -1,7 +1,7 @@
 //! What the NetworkPolicies of the cluster mean for the pods of this node:
 //! which pods are isolated, in which direction, and what each may still
 //! send or receive. Pure: Kubernetes objects in, [`Enforcement`] out, so
-//! the translation is tested without a kernel (`nft.rs` turns it into an
+//! the translation is tested without a kernel (`nft/` turns it into an
 //! nftables ruleset).
 //!
 //! Semantics (networking.k8s.io/v1):

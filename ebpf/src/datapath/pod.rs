@@ -16,7 +16,7 @@
 //! - a hold's counter slot is claimed before the hold links, so its drops
 //!   count as the pod's own.
 //!
-//! The map-level writes of `maps.rs` are private to this crate: the CNI
+//! The map-level writes of `maps/writes.rs` are private to this crate: the CNI
 //! plugin holds a new pod ([`Datapath::hold_pod`]) and forgets it at DEL
 //! ([`Datapath::forget_veth`]); the agent does everything else through the
 //! verbs below. Tests that build a datapath by hand use
