@@ -24,6 +24,7 @@ pub mod install;
 pub mod kube;
 pub mod metrics;
 pub mod netpol;
+pub mod owner;
 pub mod prepare;
 pub mod reconciler;
 pub mod records;

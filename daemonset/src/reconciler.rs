@@ -2,7 +2,8 @@
 //! standalone and the Kubernetes modes: reconciling one pod (its record from
 //! the CNI, its wish, applied), and the node-wide work (NAT'd ports,
 //! collecting what deleted pods left). Synchronous: callers run it on a
-//! blocking thread, one at a time (the core holds it behind a mutex).
+//! blocking thread, one at a time: the datapath owner ([`crate::owner`])
+//! holds it, and no other part of the agent can reach it.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},

@@ -1,6 +1,6 @@
 //! The agent's core, shared by the standalone and the Kubernetes modes: the
-//! datapath behind one lock (the reconciler: its one writer in the agent),
-//! the policy facts pod reconciles read, readiness and the shutdown signal
+//! datapath owner (the thread that alone holds the reconciler, the agent's
+//! one writer of the datapath, [`crate::owner`]), the policy facts pod reconciles read, readiness and the shutdown signal
 //! (tokio's). A mode decides *when* to reconcile what (watch events, a
 //! file); the core does the reconciling and reports it. Its other parts,
 //! each an `impl Core` of its own file: `cni_records` (the CNI's records,
@@ -38,6 +38,7 @@ use crate::{
     config::Config,
     metrics::{DatapathReader, Metrics, Stage},
     netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
+    owner::{Owner, OwnerGone},
     reconciler::{Hold, KernelOnly, PodInput, PodOutcome, PolicyFacts, Reconciler},
     records::{is_live, pod_key, Annotations, PodKey},
     status::{self, Book, PodStatus, PolicyStatus},
@@ -86,7 +87,8 @@ impl Shutdown {
 /// The shared core.
 pub struct Core {
     cfg: Config,
-    reconciler: Mutex<Reconciler>,
+    /// The datapath owner: the thread that alone holds the reconciler.
+    owner: Owner,
     /// The metrics.
     pub metrics: Metrics,
     /// What is in force, read by /metrics and /v1/status.
@@ -127,9 +129,9 @@ pub enum ReconcileError {
     /// Applying its policy failed (it is retried).
     #[error("{0}")]
     Apply(#[from] ApplyError),
-    /// The blocking task running it died.
-    #[error("the reconcile task failed: {0}")]
-    Task(String),
+    /// The datapath owner's thread is gone.
+    #[error(transparent)]
+    Owner(#[from] OwnerGone),
 }
 
 impl ReconcileError {
@@ -137,7 +139,7 @@ impl ReconcileError {
     pub const fn kind(&self) -> &'static str {
         match self {
             Self::Apply(e) => e.kind(),
-            Self::Task(_) => "task",
+            Self::Owner(_) => "owner",
         }
     }
 }
@@ -202,7 +204,8 @@ impl Core {
         let state_dir = cfg.state_dir.clone();
         Ok(Arc::new(Self {
             cfg,
-            reconciler: Mutex::new(Reconciler::new(dp, defaults, online, state_dir)),
+            owner: Owner::start(Reconciler::new(dp, defaults, online, state_dir))
+                .context("starting the datapath owner's thread")?,
             metrics,
             book,
             maps,
@@ -335,60 +338,25 @@ impl Core {
         &self.cfg
     }
 
-    /// Reconciles one pod's record with `input` on a blocking thread: its
-    /// policy applied, the metrics view updated, problems counted.
+    /// Reconciles one pod's record with `input` (the datapath owner runs
+    /// it): its wish applied, the status view updated, problems counted.
     pub async fn reconcile_pod(
-        self: &Arc<Self>,
+        &self,
         rec: Record,
         mut input: PodInput,
     ) -> Result<PodOutcome, ReconcileError> {
         input.hold = self.hold_of(&rec);
-        let core = Arc::clone(self);
-        let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let _entered = span.enter();
-            core.reconcile_blocking(&rec, &input)
-        })
-        .await
-        .map_err(|e| ReconcileError::Task(e.to_string()))?
-    }
-
-    fn reconcile_blocking(
-        &self,
-        rec: &Record,
-        input: &PodInput,
-    ) -> Result<PodOutcome, ReconcileError> {
         let started = Instant::now();
-        let result = self
-            .reconciler
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .reconcile(rec, input);
+        let id = rec.container_id.clone();
+        let result = self.owner.reconcile(rec.clone(), input).await?;
         self.metrics.observe("pod", started.elapsed().as_secs_f64());
-        let ok = result.is_ok();
         self.converged
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(rec.container_id.clone(), ok);
+            .insert(id, result.is_ok());
         match result {
             Ok(outcome) => {
-                let (namespace, name) = pod_key(rec);
-                self.book.set_pod(PodStatus {
-                    namespace,
-                    name,
-                    container_id: rec.container_id.clone(),
-                    ips: rec.ips.clone(),
-                    host_veth: rec.host_veth.clone(),
-                    ifindex: rec.host_ifindex,
-                    mode: outcome.mode.as_str().into(),
-                    wanted: outcome.wish.mode.as_str().into(),
-                    why: outcome.why.clone(),
-                    redirect: outcome.wish.redirect.as_str().into(),
-                    cpus: xdpcni_host::pod::format_cpu_list(outcome.wish.cpu_mask),
-                    problems: outcome.problems.iter().map(ToString::to_string).collect(),
-                    reconciled_at: status::now(),
-                    counters: None,
-                });
+                self.book.set_pod(pod_status(&rec, &outcome));
                 self.metrics
                     .policy_problems
                     .inc_by(outcome.new_problems.len() as u64);
@@ -402,30 +370,10 @@ impl Core {
         }
     }
 
-    /// Runs `f` on the reconciler, on a blocking thread (it makes syscalls).
-    async fn with_reconciler<T: Send + 'static>(
-        self: &Arc<Self>,
-        f: impl FnOnce(&mut Reconciler) -> T + Send + 'static,
-    ) -> Result<T> {
-        let core = Arc::clone(self);
-        let span = tracing::Span::current();
-        tokio::task::spawn_blocking(move || {
-            let _entered = span.enter();
-            f(&mut core
-                .reconciler
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner))
-        })
-        .await
-        .context("the reconciler task failed")
-    }
-
     /// Writes the policy gate the CNI reads (the namespaces that hold
     /// NetworkPolicies); a failure is counted, logged and returned.
-    pub async fn write_gate(self: &Arc<Self>, namespaces: BTreeMap<String, u32>) -> Result<()> {
-        let written = self
-            .with_reconciler(move |r| r.write_gate(&namespaces))
-            .await?;
+    pub async fn write_gate(&self, namespaces: BTreeMap<String, u32>) -> Result<()> {
+        let written = self.owner.write_gate(namespaces).await?;
         if let Err(e) = &written {
             warn!(error = %e, "writing the policy gate: every new pod is held until it works");
             self.metrics.error(Stage::Gate);
@@ -436,40 +384,28 @@ impl Core {
     /// Re-creates the datapath if its pins were removed; whether it did
     /// (every pod must then be reconciled). A failure is counted and
     /// retried at the next pass.
-    pub async fn ensure_pinned(self: &Arc<Self>) -> bool {
-        let core = Arc::clone(self);
-        let done = tokio::task::spawn_blocking(move || {
-            core.reconciler
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .ensure_pinned()
-        })
-        .await;
-        match done {
-            Ok(Ok(reloaded)) => {
-                if reloaded {
-                    self.metrics.reloads.inc();
-                    *self
-                        .node_memo
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner) = None;
-                    self.converged
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clear();
-                }
-                reloaded
+    pub async fn ensure_pinned(&self) -> bool {
+        let failed = |e: &dyn std::fmt::Display| {
+            warn!(error = %e, "re-creating the datapath");
+            self.metrics.error(Stage::Pins);
+            false
+        };
+        match self.owner.ensure_pinned().await {
+            Ok(Ok(true)) => {
+                self.metrics.reloads.inc();
+                *self
+                    .node_memo
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+                self.converged
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
+                true
             }
-            Ok(Err(e)) => {
-                warn!(error = %e, "re-creating the datapath");
-                self.metrics.error(Stage::Pins);
-                false
-            }
-            Err(e) => {
-                warn!(error = %e, "re-creating the datapath: task failed");
-                self.metrics.error(Stage::Pins);
-                false
-            }
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => failed(&e),
+            Err(e) => failed(&e),
         }
     }
 
@@ -506,5 +442,26 @@ impl Core {
     /// Whether the node was reconciled.
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// The status view of a pod's record after a reconcile.
+fn pod_status(rec: &Record, outcome: &PodOutcome) -> PodStatus {
+    let (namespace, name) = pod_key(rec);
+    PodStatus {
+        namespace,
+        name,
+        container_id: rec.container_id.clone(),
+        ips: rec.ips.clone(),
+        host_veth: rec.host_veth.clone(),
+        ifindex: rec.host_ifindex,
+        mode: outcome.mode.as_str().into(),
+        wanted: outcome.wish.mode.as_str().into(),
+        why: outcome.why.clone(),
+        redirect: outcome.wish.redirect.as_str().into(),
+        cpus: xdpcni_host::pod::format_cpu_list(outcome.wish.cpu_mask),
+        problems: outcome.problems.iter().map(ToString::to_string).collect(),
+        reconciled_at: status::now(),
+        counters: None,
     }
 }

@@ -119,59 +119,65 @@ impl Core {
                 .unwrap_or_else(PoisonError::into_inner)
                 .as_ref()
                 .is_none_or(|m| !m.same_input(&memo) || m.at.elapsed() >= NODE_RESYNC);
-        let core = Arc::clone(self);
-        let done = tokio::task::spawn_blocking(move || {
-            let started = Instant::now();
-            let mut reconciler = core
-                .reconciler
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut clean = due;
-            if due {
-                if let Err(e) = reconciler.collect(&records) {
-                    warn!(error = %e, "collecting deleted pods' leftovers");
-                    core.metrics.error(Stage::Gc);
-                    clean = false;
-                }
-            }
-            if let Some(nat) = nat.filter(|_| due) {
-                match reconciler.sync_nat_ports(&nat) {
-                    Ok((0, 0)) => {}
-                    Ok((added, removed)) => info!(added, removed, "NAT'd ports updated"),
-                    Err(e) => {
-                        warn!(error = %e, "NAT'd ports");
-                        core.metrics.error(Stage::NatPorts);
-                        clean = false;
-                    }
-                }
-            }
-            drop(reconciler);
-            if clean {
-                // Done without an error: nothing to do until the input changes.
-                *core
-                    .node_memo
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(memo);
-            }
-            let live: std::collections::HashSet<&str> = records
-                .iter()
-                .filter(|r| is_live(r))
-                .map(|r| r.container_id.as_str())
-                .collect();
-            core.book.retain_pods(|id| live.contains(id));
-            core.book.node_pass();
-            core.converged
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .retain(|id, _| live.contains(id.as_str()));
-            core.metrics
-                .observe("node", started.elapsed().as_secs_f64());
-        })
-        .await;
-        if let Err(e) = done {
-            warn!(error = %e, "node work task failed");
-            self.metrics.error(Stage::Gc);
+        let started = Instant::now();
+        let mut clean = due;
+        if due && !self.collect(&records).await {
+            clean = false;
         }
+        if let Some(nat) = nat.filter(|_| due) {
+            if !self.sync_nat(nat).await {
+                clean = false;
+            }
+        }
+        if clean {
+            // Done without an error: nothing to do until the input changes.
+            *self
+                .node_memo
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(memo);
+        }
+        let live: std::collections::HashSet<&str> = records
+            .iter()
+            .filter(|r| is_live(r))
+            .map(|r| r.container_id.as_str())
+            .collect();
+        self.book.retain_pods(|id| live.contains(id));
+        self.book.node_pass();
+        self.converged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|id, _| live.contains(id.as_str()));
+        self.metrics
+            .observe("node", started.elapsed().as_secs_f64());
+    }
+
+    /// Collects what deleted pods left behind; whether it went without an
+    /// error (one is counted and logged).
+    async fn collect(&self, records: &Arc<Vec<Record>>) -> bool {
+        let error = match self.owner.collect(Arc::clone(records)).await {
+            Ok(Ok(_)) => return true,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        warn!(error, "collecting deleted pods' leftovers");
+        self.metrics.error(Stage::Gc);
+        false
+    }
+
+    /// Makes the NAT'd ports `nat`; whether it went without an error.
+    async fn sync_nat(&self, nat: BTreeSet<(IpAddr, L4Proto, u16)>) -> bool {
+        let error = match self.owner.sync_nat_ports(nat).await {
+            Ok(Ok((0, 0))) => return true,
+            Ok(Ok((added, removed))) => {
+                info!(added, removed, "NAT'd ports updated");
+                return true;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        warn!(error, "NAT'd ports");
+        self.metrics.error(Stage::NatPorts);
+        false
     }
 
     /// A pass of the node task that found nothing to do: the status's last

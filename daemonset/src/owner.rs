@@ -1,0 +1,152 @@
+//! The datapath owner: one thread that alone holds the [`Reconciler`] (the
+//! agent's one writer of the pinned datapath) and runs the commands the
+//! agent's tasks send it, one at a time, in the order they came. Nothing
+//! else in the agent can reach the reconciler: a task that wants the
+//! datapath changed sends a [`Command`] through an [`Owner`] and awaits the
+//! answer. The owner makes syscalls (netlink, bpf) on its own thread, so no
+//! tokio worker ever blocks on them and no lock is held across an await.
+//!
+//! The thread ends when the last [`Owner`] is dropped.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{mpsc, Arc},
+};
+
+use tokio::sync::oneshot;
+use tracing::Span;
+use xdpcni_ebpf::L4Proto;
+use xdpcni_host::state::Record;
+
+use crate::{
+    apply::ApplyError,
+    reconciler::{PodInput, PodOutcome, Reconciler},
+};
+
+/// The datapath owner's thread is gone (it panicked): nothing can change
+/// the datapath until the agent restarts.
+#[derive(Debug, thiserror::Error)]
+#[error("the datapath owner stopped")]
+pub struct OwnerGone;
+
+type Reply<T> = oneshot::Sender<T>;
+type DatapathResult<T> = Result<T, xdpcni_ebpf::Error>;
+
+/// What the owner can be asked to do: each is one method of the
+/// [`Reconciler`].
+enum Command {
+    /// Apply a pod's input to one of its records.
+    Reconcile(
+        Box<(Record, PodInput)>,
+        Reply<Result<PodOutcome, ApplyError>>,
+    ),
+    /// Write the policy gate the CNI reads (namespaces with policies).
+    WriteGate(BTreeMap<String, u32>, Reply<DatapathResult<bool>>),
+    /// Re-create the datapath if its pins were removed.
+    EnsurePinned(Reply<DatapathResult<bool>>),
+    /// Collect what deleted pods left behind, given the live records.
+    Collect(Arc<Vec<Record>>, Reply<DatapathResult<usize>>),
+    /// Make the NAT'd ports equal the given set.
+    SyncNatPorts(
+        BTreeSet<(IpAddr, L4Proto, u16)>,
+        Reply<DatapathResult<(usize, usize)>>,
+    ),
+}
+
+impl Command {
+    fn run(self, r: &mut Reconciler) {
+        // A dropped reply means the asker went away (shutdown, a cancelled
+        // future): the work is done all the same.
+        match self {
+            Self::Reconcile(job, reply) => {
+                let (rec, input) = *job;
+                let _ = reply.send(r.reconcile(&rec, &input));
+            }
+            Self::WriteGate(namespaces, reply) => {
+                let _ = reply.send(r.write_gate(&namespaces));
+            }
+            Self::EnsurePinned(reply) => {
+                let _ = reply.send(r.ensure_pinned());
+            }
+            Self::Collect(records, reply) => {
+                let _ = reply.send(r.collect(&records));
+            }
+            Self::SyncNatPorts(want, reply) => {
+                let _ = reply.send(r.sync_nat_ports(&want));
+            }
+        }
+    }
+}
+
+/// A handle on the datapath owner (cheap to clone; every task of the agent
+/// that changes the datapath holds one).
+#[derive(Clone)]
+pub struct Owner {
+    tx: mpsc::Sender<(Span, Command)>,
+}
+
+impl Owner {
+    /// Starts the owner's thread with `reconciler`, which from now on only
+    /// that thread touches.
+    pub fn start(reconciler: Reconciler) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<(Span, Command)>();
+        std::thread::Builder::new()
+            .name("datapath".into())
+            .spawn(move || {
+                let mut reconciler = reconciler;
+                while let Ok((span, cmd)) = rx.recv() {
+                    let _entered = span.enter();
+                    cmd.run(&mut reconciler);
+                }
+            })?;
+        Ok(Self { tx })
+    }
+
+    async fn ask<T>(&self, cmd: impl FnOnce(Reply<T>) -> Command) -> Result<T, OwnerGone> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((Span::current(), cmd(reply)))
+            .map_err(|_| OwnerGone)?;
+        answer.await.map_err(|_| OwnerGone)
+    }
+
+    /// [`Reconciler::reconcile`].
+    pub async fn reconcile(
+        &self,
+        rec: Record,
+        input: PodInput,
+    ) -> Result<Result<PodOutcome, ApplyError>, OwnerGone> {
+        self.ask(|r| Command::Reconcile(Box::new((rec, input)), r))
+            .await
+    }
+
+    /// [`Reconciler::write_gate`].
+    pub async fn write_gate(
+        &self,
+        namespaces: BTreeMap<String, u32>,
+    ) -> Result<DatapathResult<bool>, OwnerGone> {
+        self.ask(|r| Command::WriteGate(namespaces, r)).await
+    }
+
+    /// [`Reconciler::ensure_pinned`].
+    pub async fn ensure_pinned(&self) -> Result<DatapathResult<bool>, OwnerGone> {
+        self.ask(Command::EnsurePinned).await
+    }
+
+    /// [`Reconciler::collect`].
+    pub async fn collect(
+        &self,
+        records: Arc<Vec<Record>>,
+    ) -> Result<DatapathResult<usize>, OwnerGone> {
+        self.ask(|r| Command::Collect(records, r)).await
+    }
+
+    /// [`Reconciler::sync_nat_ports`].
+    pub async fn sync_nat_ports(
+        &self,
+        want: BTreeSet<(IpAddr, L4Proto, u16)>,
+    ) -> Result<DatapathResult<(usize, usize)>, OwnerGone> {
+        self.ask(|r| Command::SyncNatPorts(want, r)).await
+    }
+}
