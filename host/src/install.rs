@@ -231,7 +231,7 @@ pub struct Removed {
     /// Whether the NetworkPolicy table (`inet xdpcni`) was there and went.
     pub policy_table: bool,
     /// The VXLAN device and the routes to other nodes' pods.
-    pub overlay: crate::overlay::Removed,
+    pub overlay: crate::overlay::TunnelRemoved,
 }
 
 impl Removed {

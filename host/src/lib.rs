@@ -12,19 +12,18 @@
 //! - [`source_check`]: the kernel path's check that pods send from their own
 //!   addresses (what the datapath's `drop_spoofed` is on the fast path).
 //! - [`nftable`]: the product's nftables table (NetworkPolicy rules) and
-//!   its removal; [`conntrack`]: listing and deleting connection tracking
-//!   entries; both over [`netfilter`] netlink.
+//!   its removal, over [`netfilter`] netlink.
 //! - [`overlay`]: routing between nodes (host-gateway, VXLAN, auto): the
 //!   modes, the VXLAN device, the pod MTU it leaves, the published VTEP.
-//! - [`netlink`]: synchronous route netlink (links, addresses, routes,
-//!   neighbours) for the plugin and `uninstall`.
+//! - [`netlink`]: the product's one netlink socket, generic over the family,
+//!   and synchronous route netlink's verbs (links, addresses, routes,
+//!   neighbours, FDB) for the plugin, the agent and `uninstall`.
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
 //! - [`netconf`]: the plugin's entry of the conflist, typed once for
 //!   install-cni (which writes it) and the plugin (which reads it), with the
 //!   defaults and ranges of its settings.
 //! - [`hook`]: the named crash points the tests stop a process at.
 
-pub mod conntrack;
 pub mod ethtool;
 pub mod gate;
 pub mod hook;

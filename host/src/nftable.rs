@@ -11,7 +11,10 @@ use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterProtoFamily,
 };
 
-use crate::netfilter::{errno, message, Nfnl};
+use crate::{
+    netfilter::{self, message},
+    netlink::errno,
+};
 
 /// The table (family `inet`) that holds every rule of the product.
 pub const TABLE: &str = "xdpcni";
@@ -23,20 +26,25 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 /// with every chain, set and counter in it; `Ok(false)` if there was none.
 pub fn remove_table() -> std::io::Result<bool> {
     let batch = || NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
-    let msgs = [
-        message(NLM_F_REQUEST, 1, batch(), ControlMessage::BatchBegin),
-        message(
+    let delete = NfTablesMessage::DeleteTable(TableMessage {
+        attributes: vec![TableAttribute::Name(TABLE.into())],
+    });
+    let mut socket = netfilter::open()?;
+    let seqs = socket.send(vec![
+        (NLM_F_REQUEST, message(batch(), ControlMessage::BatchBegin)),
+        (
             NLM_F_REQUEST | NLM_F_ACK,
-            2,
-            NetfilterHeader::new(NetfilterProtoFamily::Inet, 0, 0),
-            NfTablesMessage::DeleteTable(TableMessage {
-                attributes: vec![TableAttribute::Name(TABLE.into())],
-            }),
+            message(
+                NetfilterHeader::new(NetfilterProtoFamily::Inet, 0, 0),
+                delete,
+            ),
         ),
-        message(NLM_F_REQUEST, 3, batch(), ControlMessage::BatchEnd),
-    ];
-    Nfnl::open()?.exchange(&msgs, |m| match m.payload {
-        NetlinkPayload::Error(e) if m.header.sequence_number == 2 => Some(match errno(&e) {
+        (NLM_F_REQUEST, message(batch(), ControlMessage::BatchEnd)),
+    ])?;
+    // Only the delete asks for an answer.
+    let delete_seq = seqs.start + 1;
+    socket.receive(seqs, |seq, payload| match payload {
+        NetlinkPayload::Error(e) if seq == delete_seq => Some(match errno(&e) {
             None => Ok(true),
             Some(libc::ENOENT) => Ok(false),
             Some(c) => Err(std::io::Error::from_raw_os_error(c)),

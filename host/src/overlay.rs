@@ -278,7 +278,7 @@ pub fn tunnel_gateway(cidr_addr: IpAddr, mac: MacAddr) -> IpAddr {
 
 /// What [`remove`] took away.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Removed {
+pub struct TunnelRemoved {
     /// Whether the VXLAN device was there (its FDB entries, neighbours
     /// and routes went with it).
     pub device: bool,
@@ -288,13 +288,21 @@ pub struct Removed {
 
 /// Removes the VXLAN device and every route the agent owns (`proto 90`)
 /// from the calling thread's network namespace. Nothing there is success.
-pub fn remove(nl: &mut Netlink) -> Result<Removed, NetlinkError> {
-    let mut removed = Removed::default();
-    if let Some(link) = nl.link_by_name(DEVICE)? {
-        removed.device = nl.del_link(link.index)?;
+pub fn remove(nl: &mut Netlink) -> Result<TunnelRemoved, NetlinkError> {
+    Ok(TunnelRemoved {
+        device: remove_device(nl)?,
+        routes: nl.del_routes_of_protocol(ROUTE_PROTOCOL)?,
+    })
+}
+
+/// Removes the VXLAN device (its neighbours, FDB entries and routes go
+/// with it): whether it was there. The one removal of the device, for the
+/// agent leaving the tunnel and for uninstall.
+pub fn remove_device(nl: &mut Netlink) -> Result<bool, NetlinkError> {
+    match nl.link_by_name(DEVICE)? {
+        Some(link) => nl.del_link(link.index),
+        None => Ok(false),
     }
-    removed.routes = nl.del_routes_of_protocol(ROUTE_PROTOCOL)?;
-    Ok(removed)
 }
 
 #[cfg(test)]

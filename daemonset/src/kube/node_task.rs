@@ -21,7 +21,7 @@ use xdpcni_host::state::Record;
 
 use super::{nat_ports, publish, Ctx};
 use crate::{
-    daemon::{PassChecks, Shutdown, NODE_RESYNC},
+    daemon::{BlockedChange, PassChecks, Shutdown, NODE_RESYNC},
     metrics::Stage,
     records::{is_live, orphans, pod_key, veth_present, PodKey},
     routes,
@@ -105,16 +105,12 @@ impl NodeTask {
         }
         self.ctx.core.policies_known().await;
         info!(node = %self.node, "first lists complete: pods, nodes, endpoints; policies in force");
-        let (conn, netlink, _) = rtnetlink::new_connection().context("rtnetlink socket")?;
-        tokio::spawn(conn);
         let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
-        let mut seen: HashSet<String> = HashSet::new();
         let mut router = routes::Router::new(self.ctx.core.config().routing()?);
         let mut full: Option<(u64, Instant)> = None;
         let mut woken = true;
         while !shutdown.is_set() {
-            self.pass(&netlink, &mut seen, &mut router, &mut full, woken)
-                .await?;
+            self.pass(&mut router, &mut full, woken).await?;
             woken = tokio::select! {
                 _ = tokio::time::sleep(interval) => false,
                 _ = self.changed.notified() => true,
@@ -154,7 +150,7 @@ impl NodeTask {
     /// After a routing pass: this node's VTEP published on its Node (or
     /// taken off), new warnings logged, each newly refused host-gateway
     /// route logged and reported as an Event on this Node, the gauges set.
-    async fn routed(&self, o: &routes::Outcome) {
+    async fn routed(&self, o: &routes::Routed) {
         let core = &self.ctx.core;
         core.metrics.set_node_routes(o.routes, o.unreachable);
         if let Some(r) = &o.report {
@@ -182,59 +178,133 @@ impl NodeTask {
         let Some(node) = self.nodes.get(&ObjectRef::new(&self.node)) else {
             return;
         };
-        let published = routes::published_vtep(&node).and_then(Result::ok);
-        if published != o.vtep {
-            let value = o.vtep.map(|v| v.to_annotation());
-            let patch = serde_json::json!({
-                "metadata": { "annotations": { xdpcni_host::overlay::VTEP_ANNOTATION: value } }
-            });
-            match Api::<Node>::all(self.client.clone())
-                .patch(
-                    &self.node,
-                    &kube::api::PatchParams::default(),
-                    &kube::api::Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => info!(vtep = ?o.vtep, "published this node's VXLAN endpoint"),
-                Err(e) => {
-                    warn!(error = %e, "could not publish this node's VXLAN endpoint");
-                    core.metrics.error(Stage::Routes);
-                }
-            }
-        }
-        // Every refusal is logged; the first few of a pass become Events (a
-        // cluster that is not one L2 segment would otherwise file one per
-        // node), the rest one Event that counts them.
-        for u in &o.new_unreachable {
-            warn!(node = %u.node, via = %u.via, "{u}");
-        }
-        // A peer this tunnelling node waits for (not publishing its VTEP
-        // yet: starting, or a roll between modes) is a log line only: the
-        // Event is for what the user must change.
-        let refused: Vec<&routes::Unreachable> = o
-            .new_unreachable
-            .iter()
-            .filter(|u| !u.awaiting_vtep)
-            .collect();
-        let mut notes: Vec<String> = refused
-            .iter()
-            .take(UNREACHABLE_EVENTS)
-            .map(ToString::to_string)
-            .collect();
-        if refused.len() > UNREACHABLE_EVENTS {
-            notes.push(format!(
-                "and {} more host-gateway routes refused (their next hops are not on this \
-                 node's L2 segment; the agent's log names each): set routing.mode to vxlan or auto",
-                refused.len() - UNREACHABLE_EVENTS
-            ));
-        }
-        for note in notes {
+        self.publish_vtep(&node, o.vtep).await;
+        for note in refusal_notes(&o.new_unreachable) {
             if let Err(e) =
                 publish_node_event(&self.client, &node, "XdpcniUnreachableNextHop", &note).await
             {
                 warn!(error = %e, "could not publish the Event");
                 core.metrics.error(Stage::Event);
+            }
+        }
+    }
+
+    /// The pods a FORWARD rule newly names get an Event saying why they
+    /// are kernel-only; those and the pods no rule names any more are
+    /// reconciled.
+    async fn forward_changed(&self, change: &BlockedChange, pods: &[Arc<Pod>]) {
+        for (key, rule) in &change.added {
+            let Some(pod) = pods.iter().find(|p| {
+                p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1
+            }) else {
+                continue;
+            };
+            let note = format!(
+                "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
+                 would bypass it, so the pod takes kernel routing while it is there"
+            );
+            publish(
+                &self.ctx.recorder,
+                &self.ctx.core,
+                pod,
+                "XdpcniKernelOnly",
+                &note,
+            )
+            .await;
+        }
+        for key in change.added.iter().map(|(k, _)| k).chain(&change.removed) {
+            if !key.0.is_empty() {
+                let _ = self
+                    .trigger
+                    .send(ObjectRef::new(&key.1).within(&key.0))
+                    .await;
+            }
+        }
+    }
+
+    /// Triggers the pod of each live record not reconciled yet. The
+    /// records' own feed (inotify, kube/mod.rs) triggers a new record's pod
+    /// at once; this catches what it could not (its watch stopped, the pod
+    /// was not listed yet, a fresh datapath that forgot every reconcile).
+    async fn trigger_unreconciled(&self, live: &[Record]) {
+        let core = &self.ctx.core;
+        for rec in live
+            .iter()
+            .filter(|r| !r.pod_name.is_empty() && !core.reconciled(&r.container_id))
+        {
+            let pod = ObjectRef::new(&rec.pod_name).within(&rec.pod_namespace);
+            if self.trigger.send(pod).await.is_err() {
+                debug!("the controller stopped");
+            }
+        }
+    }
+
+    /// Reconciles with the node defaults each live record no listed pod
+    /// claims (no Pod object: the controller cannot).
+    async fn reconcile_orphans(&self, live: &[Record], pods: &[Arc<Pod>]) {
+        let core = &self.ctx.core;
+        let listed: HashSet<PodKey> = pods
+            .iter()
+            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
+            .collect();
+        for rec in orphans(live, Some(&listed)) {
+            let (ns, name) = pod_key(rec);
+            let span =
+                tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
+            // Errors are counted and logged by the core; the next pass retries.
+            let input = core.pod_input(rec, Default::default());
+            let _ = core
+                .reconcile_pod(rec.clone(), input)
+                .instrument(span)
+                .await;
+        }
+    }
+
+    /// A routing pass over the Nodes (on a blocking thread); whether it left
+    /// every route in place.
+    async fn route(&self, router: &mut routes::Router) -> bool {
+        let nodes = self.nodes.state();
+        let taken = std::mem::replace(router, routes::Router::new(router.routing()));
+        let (back, routed) = taken
+            .pass_blocking(nodes, self.node.clone(), NODE_RESYNC)
+            .await;
+        *router = back;
+        match routed {
+            Ok(o) => {
+                self.routed(&o).await;
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "node routes");
+                self.ctx.core.metrics.error(Stage::Routes);
+                router.invalidate();
+                false
+            }
+        }
+    }
+
+    /// Publishes this node's VTEP `vtep` on its Node `node` (or takes it
+    /// off) when the Node says otherwise.
+    async fn publish_vtep(&self, node: &Node, vtep: Option<xdpcni_host::overlay::Vtep>) {
+        if routes::published_vtep(node).and_then(Result::ok) == vtep {
+            return;
+        }
+        let value = vtep.map(|v| v.to_annotation());
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { xdpcni_host::overlay::VTEP_ANNOTATION: value } }
+        });
+        match Api::<Node>::all(self.client.clone())
+            .patch(
+                &self.node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => info!(?vtep, "published this node's VXLAN endpoint"),
+            Err(e) => {
+                warn!(error = %e, "could not publish this node's VXLAN endpoint");
+                self.ctx.core.metrics.error(Stage::Routes);
             }
         }
     }
@@ -252,18 +322,14 @@ impl NodeTask {
     /// and one runs at least every [`NODE_RESYNC`].
     async fn pass(
         &self,
-        netlink: &rtnetlink::Handle,
-        seen: &mut HashSet<String>,
         router: &mut routes::Router,
         full: &mut Option<(u64, Instant)>,
         woken: bool,
     ) -> Result<()> {
         let core = &self.ctx.core;
+        // A fresh datapath forgets every reconcile: each pod is triggered
+        // below and attached again.
         let reloaded = core.ensure_pinned().await;
-        if reloaded {
-            // A fresh datapath: every pod is attached again.
-            seen.clear();
-        }
         let listing = core.listing();
         let records = Arc::clone(&listing.records);
         // A record whose veth is gone: collect now, not at the resync.
@@ -287,73 +353,12 @@ impl NodeTask {
         self.report_unreadable().await;
         let live: Vec<Record> = records.iter().filter(|r| is_live(r)).cloned().collect();
         let pod_list = self.pods.state();
-        for (key, rule) in &change.added {
-            if let Some(pod) = pod_list
-                .iter()
-                .find(|p| p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1)
-            {
-                let note = format!(
-                    "the node's FORWARD rule `{rule}` names this pod: the XDP fast path \
-                     would bypass it, so the pod takes kernel routing while it is there"
-                );
-                publish(
-                    &self.ctx.recorder,
-                    &self.ctx.core,
-                    pod,
-                    "XdpcniKernelOnly",
-                    &note,
-                )
-                .await;
-            }
-        }
-        for key in change.added.iter().map(|(k, _)| k).chain(&change.removed) {
-            if !key.0.is_empty() {
-                let _ = self
-                    .trigger
-                    .send(ObjectRef::new(&key.1).within(&key.0))
-                    .await;
-            }
-        }
-        for rec in &live {
-            if seen.insert(rec.container_id.clone()) && !rec.pod_name.is_empty() {
-                let pod = ObjectRef::new(&rec.pod_name).within(&rec.pod_namespace);
-                if self.trigger.send(pod).await.is_err() {
-                    debug!("the controller stopped");
-                }
-            }
-        }
-        seen.retain(|id| live.iter().any(|r| &r.container_id == id));
-        let listed: HashSet<PodKey> = pod_list
-            .iter()
-            .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
-            .collect();
-        for rec in orphans(&live, Some(&listed)) {
-            let (ns, name) = pod_key(rec);
-            let span =
-                tracing::info_span!("reconcile", namespace = %ns, pod = %name, orphan = true);
-            // Errors are counted and logged by the core; the next pass retries.
-            let input = core.pod_input(&(ns.clone(), name.clone()), Default::default());
-            let _ = core
-                .reconcile_pod(rec.clone(), input)
-                .instrument(span)
-                .await;
-        }
+        self.forward_changed(&change, &pod_list).await;
+        self.trigger_unreconciled(&live).await;
+        self.reconcile_orphans(&live, &pod_list).await;
         let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
         core.node_work(&listing, Some(nat), vanished).await;
-        let nodes = self.nodes.state();
-        let synced;
-        match router.pass(netlink, &nodes, &self.node, NODE_RESYNC).await {
-            Ok(o) => {
-                self.routed(&o).await;
-                synced = true;
-            }
-            Err(e) => {
-                warn!(error = %e, "node routes");
-                core.metrics.error(Stage::Routes);
-                router.invalidate();
-                synced = false;
-            }
-        }
+        let synced = self.route(router).await;
         let converged = core.all_converged(&records);
         if converged {
             core.set_ready()?;
@@ -362,4 +367,30 @@ impl NodeTask {
         *full = (converged && synced).then(|| (listing.generation, Instant::now()));
         Ok(())
     }
+}
+
+/// The Events of newly refused host-gateway routes, each logged: every
+/// refusal of the first [`UNREACHABLE_EVENTS`] its own, the rest one that
+/// counts them (a cluster that is not one L2 segment would otherwise file
+/// one per node). A peer this tunnelling node waits for (not publishing its
+/// VTEP yet: starting, or a roll between modes) is a log line only: the
+/// Event is for what the user must change.
+fn refusal_notes(new: &[routes::Unreachable]) -> Vec<String> {
+    for u in new {
+        warn!(node = %u.node, via = %u.via, "{u}");
+    }
+    let refused: Vec<&routes::Unreachable> = new.iter().filter(|u| !u.awaiting_vtep).collect();
+    let mut notes: Vec<String> = refused
+        .iter()
+        .take(UNREACHABLE_EVENTS)
+        .map(ToString::to_string)
+        .collect();
+    if refused.len() > UNREACHABLE_EVENTS {
+        notes.push(format!(
+            "and {} more host-gateway routes refused (their next hops are not on this \
+             node's L2 segment; the agent's log names each): set routing.mode to vxlan or auto",
+            refused.len() - UNREACHABLE_EVENTS
+        ));
+    }
+    notes
 }

@@ -9,6 +9,7 @@
 //! the agent has classified it (see `xdpcni_host::gate`).
 
 pub mod addrs;
+pub mod conntrack;
 pub mod model;
 pub mod nft;
 
@@ -21,7 +22,7 @@ use std::{
 
 use tracing::{debug, info};
 
-use xdpcni_host::conntrack::{self, Entry};
+use conntrack::Entry;
 
 use self::{
     model::Enforcement,

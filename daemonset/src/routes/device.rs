@@ -3,13 +3,18 @@
 
 use std::net::IpAddr;
 
-use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::{
-    packet_route::link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
-    Handle, LinkMessageBuilder, LinkUnspec, LinkVxlan,
+    packet_route::{
+        link::{InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage},
+        RouteNetlinkMessage,
+    },
+    LinkMessageBuilder, LinkUnspec, LinkVxlan,
 };
-use xdpcni_host::overlay::{MacAddr, Underlay, Vtep, DEVICE};
+use xdpcni_host::{
+    netlink::{Netlink, NetlinkError},
+    overlay::{MacAddr, Underlay, Vtep, DEVICE},
+};
 
 use super::{sync::mac_of, RouteError};
 use crate::config::Routing;
@@ -67,34 +72,19 @@ fn device_state(m: &LinkMessage) -> DeviceState {
     s
 }
 
-async fn find_device(handle: &Handle) -> Result<Option<LinkMessage>, rtnetlink::Error> {
-    let mut links = handle.link().get().match_name(DEVICE.to_string()).execute();
-    match links.try_next().await {
-        Ok(l) => Ok(l),
-        Err(rtnetlink::Error::NetlinkError(m))
-            if m.code.is_some_and(|c| -c.get() == libc::ENODEV) =>
-        {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// The ifindex of the VXLAN device, if the node has one.
-pub async fn device_index(handle: &Handle) -> Result<Option<u32>, rtnetlink::Error> {
-    Ok(find_device(handle).await?.map(|m| m.header.index))
-}
-
-/// Removes the VXLAN device (its neighbours, FDB entries and routes go
-/// with it): whether it was there.
-pub async fn remove_device(handle: &Handle) -> Result<bool, rtnetlink::Error> {
-    match find_device(handle).await? {
-        Some(m) => {
-            handle.link().del(m.header.index).execute().await?;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
+fn find_device(nl: &mut Netlink) -> Result<Option<LinkMessage>, NetlinkError> {
+    let mut get = LinkMessage::default();
+    get.attributes
+        .push(LinkAttribute::IfName(DEVICE.to_string()));
+    Ok(
+        match nl.get(
+            &format!("looking up {DEVICE}"),
+            RouteNetlinkMessage::GetLink(get),
+        )? {
+            Some(RouteNetlinkMessage::NewLink(m)) => Some(m),
+            _ => None,
+        },
+    )
 }
 
 /// What [`ensure_device`] did.
@@ -112,47 +102,38 @@ pub struct Device {
 /// addresses (the source of the node's own packets to other nodes' pods,
 /// so replies come back through the tunnel), transmit checksum offload as
 /// the config says ([`xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD`]).
-pub async fn ensure_device(
-    handle: &Handle,
+pub fn ensure_device(
+    nl: &mut Netlink,
     routing: &Routing,
     underlay: &Underlay,
     vtep: &Vtep,
     own_cidrs: &[IpNet],
 ) -> Result<Device, RouteError> {
-    let named = |op: String| move |source| RouteError::Request { op, source };
     let mtu = underlay.pod_mtu(routing.mode);
     let mut created = false;
-    let mut state = find_device(handle).await?.map(|m| device_state(&m));
+    let mut state = find_device(nl)?.map(|m| device_state(&m));
     if let Some(s) = &state {
         let same = s.vni == Some(routing.vni)
             && s.port == Some(routing.port)
             && s.local == Some(vtep.address)
             && s.link == Some(underlay.link.index);
         if !same {
-            handle
-                .link()
-                .del(s.index)
-                .execute()
-                .await
-                .map_err(named(format!("removing {DEVICE} made for other settings")))?;
+            nl.del_link(s.index)?;
             state = None;
         }
     }
     let index = match state {
         Some(s) => {
             if s.mac != Some(vtep.mac) || s.mtu != Some(mtu) {
-                handle
-                    .link()
-                    .set(
-                        LinkMessageBuilder::<LinkUnspec>::new()
-                            .index(s.index)
-                            .address(vtep.mac.0.to_vec())
-                            .mtu(mtu)
-                            .build(),
-                    )
-                    .execute()
-                    .await
-                    .map_err(named(format!("setting {DEVICE}'s MAC and MTU {mtu}")))?;
+                let set = LinkMessageBuilder::<LinkUnspec>::new()
+                    .index(s.index)
+                    .address(vtep.mac.0.to_vec())
+                    .mtu(mtu)
+                    .build();
+                nl.change(
+                    &format!("setting {DEVICE}'s MAC and MTU {mtu}"),
+                    RouteNetlinkMessage::SetLink(set),
+                )?;
             }
             s.index
         }
@@ -165,52 +146,24 @@ pub async fn ensure_device(
                 IpAddr::V4(a) => b.local(a),
                 IpAddr::V6(a) => b.local6(a),
             };
-            handle
-                .link()
-                .add(b.address(vtep.mac.0.to_vec()).mtu(mtu).build())
-                .execute()
-                .await
-                .map_err(named(format!(
+            nl.create(
+                &format!(
                     "creating {DEVICE} (VNI {}, port {}, local {}, over {})",
                     routing.vni, routing.port, vtep.address, underlay.link.name
-                )))?;
+                ),
+                RouteNetlinkMessage::NewLink(b.address(vtep.mac.0.to_vec()).mtu(mtu).build()),
+            )?;
             created = true;
-            find_device(handle)
-                .await?
+            find_device(nl)?
                 .map(|m| m.header.index)
-                .ok_or(RouteError::Netlink(rtnetlink::Error::RequestFailed))?
+                .ok_or(RouteError::Vanished)?
         }
     };
     for cidr in own_cidrs {
         let host = if cidr.addr().is_ipv4() { 32 } else { 128 };
-        match handle
-            .address()
-            .add(index, cidr.addr(), host)
-            .replace()
-            .execute()
-            .await
-        {
-            Ok(()) => {}
-            Err(rtnetlink::Error::NetlinkError(m))
-                if m.code.is_some_and(|c| -c.get() == libc::EEXIST) => {}
-            Err(e) => {
-                return Err(named(format!("adding {}/{host} to {DEVICE}", cidr.addr()))(
-                    e,
-                ))
-            }
-        }
+        nl.add_address(index, cidr.addr(), host)?;
     }
-    handle
-        .link()
-        .set(
-            LinkMessageBuilder::<LinkUnspec>::new()
-                .index(index)
-                .up()
-                .build(),
-        )
-        .execute()
-        .await
-        .map_err(named(format!("setting {DEVICE} up")))?;
+    nl.set_up(index)?;
     xdpcni_host::ethtool::ensure(
         DEVICE,
         xdpcni_host::ethtool::Offload::TxChecksum,

@@ -16,7 +16,7 @@
 mod device;
 mod sync;
 
-pub use device::{device_index, ensure_device, remove_device, Device};
+pub use device::{ensure_device, Device};
 pub use sync::sync;
 
 use std::{
@@ -28,9 +28,12 @@ use std::{
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use rtnetlink::Handle;
-use xdpcni_host::overlay::{
-    tunnel_gateway, MacAddr, RoutingMode, Underlay, Vtep, DEVICE, VTEP_ANNOTATION,
+use xdpcni_host::{
+    netlink::{Netlink, NetlinkError},
+    overlay::{
+        remove_device, tunnel_gateway, MacAddr, RoutingMode, Underlay, Vtep, DEVICE,
+        VTEP_ANNOTATION,
+    },
 };
 
 use crate::config::Routing;
@@ -74,6 +77,18 @@ pub struct Plan {
     pub neighbours: BTreeSet<(IpAddr, MacAddr)>,
     /// Nodes whose VTEP annotation cannot be read (they get host-gateway).
     pub bad_vteps: Vec<(String, String)>,
+}
+
+impl Plan {
+    /// How many routes go (host-gateway, through the tunnel).
+    fn counts(&self) -> (usize, usize) {
+        let tunnel = self
+            .routes
+            .keys()
+            .filter(|r| matches!(r.via, Via::Tunnel(_)))
+            .count();
+        (self.routes.len() - tunnel, tunnel)
+    }
 }
 
 /// The InternalIPs of `node`, in the order its status lists them.
@@ -248,20 +263,15 @@ pub const RETIRE_AFTER: Duration = Duration::from_secs(10);
 /// A failure of a routing pass.
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
-    /// Route netlink.
+    /// A route netlink request (it names itself).
     #[error(transparent)]
-    Netlink(#[from] rtnetlink::Error),
-    /// A route netlink request, named.
-    #[error("{op}: {source}")]
-    Request {
-        /// What was asked.
-        op: String,
-        /// The kernel's answer.
-        source: rtnetlink::Error,
-    },
-    /// The synchronous netlink the underlay is found with.
-    #[error("finding the underlay interface: {0}")]
-    Underlay(#[from] xdpcni_host::netlink::NetlinkError),
+    Netlink(#[from] NetlinkError),
+    /// The blocking task of a pass failed.
+    #[error("the routing task failed: {0}")]
+    Task(String),
+    /// The VXLAN device was gone right after it was made.
+    #[error("{DEVICE} was gone right after it was made")]
+    Vanished,
     /// The device's transmit checksum offload could not be set.
     #[error("setting transmit checksum offload on {DEVICE}: {0}")]
     Offload(std::io::Error),
@@ -269,7 +279,7 @@ pub enum RouteError {
 
 /// What one routing pass found and did.
 #[derive(Clone, Debug, Default)]
-pub struct Outcome {
+pub struct Routed {
     /// The VTEP this node should publish on its Node (None: none).
     pub vtep: Option<Vtep>,
     /// Set when the kernel's entries were read and made right.
@@ -287,9 +297,11 @@ pub struct Outcome {
     pub device_changed: bool,
 }
 
-/// The routing state of this node's agent between passes.
+/// The routing state of this node's agent between passes, with its netlink
+/// socket.
 pub struct Router {
     routing: Routing,
+    netlink: Option<Netlink>,
     device: Option<u32>,
     last: Option<(Plan, Instant)>,
     retire_at: Option<Instant>,
@@ -303,6 +315,7 @@ impl Router {
     pub fn new(routing: Routing) -> Self {
         Self {
             routing,
+            netlink: None,
             device: None,
             last: None,
             retire_at: None,
@@ -310,6 +323,11 @@ impl Router {
             refused: 0,
             warned: BTreeSet::new(),
         }
+    }
+
+    /// The routing it runs.
+    pub fn routing(&self) -> Routing {
+        self.routing
     }
 
     /// Whether a device is waiting to be retired (the node pass must come
@@ -323,44 +341,61 @@ impl Router {
         self.last = None;
     }
 
+    /// [`Router::pass`] on a blocking thread (its netlink requests are
+    /// syscalls): the router comes back with the outcome (a fresh one, which
+    /// reads the kernel again, if the thread failed).
+    pub async fn pass_blocking(
+        mut self,
+        nodes: Vec<Arc<Node>>,
+        me: String,
+        resync: Duration,
+    ) -> (Self, Result<Routed, RouteError>) {
+        let routing = self.routing;
+        let done = tokio::task::spawn_blocking(move || {
+            let outcome = self.pass(&nodes, &me, resync);
+            (self, outcome)
+        })
+        .await;
+        done.unwrap_or_else(|e| (Self::new(routing), Err(RouteError::Task(e.to_string()))))
+    }
+
     /// One pass over `nodes` for node `me`. The kernel's entries are read
     /// and made right when the Nodes ask for something else than the last
     /// pass put in place, or `resync` after it (an entry removed by hand
-    /// comes back then).
-    pub async fn pass(
+    /// comes back then). A failure closes the netlink socket: the next pass
+    /// opens another.
+    pub fn pass(
         &mut self,
-        handle: &Handle,
         nodes: &[Arc<Node>],
         me: &str,
         resync: Duration,
-    ) -> Result<Outcome, RouteError> {
-        let mut out = Outcome::default();
+    ) -> Result<Routed, RouteError> {
+        let mut nl = match self.netlink.take() {
+            Some(nl) => nl,
+            None => Netlink::new()?,
+        };
+        let outcome = self.pass_with(&mut nl, nodes, me, resync);
+        if outcome.is_ok() {
+            self.netlink = Some(nl);
+        }
+        outcome
+    }
+
+    fn pass_with(
+        &mut self,
+        nl: &mut Netlink,
+        nodes: &[Arc<Node>],
+        me: &str,
+        resync: Duration,
+    ) -> Result<Routed, RouteError> {
+        let mut out = Routed::default();
         let mine = nodes
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(me));
         let own_cidrs = mine.map(|n| pod_cidrs(n)).unwrap_or_default();
         let address = mine.and_then(|n| internal_ips(n).into_iter().next());
         let mut warnings = BTreeSet::new();
-        let underlay = match (self.routing.mode.tunnels(), address) {
-            (false, _) => None,
-            (true, None) => {
-                warnings.insert(format!(
-                    "Node {me} has no InternalIP: no VXLAN tunnel, host-gateway routes only"
-                ));
-                None
-            }
-            (true, Some(ip)) => {
-                let mut nl = xdpcni_host::netlink::Netlink::new()?;
-                let u = Underlay::find(&mut nl, ip)?;
-                if u.is_none() {
-                    warnings.insert(format!(
-                        "no interface of this node holds its InternalIP {ip}: no VXLAN \
-                         tunnel, host-gateway routes only"
-                    ));
-                }
-                u
-            }
-        };
+        let underlay = self.underlay(nl, me, address, &mut warnings)?;
         let local = underlay.as_ref().map(|u| Local {
             vtep: Vtep::for_address(u.address),
             underlay: u,
@@ -372,37 +407,12 @@ impl Router {
         }
         out.warnings = warnings.difference(&self.warned).cloned().collect();
         self.warned = warnings;
-        out.routes = (
-            want.routes
-                .keys()
-                .filter(|r| matches!(r.via, Via::Gateway(_)))
-                .count(),
-            want.routes
-                .keys()
-                .filter(|r| matches!(r.via, Via::Tunnel(_)))
-                .count(),
-        );
-
-        // Leaving the tunnel: the device goes once the others had time to
-        // see this node's VTEP go.
+        out.routes = want.counts();
         if local.is_none() {
-            match self.retire_at {
-                Some(at) if Instant::now() >= at => {
-                    out.device_changed = remove_device(handle).await?;
-                    self.device = None;
-                    self.retire_at = None;
-                }
-                Some(_) => {}
-                None => {
-                    if device_index(handle).await?.is_some() {
-                        self.retire_at = Some(Instant::now() + RETIRE_AFTER);
-                    }
-                }
-            }
+            out.device_changed = self.retire_device(nl)?;
         } else {
             self.retire_at = None;
         }
-
         let fresh = self
             .last
             .as_ref()
@@ -414,20 +424,71 @@ impl Router {
         }
         self.device = match (&local, &underlay) {
             (Some(l), Some(u)) => {
-                let d = ensure_device(handle, &self.routing, u, &l.vtep, &own_cidrs).await?;
+                let d = ensure_device(nl, &self.routing, u, &l.vtep, &own_cidrs)?;
                 out.device_changed |= d.created;
                 Some(d.index)
             }
             // A device being retired keeps its entries until it goes.
             _ => None,
         };
-        let report = match sync(handle, &want, self.device).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.last = None;
-                return Err(e);
-            }
+        let report = sync(nl, &want, self.device).inspect_err(|_| self.last = None)?;
+        self.note_refused(&mut out, report);
+        self.last = Some((want, Instant::now()));
+        Ok(out)
+    }
+
+    /// The underlay the tunnel runs over (the interface holding this node's
+    /// first InternalIP `address`), when the mode tunnels and there is one;
+    /// what is missing goes to `warnings`.
+    fn underlay(
+        &self,
+        nl: &mut Netlink,
+        me: &str,
+        address: Option<IpAddr>,
+        warnings: &mut BTreeSet<String>,
+    ) -> Result<Option<Underlay>, RouteError> {
+        if !self.routing.mode.tunnels() {
+            return Ok(None);
+        }
+        let Some(ip) = address else {
+            warnings.insert(format!(
+                "Node {me} has no InternalIP: no VXLAN tunnel, host-gateway routes only"
+            ));
+            return Ok(None);
         };
+        let u = Underlay::find(nl, ip)?;
+        if u.is_none() {
+            warnings.insert(format!(
+                "no interface of this node holds its InternalIP {ip}: no VXLAN \
+                 tunnel, host-gateway routes only"
+            ));
+        }
+        Ok(u)
+    }
+
+    /// Leaving the tunnel: the device goes once the others had time to see
+    /// this node's VTEP go ([`RETIRE_AFTER`]); whether it went now.
+    fn retire_device(&mut self, nl: &mut Netlink) -> Result<bool, RouteError> {
+        match self.retire_at {
+            Some(at) if Instant::now() >= at => {
+                let removed = remove_device(nl)?;
+                self.device = None;
+                self.retire_at = None;
+                Ok(removed)
+            }
+            Some(_) => Ok(false),
+            None => {
+                if nl.link_by_name(DEVICE)?.is_some() {
+                    self.retire_at = Some(Instant::now() + RETIRE_AFTER);
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// The refused routes of `report` into `out`: how many, and those not
+    /// refused at the last pass (each is told once).
+    fn note_refused(&mut self, out: &mut Routed, report: Report) {
         let now: BTreeSet<(String, IpAddr)> = report
             .unreachable
             .iter()
@@ -444,8 +505,6 @@ impl Router {
         self.reported = now;
         self.refused = out.unreachable;
         out.report = Some(report);
-        self.last = Some((want, Instant::now()));
-        Ok(out)
     }
 }
 

@@ -5,19 +5,16 @@ use std::{
     net::IpAddr,
 };
 
-use futures::TryStreamExt;
 use rtnetlink::{
     packet_route::{
-        neighbour::{
-            NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
-        },
+        neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
         route::{RouteAttribute, RouteMessage, RouteProtocol},
-        AddressFamily,
+        AddressFamily, RouteNetlinkMessage,
     },
-    Handle, RouteMessageBuilder,
+    RouteMessageBuilder,
 };
 use xdpcni_host::{
-    netlink::ip_of,
+    netlink::{ip_of, Netlink, NetlinkError},
     overlay::{MacAddr, DEVICE, ROUTE_PROTOCOL},
 };
 
@@ -111,19 +108,23 @@ type Entries = (
     BTreeMap<(MacAddr, IpAddr), NeighbourMessage>,
 );
 
-async fn device_entries(handle: &Handle, device: u32) -> Result<Entries, rtnetlink::Error> {
+fn device_entries(nl: &mut Netlink, device: u32) -> Result<Entries, NetlinkError> {
     let (mut neigh, mut fdb) = (BTreeMap::new(), BTreeMap::new());
     for family in [
         AddressFamily::Inet,
         AddressFamily::Inet6,
         AddressFamily::Bridge,
     ] {
-        let mut dump = handle
-            .neighbours()
-            .get()
-            .set_address_family(family)
-            .execute();
-        while let Some(m) = dump.try_next().await? {
+        let mut req = NeighbourMessage::default();
+        req.header.family = family;
+        let dump = nl.dump(
+            &format!("listing the entries of {DEVICE}"),
+            RouteNetlinkMessage::GetNeighbour(req),
+        )?;
+        for m in dump {
+            let RouteNetlinkMessage::NewNeighbour(m) = m else {
+                continue;
+            };
             if m.header.ifindex != device || m.header.state != NeighbourState::Permanent {
                 continue;
             }
@@ -149,49 +150,28 @@ async fn device_entries(handle: &Handle, device: u32) -> Result<Entries, rtnetli
 }
 
 /// Whether a refused host-gateway route means its next hop is off-link.
-fn off_link(e: &rtnetlink::Error) -> Option<String> {
-    let rtnetlink::Error::NetlinkError(m) = e else {
-        return None;
-    };
-    let code = m.code.map(|c| -c.get())?;
+fn off_link(e: &NetlinkError) -> Option<String> {
+    let code = e.errno()?;
     matches!(code, libc::EINVAL | libc::ENETUNREACH | libc::EHOSTUNREACH)
         .then(|| std::io::Error::from_raw_os_error(code).to_string())
 }
 
 /// Makes the agent's routes, and the entries on `device` (its ifindex, if
 /// the node has one), equal `want`.
-pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<Report, RouteError> {
-    let named = |op: String| move |source| RouteError::Request { op, source };
+pub fn sync(nl: &mut Netlink, want: &Plan, device: Option<u32>) -> Result<Report, RouteError> {
     let mut report = Report::default();
     let (neigh, fdb) = match device {
-        Some(d) => device_entries(handle, d)
-            .await
-            .map_err(named(format!("listing the entries of {DEVICE}")))?,
+        Some(d) => device_entries(nl, d)?,
         None => Default::default(),
     };
     // The tunnel's entries before the routes that use them.
     if let Some(d) = device {
         for (mac, vtep) in want.fdb.iter().filter(|k| !fdb.contains_key(k)) {
-            handle
-                .neighbours()
-                .add_bridge(d, &mac.0)
-                .destination(*vtep)
-                .flags(NeighbourFlags::Own)
-                .replace()
-                .execute()
-                .await
-                .map_err(named(format!("adding FDB entry {mac} dst {vtep}")))?;
+            nl.add_fdb_entry(d, mac.0, *vtep)?;
             report.added += 1;
         }
         for (gw, mac) in want.neighbours.iter().filter(|k| !neigh.contains_key(k)) {
-            handle
-                .neighbours()
-                .add(d, *gw)
-                .link_layer_address(&mac.0)
-                .replace()
-                .execute()
-                .await
-                .map_err(named(format!("adding neighbour {gw} lladdr {mac}")))?;
+            nl.add_permanent_neighbour(d, *gw, mac.0)?;
             report.added += 1;
         }
     }
@@ -200,14 +180,11 @@ pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<R
         RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
         RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
     ] {
-        let mut routes = handle.route().get(req).execute();
-        while let Some(m) = routes
-            .try_next()
-            .await
-            .map_err(named("listing routes".into()))?
-        {
-            if let Some(r) = parse_route(&m, device) {
-                have.insert(r);
+        for m in nl.dump("listing routes", RouteNetlinkMessage::GetRoute(req))? {
+            if let RouteNetlinkMessage::NewRoute(m) = m {
+                if let Some(r) = parse_route(&m, device) {
+                    have.insert(r);
+                }
             }
         }
     }
@@ -218,13 +195,8 @@ pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<R
         }
         // Replace: a route changing next hop (a switch of mode) changes in
         // one step, with no moment without a route.
-        match handle
-            .route()
-            .add(route_message(r, dev))
-            .replace()
-            .execute()
-            .await
-        {
+        let add = RouteNetlinkMessage::NewRoute(route_message(r, dev));
+        match nl.replace(&format!("adding route {r:?}"), add) {
             Ok(()) => report.added += 1,
             Err(e) => match (r.via, off_link(&e)) {
                 (Via::Gateway(via), Some(why)) => report.unreachable.push(Unreachable {
@@ -234,7 +206,7 @@ pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<R
                     why,
                     awaiting_vtep: device.is_some(),
                 }),
-                _ => return Err(named(format!("adding route {r:?}"))(e)),
+                _ => return Err(e.into()),
             },
         }
     }
@@ -244,33 +216,24 @@ pub async fn sync(handle: &Handle, want: &Plan, device: Option<u32>) -> Result<R
             // Replaced above by the route that took its place.
             continue;
         }
-        match handle.route().del(route_message(r, dev)).execute().await {
-            Ok(()) => report.removed += 1,
-            Err(rtnetlink::Error::NetlinkError(m))
-                if m.code.is_some_and(|c| -c.get() == libc::ESRCH) => {}
-            Err(e) => return Err(named(format!("removing route {r:?}"))(e)),
+        let del = RouteNetlinkMessage::DelRoute(route_message(r, dev));
+        if nl.delete(&format!("removing route {r:?}"), del)? {
+            report.removed += 1;
         }
     }
-    for ((gw, mac), m) in neigh
+    let stale = neigh
         .into_iter()
         .filter(|(k, _)| !want.neighbours.contains(k))
-    {
-        handle
-            .neighbours()
-            .del(m)
-            .execute()
-            .await
-            .map_err(named(format!("removing neighbour {gw} lladdr {mac}")))?;
-        report.removed += 1;
-    }
-    for ((mac, vtep), m) in fdb.into_iter().filter(|(k, _)| !want.fdb.contains(k)) {
-        handle
-            .neighbours()
-            .del(m)
-            .execute()
-            .await
-            .map_err(named(format!("removing FDB entry {mac} dst {vtep}")))?;
-        report.removed += 1;
+        .map(|((gw, mac), m)| (format!("removing neighbour {gw} lladdr {mac}"), m))
+        .chain(
+            fdb.into_iter()
+                .filter(|(k, _)| !want.fdb.contains(k))
+                .map(|((mac, vtep), m)| (format!("removing FDB entry {mac} dst {vtep}"), m)),
+        );
+    for (op, m) in stale {
+        if nl.delete(&op, RouteNetlinkMessage::DelNeighbour(m))? {
+            report.removed += 1;
+        }
     }
     report.unreachable.sort();
     Ok(report)

@@ -8,10 +8,13 @@ use std::{io, net::IpAddr};
 use netlink_packet_core::{NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_netfilter::{
     conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple},
-    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+    NetfilterHeader, NetfilterMessageInner, NetfilterProtoFamily,
 };
 
-use crate::netfilter::{errno, message, Nfnl};
+use xdpcni_host::{
+    netfilter::{self, message},
+    netlink::errno,
+};
 
 /// `CTA_ZONE`: kept from a listed entry so that its delete names the same
 /// zone.
@@ -101,52 +104,38 @@ fn error(c: i32) -> io::Error {
 
 /// Every entry of one family in the calling thread's network namespace.
 pub fn entries(v6: bool) -> io::Result<Vec<Entry>> {
-    let dump = message(
-        NLM_F_REQUEST | NLM_F_DUMP,
-        1,
-        family(v6),
-        ConntrackMessage::Get(Vec::new()),
-    );
+    let dump = message(family(v6), ConntrackMessage::Get(Vec::new()));
     let mut out = Vec::new();
-    Nfnl::open()?.exchange(&[dump], |m| match m.payload {
-        NetlinkPayload::Done(_) => Some(Ok(())),
-        NetlinkPayload::Error(e) => Some(match errno(&e) {
-            None => Ok(()),
-            Some(c) => Err(error(c)),
-        }),
-        NetlinkPayload::InnerMessage(NetfilterMessage {
-            inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)),
-            ..
-        }) => {
+    for m in netfilter::open()?.request(dump, NLM_F_DUMP)? {
+        if let NetfilterMessageInner::Conntrack(ConntrackMessage::New(attrs)) = m.inner {
             out.extend(Entry::parse(attrs));
-            None
         }
-        _ => None,
-    })?;
+    }
     Ok(out)
 }
 
 /// Deletes `entries` (listed by [`entries`]); how many went. One already
 /// gone is not counted and is no error.
 pub fn delete(entries: &[&Entry]) -> io::Result<u64> {
-    let mut socket = Nfnl::open()?;
+    let mut socket = netfilter::open()?;
     let mut deleted = 0;
     for chunk in entries.chunks(DELETE_BATCH) {
         let msgs: Vec<_> = chunk
             .iter()
-            .zip(1u32..)
-            .map(|(e, seq)| {
-                message(
+            .map(|e| {
+                (
                     NLM_F_REQUEST | NLM_F_ACK,
-                    seq,
-                    family(e.orig.0.is_ipv6()),
-                    ConntrackMessage::Delete(e.key.clone()),
+                    message(
+                        family(e.orig.0.is_ipv6()),
+                        ConntrackMessage::Delete(e.key.clone()),
+                    ),
                 )
             })
             .collect();
+        let seqs = socket.send(msgs)?;
         let mut answered = 0;
-        socket.exchange(&msgs, |m| {
-            if let NetlinkPayload::Error(e) = m.payload {
+        socket.receive(seqs.clone(), |_, payload| {
+            if let NetlinkPayload::Error(e) = payload {
                 answered += 1;
                 match errno(&e) {
                     None => deleted += 1,
@@ -154,7 +143,7 @@ pub fn delete(entries: &[&Entry]) -> io::Result<u64> {
                     Some(c) => return Some(Err(error(c))),
                 }
             }
-            (answered == msgs.len()).then_some(Ok(()))
+            (answered == seqs.len()).then_some(Ok(()))
         })?;
     }
     Ok(deleted)

@@ -1,5 +1,7 @@
 //! Synchronous rtnetlink: one socket per network namespace, typed verbs for
-//! the few things the plugin does (veth pairs, addresses, routes, neighbours).
+//! what the plugin and the agent do (veth pairs, addresses, routes,
+//! neighbours, the VXLAN device and its FDB), over the product's one netlink
+//! socket ([`Socket`], which netfilter's verbs use too).
 //!
 //! A netlink socket talks to the namespace of the thread that created it, so
 //! to configure a pod, create the socket on a thread inside the pod's
@@ -12,18 +14,20 @@ use std::{
     os::fd::{AsRawFd, BorrowedFd},
 };
 
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
-};
+use netlink_packet_core::{Nla, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REPLACE};
 use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, State},
-    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState},
+    neighbour::{
+        NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+    },
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope, RouteType},
     AddressFamily, RouteNetlinkMessage,
 };
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use netlink_sys::protocols::NETLINK_ROUTE;
+
+mod socket;
+pub use socket::{errno, Socket};
 
 /// `IFLA_HEADROOM`: reported in dumps; the kernel refuses it in RTM_SETLINK
 /// for veth on the kernels we know (see README).
@@ -95,93 +99,89 @@ pub struct Link {
     pub peer_index: Option<u32>,
 }
 
-/// A route-netlink socket bound to the calling thread's network namespace.
+/// A route-netlink socket bound to the calling thread's network namespace,
+/// with typed verbs.
 pub struct Netlink {
-    socket: Socket,
-    seq: u32,
+    socket: Socket<RouteNetlinkMessage>,
 }
 
 impl Netlink {
     /// Opens a socket in the calling thread's network namespace.
     pub fn new() -> Result<Self> {
-        let proto = |msg: String| NetlinkError::Protocol {
+        let socket = Socket::open(NETLINK_ROUTE).map_err(|e| NetlinkError::Protocol {
             op: "opening a netlink socket".into(),
-            msg,
-        };
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(|e| proto(e.to_string()))?;
-        socket.bind_auto().map_err(|e| proto(e.to_string()))?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(|e| proto(e.to_string()))?;
-        socket.set_ext_ack(true).ok();
-        Ok(Self { socket, seq: 1 })
+            msg: e.to_string(),
+        })?;
+        Ok(Self { socket })
     }
 
-    /// Sends `msg` and collects the answers until ACK or DONE.
+    /// Sends `msg` with `flags` and collects its answers (see
+    /// [`Socket::request`]); a failure names `op`.
     fn request(
         &mut self,
         op: &str,
         msg: RouteNetlinkMessage,
         flags: u16,
     ) -> Result<Vec<RouteNetlinkMessage>> {
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST | flags;
-        self.seq = self.seq.wrapping_add(1);
-        header.sequence_number = self.seq;
-        let mut nl = NetlinkMessage::new(header, NetlinkPayload::from(msg));
-        nl.finalize();
-        let mut buf = vec![0u8; nl.buffer_len()];
-        nl.serialize(&mut buf);
-        let proto = |msg: String| NetlinkError::Protocol {
-            op: op.to_string(),
-            msg,
-        };
         self.socket
-            .send(&buf, 0)
-            .map_err(|e| proto(format!("send: {e}")))?;
+            .request(msg, flags)
+            .map_err(|e| match e.raw_os_error() {
+                Some(_) => NetlinkError::Kernel {
+                    op: op.to_string(),
+                    source: e,
+                },
+                None => NetlinkError::Protocol {
+                    op: op.to_string(),
+                    msg: e.to_string(),
+                },
+            })
+    }
 
-        let mut out = Vec::new();
-        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-        loop {
-            let (data, _) = self
-                .socket
-                .recv_from_full()
-                .map_err(|e| proto(format!("recv: {e}")))?;
-            let mut offset = 0;
-            while offset < data.len() {
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
-                    .map_err(|e| proto(format!("decode: {e}")))?;
-                let len = msg.header.length as usize;
-                if len == 0 {
-                    return Err(proto("zero-length message".into()));
-                }
-                offset += len;
-                if msg.header.sequence_number != self.seq {
-                    continue;
-                }
-                match msg.payload {
-                    NetlinkPayload::Done(_) => return Ok(out),
-                    NetlinkPayload::Error(e) => {
-                        return match e.code {
-                            None => Ok(out),
-                            Some(code) => Err(NetlinkError::Kernel {
-                                op: op.to_string(),
-                                source: io::Error::from_raw_os_error(-code.get()),
-                            }),
-                        };
-                    }
-                    NetlinkPayload::InnerMessage(inner) => {
-                        out.push(inner);
-                        if !dump {
-                            // Non-dump GET answers with one message, no ACK.
-                            if flags & NLM_F_ACK == 0 {
-                                return Ok(out);
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            }
+    /// The one answer to GET request `msg` (built with netlink-packet-route
+    /// or rtnetlink's message builders), `None` when the object does not
+    /// exist; a failure names `op`.
+    pub fn get(
+        &mut self,
+        op: &str,
+        msg: RouteNetlinkMessage,
+    ) -> Result<Option<RouteNetlinkMessage>> {
+        match self.request(op, msg, 0) {
+            Ok(msgs) => Ok(msgs.into_iter().next()),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every object dump request `msg` lists.
+    pub fn dump(&mut self, op: &str, msg: RouteNetlinkMessage) -> Result<Vec<RouteNetlinkMessage>> {
+        self.request(op, msg, NLM_F_DUMP)
+    }
+
+    /// Creates the object of NEW request `msg`; it must not exist yet.
+    pub fn create(&mut self, op: &str, msg: RouteNetlinkMessage) -> Result<()> {
+        self.request(op, msg, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            .map(drop)
+    }
+
+    /// Creates the object of NEW request `msg`, or replaces the one there
+    /// in one step.
+    pub fn replace(&mut self, op: &str, msg: RouteNetlinkMessage) -> Result<()> {
+        self.request(op, msg, NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE)
+            .map(drop)
+    }
+
+    /// Changes an object as SET request `msg` says.
+    pub fn change(&mut self, op: &str, msg: RouteNetlinkMessage) -> Result<()> {
+        self.request(op, msg, NLM_F_ACK).map(drop)
+    }
+
+    /// Deletes the object of DEL request `msg`; `Ok(false)` if it did not
+    /// exist.
+    pub fn delete(&mut self, op: &str, msg: RouteNetlinkMessage) -> Result<bool> {
+        match self.request(op, msg, NLM_F_ACK) {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -232,14 +232,10 @@ impl Netlink {
     }
 
     fn get_link(&mut self, op: &str, msg: LinkMessage) -> Result<Option<Link>> {
-        match self.request(op, RouteNetlinkMessage::GetLink(msg), 0) {
-            Ok(msgs) => Ok(msgs.into_iter().find_map(|m| match m {
-                RouteNetlinkMessage::NewLink(l) => Some(parse_link(&l)),
-                _ => None,
-            })),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(match self.get(op, RouteNetlinkMessage::GetLink(msg))? {
+            Some(RouteNetlinkMessage::NewLink(l)) => Some(parse_link(&l)),
+            _ => None,
+        })
     }
 
     fn set_link(&mut self, op: &str, index: u32, f: impl FnOnce(&mut LinkMessage)) -> Result<()> {
@@ -273,15 +269,10 @@ impl Netlink {
     pub fn del_link(&mut self, index: u32) -> Result<bool> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
-        match self.request(
+        self.delete(
             &format!("deleting link {index}"),
             RouteNetlinkMessage::DelLink(msg),
-            NLM_F_ACK,
-        ) {
-            Ok(_) => Ok(true),
-            Err(e) if e.is_not_found() => Ok(false),
-            Err(e) => Err(e),
-        }
+        )
     }
 
     /// Adds `addr/prefix` to the link (IPv6 without DAD: the address is
@@ -474,18 +465,39 @@ impl Netlink {
         msg.header.state = NeighbourState::Permanent;
         msg.header.kind = RouteType::Unicast;
         msg.attributes
-            .push(NeighbourAttribute::Destination(match ip {
-                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
-                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
-            }));
+            .push(NeighbourAttribute::Destination(neighbour_address(ip)));
         msg.attributes
             .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
-        self.request(
-            &format!("adding neighbour {ip}"),
+        self.replace(
+            &format!("adding neighbour {ip} lladdr {}", mac_text(mac)),
             RouteNetlinkMessage::NewNeighbour(msg),
-            NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
         )
-        .map(drop)
+    }
+
+    /// Adds a permanent forwarding-database entry `mac -> dst` on link
+    /// `index` (a VXLAN device: frames for `mac` go to the remote endpoint
+    /// `dst`), as `bridge fdb replace <mac> dev <index> dst <dst> self`.
+    pub fn add_fdb_entry(&mut self, index: u32, mac: [u8; 6], dst: IpAddr) -> Result<()> {
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Bridge;
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.header.flags = NeighbourFlags::Own;
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        msg.attributes
+            .push(NeighbourAttribute::Destination(neighbour_address(dst)));
+        self.replace(
+            &format!("adding FDB entry {} dst {dst}", mac_text(mac)),
+            RouteNetlinkMessage::NewNeighbour(msg),
+        )
+    }
+}
+
+fn neighbour_address(ip: IpAddr) -> NeighbourAddress {
+    match ip {
+        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
     }
 }
 
@@ -502,6 +514,13 @@ fn route_addr(ip: IpAddr) -> RouteAddress {
         IpAddr::V4(v4) => RouteAddress::Inet(v4),
         IpAddr::V6(v6) => RouteAddress::Inet6(v6),
     }
+}
+
+fn mac_text(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The address of a route attribute (destination, gateway), if IPv4 or IPv6.
