@@ -140,6 +140,21 @@ pub enum Command {
     Status,
 }
 
+impl Command {
+    /// The command CNI_COMMAND names, if it is one.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "ADD" => Self::Add,
+            "DEL" => Self::Del,
+            "CHECK" => Self::Check,
+            "VERSION" => Self::Version,
+            "GC" => Self::Gc,
+            "STATUS" => Self::Status,
+            _ => return None,
+        })
+    }
+}
+
 /// The CNI_* environment.
 #[derive(Clone, Debug)]
 pub struct CniEnv {
@@ -157,6 +172,19 @@ pub struct CniEnv {
     pub path: Vec<PathBuf>,
 }
 
+/// CNI_ARGS: `KEY=VALUE` pairs separated by `;`.
+fn parse_args(args: &str) -> Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for kv in args.split(';').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or_else(|| Error::InvalidEnv {
+            var: "CNI_ARGS",
+            why: format!("{kv:?} is not KEY=VALUE"),
+        })?;
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
 fn valid_ifname(s: &str) -> bool {
     !s.is_empty()
         && s.len() < 16
@@ -168,25 +196,11 @@ fn valid_ifname(s: &str) -> bool {
 impl CniEnv {
     /// Reads the environment through `get`.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let command = match get("CNI_COMMAND").as_deref() {
-            Some("ADD") => Command::Add,
-            Some("DEL") => Command::Del,
-            Some("CHECK") => Command::Check,
-            Some("VERSION") => Command::Version,
-            Some("GC") => Command::Gc,
-            Some("STATUS") => Command::Status,
-            Some(other) => {
-                return Err(Error::InvalidEnv {
-                    var: "CNI_COMMAND",
-                    why: format!("unknown command {other:?}"),
-                })
-            }
-            None => {
-                return Err(Error::InvalidEnv {
-                    var: "CNI_COMMAND",
-                    why: "not set".into(),
-                })
-            }
+        let invalid = |var: &'static str, why: String| Error::InvalidEnv { var, why };
+        let command = match get("CNI_COMMAND") {
+            Some(c) => Command::parse(&c)
+                .ok_or_else(|| invalid("CNI_COMMAND", format!("unknown command {c:?}")))?,
+            None => return Err(invalid("CNI_COMMAND", "not set".into())),
         };
         let path: Vec<PathBuf> = get("CNI_PATH")
             .unwrap_or_default()
@@ -194,63 +208,50 @@ impl CniEnv {
             .filter(|p| !p.is_empty())
             .map(PathBuf::from)
             .collect();
-        let per_container = matches!(command, Command::Add | Command::Del | Command::Check);
-        let container_id = get("CNI_CONTAINERID").unwrap_or_default();
-        let ifname = get("CNI_IFNAME").unwrap_or_default();
-        let netns = get("CNI_NETNS")
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from);
-        if per_container {
-            if container_id.is_empty()
-                || !container_id
+        let mut env = Self {
+            command,
+            container_id: get("CNI_CONTAINERID").unwrap_or_default(),
+            netns: get("CNI_NETNS")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
+            ifname: get("CNI_IFNAME").unwrap_or_default(),
+            args: HashMap::new(),
+            path,
+        };
+        env.check()?;
+        env.args = parse_args(&get("CNI_ARGS").unwrap_or_default())?;
+        Ok(env)
+    }
+
+    /// What the spec asks of the variables of this command.
+    fn check(&self) -> Result<()> {
+        let invalid = |var: &'static str, why: String| Err(Error::InvalidEnv { var, why });
+        if matches!(self.command, Command::Add | Command::Del | Command::Check) {
+            let id = &self.container_id;
+            if id.is_empty()
+                || !id
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
             {
-                return Err(Error::InvalidEnv {
-                    var: "CNI_CONTAINERID",
-                    why: format!(
-                        "{container_id:?} is empty or has characters other than [A-Za-z0-9_.-]"
-                    ),
-                });
+                return invalid(
+                    "CNI_CONTAINERID",
+                    format!("{id:?} is empty or has characters other than [A-Za-z0-9_.-]"),
+                );
             }
-            if !valid_ifname(&ifname) {
-                return Err(Error::InvalidEnv {
-                    var: "CNI_IFNAME",
-                    why: format!("{ifname:?} is not a valid interface name"),
-                });
+            if !valid_ifname(&self.ifname) {
+                return invalid(
+                    "CNI_IFNAME",
+                    format!("{:?} is not a valid interface name", self.ifname),
+                );
             }
-            if command != Command::Del && netns.is_none() {
-                return Err(Error::InvalidEnv {
-                    var: "CNI_NETNS",
-                    why: "not set".into(),
-                });
+            if self.command != Command::Del && self.netns.is_none() {
+                return invalid("CNI_NETNS", "not set".into());
             }
         }
-        if command != Command::Version && path.is_empty() {
-            return Err(Error::InvalidEnv {
-                var: "CNI_PATH",
-                why: "not set".into(),
-            });
+        if self.command != Command::Version && self.path.is_empty() {
+            return invalid("CNI_PATH", "not set".into());
         }
-        let mut args = HashMap::new();
-        for kv in get("CNI_ARGS").unwrap_or_default().split(';') {
-            if kv.is_empty() {
-                continue;
-            }
-            let (k, v) = kv.split_once('=').ok_or_else(|| Error::InvalidEnv {
-                var: "CNI_ARGS",
-                why: format!("{kv:?} is not KEY=VALUE"),
-            })?;
-            args.insert(k.to_string(), v.to_string());
-        }
-        Ok(Self {
-            command,
-            container_id,
-            netns,
-            ifname,
-            args,
-            path,
-        })
+        Ok(())
     }
 
     /// The first `name` executable found in CNI_PATH.

@@ -3,7 +3,8 @@
 
 use std::{
     io::Write,
-    process::{Command as Proc, Stdio},
+    path::{Path, PathBuf},
+    process::{Command as Proc, Output, Stdio},
 };
 
 use serde_json::Value;
@@ -61,6 +62,8 @@ struct Answer {
     versions: Vec<String>,
 }
 
+/// One call of the IPAM plugin with `command` and config `raw`, its
+/// answer read: the result of ADD, the versions of VERSION.
 fn exec_version(
     conf: &NetConf,
     env: &CniEnv,
@@ -69,13 +72,33 @@ fn exec_version(
     ifname: &str,
     raw: &Value,
 ) -> Result<Option<Answer>> {
+    let plugin = find(conf, env)?;
+    let out = run(&plugin, env, command, container_id, ifname, raw)?;
+    let stdout = answer(conf, &out)?;
+    match command {
+        "VERSION" => Ok(Some(Answer {
+            result: CniResult::default(),
+            versions: versions(&stdout),
+        })),
+        "ADD" => added(conf, &stdout).map(|result| {
+            Some(Answer {
+                result,
+                versions: Vec::new(),
+            })
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// The IPAM plugin `ipam.type` names, on CNI_PATH.
+fn find(conf: &NetConf, env: &CniEnv) -> Result<PathBuf> {
     if conf.ipam_type.is_empty() {
         return Err(Error::config(
             "ipam",
             "missing: xdpcni needs an IPAM plugin",
         ));
     }
-    let plugin = env.find_plugin(&conf.ipam_type).ok_or_else(|| {
+    env.find_plugin(&conf.ipam_type).ok_or_else(|| {
         Error::config(
             "ipam.type",
             format!(
@@ -83,30 +106,37 @@ fn exec_version(
                 conf.ipam_type, env.path
             ),
         )
-    })?;
-    let cni_path = env
-        .path
-        .iter()
+    })
+}
+
+/// Runs `plugin` with `command` and our CNI environment, `raw` on stdin.
+fn run(
+    plugin: &Path,
+    env: &CniEnv,
+    command: &str,
+    container_id: &str,
+    ifname: &str,
+    raw: &Value,
+) -> Result<Output> {
+    let joined = |parts: Vec<String>, sep: &str| parts.join(sep);
+    let cni_path = joined(
+        env.path.iter().map(|p| p.display().to_string()).collect(),
+        ":",
+    );
+    let args = joined(
+        env.args.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        ";",
+    );
+    let netns = env
+        .netns
+        .as_ref()
         .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":");
-    let args = env
-        .args
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(";");
-    let mut child = Proc::new(&plugin)
+        .unwrap_or_default();
+    let mut child = Proc::new(plugin)
         .env_clear()
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", container_id)
-        .env(
-            "CNI_NETNS",
-            env.netns
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-        )
+        .env("CNI_NETNS", netns)
         .env("CNI_IFNAME", ifname)
         .env("CNI_ARGS", args)
         .env("CNI_PATH", cni_path)
@@ -124,70 +154,74 @@ fn exec_version(
             other => other.map_err(|e| Error::io("writing to the IPAM plugin", e))?,
         }
     }
-    let out = child
+    child
         .wait_with_output()
-        .map_err(|e| Error::io("waiting for the IPAM plugin", e))?;
+        .map_err(|e| Error::io("waiting for the IPAM plugin", e))
+}
+
+/// The plugin's stdout as JSON (`Null` when empty), or its error.
+fn answer(conf: &NetConf, out: &Output) -> Result<Value> {
+    let failed = |code: u32, msg: String, details: String| Error::Ipam {
+        plugin: conf.ipam_type.clone(),
+        code,
+        msg,
+        details,
+    };
     let stdout: Value = if out.stdout.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {
-        serde_json::from_slice(&out.stdout).map_err(|e| Error::Ipam {
-            plugin: conf.ipam_type.clone(),
-            code: 999,
-            msg: format!("unreadable answer: {e}"),
-            details: String::from_utf8_lossy(&out.stdout).into_owned(),
+        serde_json::from_slice(&out.stdout).map_err(|e| {
+            failed(
+                999,
+                format!("unreadable answer: {e}"),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+            )
         })?
     };
-    if !out.status.success() {
-        return Err(Error::Ipam {
-            plugin: conf.ipam_type.clone(),
-            code: stdout
-                .get("code")
-                .and_then(Value::as_u64)
-                .map_or(999, |c| c as u32),
-            msg: stdout
-                .get("msg")
-                .and_then(Value::as_str)
-                .map_or_else(|| format!("exited with {}", out.status), str::to_string),
-            details: stdout.get("details").and_then(Value::as_str).map_or_else(
-                || String::from_utf8_lossy(&out.stderr).trim().to_string(),
-                str::to_string,
-            ),
-        });
+    if out.status.success() {
+        return Ok(stdout);
     }
-    if command == "VERSION" {
-        let versions = stdout
-            .get("supportedVersions")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        return Ok(Some(Answer {
-            result: CniResult::default(),
-            versions,
-        }));
-    }
-    if command != "ADD" {
-        return Ok(None);
-    }
-    let result = CniResult::from_json(&stdout).map_err(|e| Error::Ipam {
+    Err(failed(
+        stdout
+            .get("code")
+            .and_then(Value::as_u64)
+            .map_or(999, |c| c as u32),
+        stdout
+            .get("msg")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("exited with {}", out.status), str::to_string),
+        stdout.get("details").and_then(Value::as_str).map_or_else(
+            || String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            str::to_string,
+        ),
+    ))
+}
+
+/// The versions a VERSION answer lists.
+fn versions(stdout: &Value) -> Vec<String> {
+    stdout
+        .get("supportedVersions")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The result of an ADD, which must hold an address.
+fn added(conf: &NetConf, stdout: &Value) -> Result<CniResult> {
+    let failed = |msg: String| Error::Ipam {
         plugin: conf.ipam_type.clone(),
         code: 999,
-        msg: format!("unreadable result: {e}"),
+        msg,
         details: stdout.to_string(),
-    })?;
+    };
+    let result =
+        CniResult::from_json(stdout).map_err(|e| failed(format!("unreadable result: {e}")))?;
     if result.ips.is_empty() {
-        return Err(Error::Ipam {
-            plugin: conf.ipam_type.clone(),
-            code: 999,
-            msg: "returned no addresses".into(),
-            details: stdout.to_string(),
-        });
+        return Err(failed("returned no addresses".into()));
     }
-    Ok(Some(Answer {
-        result,
-        versions: Vec::new(),
-    }))
+    Ok(result)
 }

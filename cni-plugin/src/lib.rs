@@ -20,7 +20,7 @@ use error::Error;
 
 /// What the plugin prints and its exit status.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct Reply {
     /// stdout (a result, an error JSON, or nothing).
     pub stdout: String,
     /// Process exit status.
@@ -30,13 +30,13 @@ pub struct Outcome {
 /// Runs one CNI invocation: `lookup` reads the environment, `stdin` is the
 /// network configuration. Errors become the spec's error JSON here, and only
 /// here.
-pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
+pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Reply {
     let env = match CniEnv::from_lookup(&lookup) {
         Ok(env) => env,
         Err(e) => return failure(&e, &types::asked_version(stdin)),
     };
     if env.command == Command::Version {
-        return Outcome {
+        return Reply {
             stdout: plugin::version(stdin).to_string(),
             status: 0,
         };
@@ -68,7 +68,7 @@ pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
         match result {
             Ok(stdout) => {
                 tracing::info!("ok");
-                Outcome { stdout, status: 0 }
+                Reply { stdout, status: 0 }
             }
             Err(e) => {
                 tracing::warn!("failed (code {}): {e}", e.code());
@@ -78,8 +78,8 @@ pub fn run(lookup: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
     })
 }
 
-fn failure(e: &Error, version: &str) -> Outcome {
-    Outcome {
+fn failure(e: &Error, version: &str) -> Reply {
+    Reply {
         stdout: serde_json::to_string(&e.to_json(version))
             .unwrap_or_else(|_| format!("{{\"code\":{},\"msg\":\"error\"}}", e.code())),
         status: 1,

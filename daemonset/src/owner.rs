@@ -24,8 +24,8 @@ use crate::{
     reconciler::{PodInput, PodOutcome, Reconciler},
 };
 
-/// The datapath owner's thread is gone (it panicked): nothing can change
-/// the datapath until the agent restarts.
+/// The datapath owner did not answer: its thread is gone, or the command
+/// panicked (a bug; the thread goes on with the next command).
 #[derive(Debug, thiserror::Error)]
 #[error("the datapath owner stopped")]
 pub struct OwnerGone;
@@ -97,7 +97,13 @@ impl Owner {
                 let mut reconciler = reconciler;
                 while let Ok((span, cmd)) = rx.recv() {
                     let _entered = span.enter();
-                    cmd.run(&mut reconciler);
+                    // A panic in one command (a bug) drops its reply, so
+                    // its asker sees `OwnerGone`; the thread goes on with
+                    // the next, as a poisoned lock was taken over before.
+                    let run = std::panic::AssertUnwindSafe(|| cmd.run(&mut reconciler));
+                    if std::panic::catch_unwind(run).is_err() {
+                        tracing::error!("a datapath command panicked; going on with the next");
+                    }
                 }
             })?;
         Ok(Self { tx })

@@ -44,7 +44,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     core.set_policy_facts(PolicyFacts::none(), &[]);
     let records_changed = Arc::new(tokio::sync::Notify::new());
     core.watch_records(vec![Arc::clone(&records_changed)])?;
-    let mut node = Node {
+    let mut node = Standalone {
         core,
         pods_file,
         pods: HashMap::new(),
@@ -65,7 +65,7 @@ pub async fn run(cfg: Config) -> Result<()> {
 }
 
 /// The standalone loop's state between passes.
-struct Node {
+struct Standalone {
     core: Arc<Core>,
     pods_file: std::path::PathBuf,
     /// The pods file as last read well: annotations by `ns/name` (or
@@ -79,7 +79,7 @@ struct Node {
     settled: Option<(u64, Instant)>,
 }
 
-impl Node {
+impl Standalone {
     /// One pass: the checks, then (unless the pass is quiet) the gate, each
     /// pod that needs it, the node-wide work and readiness.
     async fn pass(&mut self) -> Result<()> {
@@ -159,10 +159,9 @@ impl Node {
             } else {
                 format!("{ns}/{name}")
             };
-            let input = self.core.pod_input(
-                &(ns.clone(), name.clone()),
-                self.pods.get(&key).cloned().unwrap_or_default(),
-            );
+            let input = self
+                .core
+                .pod_input(rec, self.pods.get(&key).cloned().unwrap_or_default());
             if self.done.get(&rec.container_id).is_some_and(|(r, i, at)| {
                 r == rec && *i == input && at.elapsed() < RESYNC && veth_present(rec)
             }) {

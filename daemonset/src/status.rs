@@ -200,6 +200,23 @@ pub struct IsolatedPod {
 }
 
 impl PolicyStatus {
+    /// The policies' line of the status table.
+    fn summary(&self) -> String {
+        if !self.known {
+            "not listed yet (new pods of every namespace are held)".to_string()
+        } else if self.in_force.is_empty() {
+            "none selects a pod of this node".to_string()
+        } else {
+            format!(
+                "{} in force ({}), {} rules, {} pods isolated",
+                self.in_force.len(),
+                self.in_force.join(", "),
+                self.rules,
+                self.isolated.len()
+            )
+        }
+    }
+
     /// The view of `e`, in force with `rules` rules.
     pub fn of(e: &crate::netpol::model::Enforcement, rules: usize) -> Self {
         let in_force: std::collections::BTreeSet<&String> =
@@ -433,92 +450,84 @@ fn columns(rows: &[Vec<String>]) -> String {
 impl Status {
     /// The node summary and one line per pod, for a person.
     pub fn table(&self) -> String {
+        let mut out = self.summary();
+        if !self.pods.is_empty() {
+            out.push('\n');
+            out.push_str(&self.pod_rows());
+        }
+        out
+    }
+
+    /// The node's lines of [`Status::table`].
+    fn summary(&self) -> String {
         let mut out = String::new();
         let node = self.node.as_deref().unwrap_or("-");
         let dp = &self.datapath;
-        let _ = writeln!(
-            out,
-            "Agent:     xdpcni-agent {} ({}), node {node}, {}",
-            self.version,
-            self.agent_mode,
-            if self.ready { "ready" } else { "NOT READY" }
-        );
-        let _ = writeln!(
-            out,
-            "Datapath:  layout {}, build {}, pinned at {}{}",
-            dp.layout,
-            dp.build,
-            dp.pin_dir,
-            if dp.migration_seconds > 0.0 {
-                format!(", migrated in {:.3}s", dp.migration_seconds)
-            } else {
-                String::new()
-            }
-        );
+        let ready = if self.ready { "ready" } else { "NOT READY" };
+        let migrated = if dp.migration_seconds > 0.0 {
+            format!(", migrated in {:.3}s", dp.migration_seconds)
+        } else {
+            String::new()
+        };
         let progs: Vec<String> = dp
             .programs
             .iter()
             .map(|p| format!("{} id {}", p.name, p.id))
             .collect();
-        let _ = writeln!(out, "Programs:  {}", progs.join(", "));
         let maps: Vec<String> = dp
             .maps
             .iter()
             .map(|m| format!("{} {}/{}", m.name, m.entries, m.capacity))
             .collect();
-        let _ = writeln!(out, "Maps:      {}", maps.join(", "));
-        let _ = writeln!(
-            out,
-            "Defaults:  mode {}, redirect {}, cpus {}",
-            self.defaults.mode, self.defaults.redirect, self.defaults.cpus
-        );
-        let pol = &self.policies;
-        let _ = writeln!(
-            out,
-            "Policies:  {}",
-            if !pol.known {
-                "not listed yet (new pods of every namespace are held)".to_string()
-            } else if pol.in_force.is_empty() {
-                "none selects a pod of this node".to_string()
-            } else {
-                format!(
-                    "{} in force ({}), {} rules, {} pods isolated",
-                    pol.in_force.len(),
-                    pol.in_force.join(", "),
-                    pol.rules,
-                    pol.isolated.len()
-                )
-            }
-        );
-        let _ = writeln!(
-            out,
-            "Last pass: {}",
-            self.last_node_pass
-                .map_or("never".to_string(), |t| ago(self.now, t))
-        );
+        let d = &self.defaults;
+        let last = self
+            .last_node_pass
+            .map_or("never".to_string(), |t| ago(self.now, t));
+        let lines = [
+            format!(
+                "Agent:     xdpcni-agent {} ({}), node {node}, {ready}",
+                self.version, self.agent_mode
+            ),
+            format!(
+                "Datapath:  layout {}, build {}, pinned at {}{migrated}",
+                dp.layout, dp.build, dp.pin_dir
+            ),
+            format!("Programs:  {}", progs.join(", ")),
+            format!("Maps:      {}", maps.join(", ")),
+            format!(
+                "Defaults:  mode {}, redirect {}, cpus {}",
+                d.mode, d.redirect, d.cpus
+            ),
+            format!("Policies:  {}", self.policies.summary()),
+            format!("Last pass: {last}"),
+            format!("Pods:      {}", self.pods_summary()),
+        ];
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
+        out
+    }
+
+    /// How many pods, how many on the fast path, what was left out.
+    fn pods_summary(&self) -> String {
         let fast = self
             .pods
             .iter()
             .filter(|p| !p.why.code.is_kernel_only() && p.mode != "off")
             .count();
-        let _ = writeln!(
-            out,
-            "Pods:      {} ({} on the fast path){}",
-            self.pods.len(),
-            fast,
-            if self.unreadable_records > 0 {
-                format!(
-                    ", {} unreadable records left out (see the log)",
-                    self.unreadable_records
-                )
-            } else {
-                String::new()
-            }
-        );
-        if self.pods.is_empty() {
-            return out;
-        }
-        out.push('\n');
+        let left_out = if self.unreadable_records > 0 {
+            format!(
+                ", {} unreadable records left out (see the log)",
+                self.unreadable_records
+            )
+        } else {
+            String::new()
+        };
+        format!("{} ({fast} on the fast path){left_out}", self.pods.len())
+    }
+
+    /// The pod lines of [`Status::table`], under their header.
+    fn pod_rows(&self) -> String {
         let mut rows = vec![[
             "POD", "IPS", "VETH", "MODE", "REDIRECT", "FORWARD", "KERNEL", "DROP", "WHY",
         ]
@@ -543,8 +552,7 @@ impl Status {
                 p.why.text.clone(),
             ]);
         }
-        out.push_str(&columns(&rows));
-        out
+        columns(&rows)
     }
 
     /// Everything about one pod, for a person.

@@ -1,26 +1,33 @@
 //! The agent's core, shared by the standalone and the Kubernetes modes: the
-//! datapath owner (the thread that alone holds the reconciler, the agent's
-//! one writer of the datapath, [`crate::owner`]), the policy facts pod reconciles read, readiness and the shutdown signal
-//! (tokio's). A mode decides *when* to reconcile what (watch events, a
-//! file); the core does the reconciling and reports it. Its other parts,
-//! each an `impl Core` of its own file: `cni_records` (the CNI's records,
-//! inotify), `node_work` (collection, NAT'd ports, the FORWARD scan, the
-//! quiet-pass test), `http` (/metrics, /healthz, /readyz, /v1/status).
+//! context every task of the agent gets, made of parts with one job each.
+//! A mode decides *when* to reconcile what (watch events, a file); the core
+//! does the reconciling and reports it.
+//!
+//! | part | job | file |
+//! | --- | --- | --- |
+//! | `owner` | the datapath's one writer: a thread that alone holds the reconciler and runs the commands tasks send it | `crate::owner` |
+//! | `records` | the CNI's records: cached, unreadable ones reported, inotify wakes the tasks | `cni_records.rs` |
+//! | `policy_facts` | what the NetworkPolicy state says of the local pods, as the policy task last published it | here |
+//! | `forward` | the pods FORWARD rules name | `node_work.rs` |
+//! | `view` | what /metrics and /v1/status show: the book, readiness | `http.rs` |
+//! | `metrics` | the Prometheus registry | `crate::metrics` |
+//!
+//! The node-wide work (collection, NAT'd ports, the quiet-pass test) is in
+//! `node_work.rs`; the HTTP side (/metrics, /healthz, /readyz, /v1/status)
+//! in `http.rs`.
 
 mod cni_records;
 mod http;
 mod node_work;
 
-use node_work::{Blocked, NodeMemo};
+use cni_records::CniRecords;
+pub use http::View;
 pub use node_work::{BlockedChange, PassChecks};
+use node_work::{ForwardScan, NodeMemo};
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
-    net::IpAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, PoisonError,
-    },
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -37,10 +44,10 @@ use crate::{
     apply::ApplyError,
     config::Config,
     metrics::{DatapathReader, Metrics, Stage},
-    netpol::{model::Enforcement, Applied, Enforcer, NetpolError},
+    netpol::{model::Enforcement, Applied, Enforcer},
     owner::{Owner, OwnerGone},
     reconciler::{Hold, KernelOnly, PodInput, PodOutcome, PolicyFacts, Reconciler},
-    records::{is_live, pod_key, Annotations, PodKey},
+    records::{pod_key, Annotations, PodKey},
     status::{self, Book, PodStatus, PolicyStatus},
 };
 
@@ -84,43 +91,27 @@ impl Shutdown {
     }
 }
 
-/// The shared core.
+/// The shared core: the agent's context (see the module doc).
 pub struct Core {
     cfg: Config,
     /// The datapath owner: the thread that alone holds the reconciler.
     owner: Owner,
-    /// The metrics.
-    pub metrics: Metrics,
-    /// What is in force, read by /metrics and /v1/status.
-    book: Arc<Book>,
-    /// The pinned maps, read by scrapes and /v1/status without the
-    /// reconciler's lock.
-    maps: Arc<dyn DatapathReader>,
-    /// The datapath's fixed facts, for /v1/status.
-    datapath: status::DatapathStatus,
-    /// `kubernetes` or `standalone`, and the node name.
-    agent_mode: Mutex<(&'static str, Option<String>)>,
-    /// The CNI's records, read again only when the state directory changed.
-    records: Mutex<state::Cache>,
-    /// What the node-wide work last ran over without an error.
-    node_memo: Mutex<Option<NodeMemo>>,
-    /// The generation of the listing whose unreadable files were reported.
-    reported_generation: std::sync::atomic::AtomicU64,
-    /// Record files that could not be read, as last listed.
-    unreadable: Mutex<BTreeSet<String>>,
-    /// Those first seen since [`Core::newly_unreadable`] was last asked
-    /// (Kubernetes mode: each becomes an Event on the Node).
-    newly_unreadable: Mutex<Vec<String>>,
-    converged: Mutex<HashMap<String, bool>>,
-    ready: AtomicBool,
-    blocked: Mutex<Blocked>,
-    enforcer: Mutex<Enforcer>,
+    /// The CNI's records.
+    records: CniRecords,
     /// What the NetworkPolicy state says of the local pods (isolation,
     /// classification, whether the rules are in force), as the policy task
     /// last published it; `None` until the policies were first listed and
     /// applied (pod reconciles wait for it: kernel-only and holds are never
     /// decided from half a picture).
     policy_facts: watch::Sender<Option<PolicyFacts>>,
+    /// The pods FORWARD rules name.
+    forward: ForwardScan,
+    /// What the node-wide work last ran over without an error.
+    node_memo: Mutex<Option<NodeMemo>>,
+    /// What /metrics and /v1/status show.
+    view: View,
+    /// The metrics.
+    pub metrics: Metrics,
 }
 
 /// A pod that could not be reconciled.
@@ -203,63 +194,25 @@ impl Core {
         };
         let state_dir = cfg.state_dir.clone();
         Ok(Arc::new(Self {
-            cfg,
             owner: Owner::start(Reconciler::new(dp, defaults, online, state_dir))
                 .context("starting the datapath owner's thread")?,
-            metrics,
-            book,
-            maps,
-            datapath,
-            agent_mode: Mutex::new(("standalone", None)),
-            records: Mutex::new(state::Cache::new(&records_dir)),
-            node_memo: Mutex::new(None),
-            reported_generation: std::sync::atomic::AtomicU64::new(0),
-            unreadable: Mutex::new(BTreeSet::new()),
-            newly_unreadable: Mutex::new(Vec::new()),
-            converged: Mutex::new(HashMap::new()),
-            ready: AtomicBool::new(false),
-            blocked: Mutex::new(Blocked::default()),
-            enforcer: Mutex::new(Enforcer::new()),
+            records: CniRecords::new(&records_dir),
             policy_facts: watch::channel(None).0,
+            forward: ForwardScan::default(),
+            node_memo: Mutex::new(None),
+            view: View::new(book, maps, datapath),
+            metrics,
+            cfg,
         }))
     }
 
-    /// Puts `e` in force (one nftables transaction, on a blocking thread),
-    /// timed and counted; `local` are the addresses of the node's pods. The
-    /// policy metrics follow what is in force.
-    pub async fn enforce(
-        self: &Arc<Self>,
-        e: Enforcement,
-        local: BTreeSet<IpAddr>,
-    ) -> Result<Applied, NetpolError> {
-        let core = Arc::clone(self);
-        let done = tokio::task::spawn_blocking(move || {
-            let applied = core
-                .enforcer
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .apply(&e, &local);
-            if let Ok(a) = &applied {
-                if a.changed {
-                    core.metrics.policy_apply.observe(a.seconds);
-                }
-                core.book.set_policy(PolicyStatus::of(&e, a.rules));
-            }
-            applied
-        })
-        .await;
-        let applied = match done {
-            Ok(r) => r,
-            Err(e) => Err(NetpolError::Listing {
-                what: "apply",
-                why: format!("the apply task failed: {e}"),
-            }),
-        };
-        if let Err(e) = &applied {
-            warn!(error = %e, "NetworkPolicy rules not applied");
-            self.metrics.error(Stage::Netpol);
+    /// Records that the NetworkPolicy rules of `e` were applied (`a`):
+    /// the policy metrics and status follow what is in force.
+    pub fn policy_applied(&self, e: &Enforcement, a: &Applied) {
+        if a.changed {
+            self.metrics.policy_apply.observe(a.seconds);
         }
-        applied
+        self.view.book.set_policy(PolicyStatus::of(e, a.rules));
     }
 
     /// Publishes what the NetworkPolicy state says of the local pods (what
@@ -289,21 +242,17 @@ impl Core {
 
     /// Says which mode the agent runs in (for /v1/status).
     pub fn set_agent_mode(&self, mode: &'static str, node: Option<String>) {
-        *self
-            .agent_mode
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = (mode, node);
+        self.view.set_agent_mode(mode, node);
     }
 
-    /// What a reconcile of pod `key` needs beyond its record: `annotations`
-    /// and whether (and why) it is kernel-only. The one place the input is
-    /// put together, for both modes; the hold, which is the record's, is
-    /// added by [`Core::reconcile_pod`] ([`Core::hold_of`]).
-    pub fn pod_input(&self, key: &PodKey, annotations: Annotations) -> PodInput {
+    /// What a reconcile of the pod of `rec` needs beyond the record: its
+    /// `annotations`, whether (and why) it is kernel-only, and its hold. The
+    /// one place the input is put together, for both modes.
+    pub fn pod_input(&self, rec: &Record, annotations: Annotations) -> PodInput {
         PodInput {
             annotations,
-            kernel_only: self.kernel_only(key),
-            hold: Hold::Keep,
+            kernel_only: self.kernel_only(&pod_key(rec)),
+            hold: self.hold_of(rec),
         }
     }
 
@@ -325,12 +274,7 @@ impl Core {
         {
             return Some(KernelOnly::Policies(names.clone()));
         }
-        self.blocked
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pods
-            .get(key)
-            .map(|rule| KernelOnly::ForwardRule(rule.to_string()))
+        self.forward.rule_of(key).map(KernelOnly::ForwardRule)
     }
 
     /// The configuration.
@@ -343,20 +287,16 @@ impl Core {
     pub async fn reconcile_pod(
         &self,
         rec: Record,
-        mut input: PodInput,
+        input: PodInput,
     ) -> Result<PodOutcome, ReconcileError> {
-        input.hold = self.hold_of(&rec);
         let started = Instant::now();
         let id = rec.container_id.clone();
         let result = self.owner.reconcile(rec.clone(), input).await?;
         self.metrics.observe("pod", started.elapsed().as_secs_f64());
-        self.converged
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, result.is_ok());
+        self.view.converged(id, result.is_ok());
         match result {
             Ok(outcome) => {
-                self.book.set_pod(pod_status(&rec, &outcome));
+                self.view.book.set_pod(pod_status(&rec, &outcome));
                 self.metrics
                     .policy_problems
                     .inc_by(outcome.new_problems.len() as u64);
@@ -397,10 +337,7 @@ impl Core {
                     .node_memo
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner) = None;
-                self.converged
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clear();
+                self.view.forget_converged();
                 true
             }
             Ok(Ok(false)) => false,
@@ -411,20 +348,19 @@ impl Core {
 
     /// Whether every live record has been reconciled successfully.
     pub fn all_converged(&self, records: &[Record]) -> bool {
-        let converged = self
-            .converged
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        records
-            .iter()
-            .filter(|r| is_live(r))
-            .all(|r| converged.get(&r.container_id) == Some(&true))
+        self.view.all_converged(records)
+    }
+
+    /// Whether the record `container_id` was reconciled (well or not) since
+    /// the datapath was opened or made anew.
+    pub fn reconciled(&self, container_id: &str) -> bool {
+        self.view.reconciled(container_id)
     }
 
     /// Marks the node ready (once): /readyz answers 200, `xdpcni_ready` is 1
     /// and the CNI's ready file is written.
     pub fn set_ready(&self) -> Result<()> {
-        if self.ready.swap(true, Ordering::Relaxed) {
+        if !self.view.set_ready() {
             return Ok(());
         }
         self.metrics.ready.set(1);
@@ -439,9 +375,32 @@ impl Core {
         Ok(())
     }
 
-    /// Whether the node was reconciled.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+    /// The CNI's records ([`CniRecords::records`]).
+    pub fn records(&self) -> Arc<Vec<Record>> {
+        self.records.records(&self.metrics)
+    }
+
+    /// The CNI's records with their generation ([`CniRecords::listing`]).
+    pub fn listing(&self) -> state::Listing {
+        self.records.listing(&self.metrics)
+    }
+
+    /// The unreadable record files first seen since the last call.
+    pub fn newly_unreadable(&self) -> Vec<String> {
+        self.records.newly_unreadable()
+    }
+
+    /// Wakes each of `targets` when the CNI writes or removes a record.
+    pub fn watch_records(&self, targets: Vec<Arc<tokio::sync::Notify>>) -> Result<()> {
+        self.records.watch(targets)
+    }
+
+    /// Reads the FORWARD rules when `forwardScanMs` passed since the last
+    /// read: which pods they newly name or no longer name.
+    pub async fn scan_forward(&self, records: &[Record]) -> BlockedChange {
+        self.forward
+            .scan(self.cfg.forward_scan_ms, records, &self.metrics)
+            .await
     }
 }
 

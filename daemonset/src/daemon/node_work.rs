@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    sync::{Arc, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -16,7 +16,7 @@ use xdpcni_host::state::{self, Record};
 use super::{Core, NODE_RESYNC};
 use crate::{
     forward,
-    metrics::Stage,
+    metrics::{Metrics, Stage},
     records::{is_live, pod_key, PodKey},
 };
 
@@ -33,12 +33,16 @@ impl NodeMemo {
     }
 }
 
-/// Pods named by FORWARD rules, and when the rules were last read.
+/// The pods FORWARD rules name (kernel-only while they do), and when the
+/// rules were last read: the FORWARD scan's state, behind its own lock.
 #[derive(Default)]
-pub(super) struct Blocked {
-    pub(super) pods: BTreeMap<PodKey, forward::Rule>,
-    pub(super) scanned: Option<Instant>,
-    pub(super) warned: bool,
+pub struct ForwardScan(Mutex<Blocked>);
+
+#[derive(Default)]
+struct Blocked {
+    pods: BTreeMap<PodKey, forward::Rule>,
+    scanned: Option<Instant>,
+    warned: bool,
 }
 
 /// What a FORWARD scan changed.
@@ -101,7 +105,7 @@ impl Core {
     /// pass: its veth may be gone) say something changed, or
     /// [`NODE_RESYNC`] after it last ran: an idle node reads no map.
     pub async fn node_work(
-        self: &Arc<Self>,
+        &self,
         listing: &state::Listing,
         nat: Option<BTreeSet<(IpAddr, L4Proto, u16)>>,
         force: bool,
@@ -141,12 +145,9 @@ impl Core {
             .filter(|r| is_live(r))
             .map(|r| r.container_id.as_str())
             .collect();
-        self.book.retain_pods(|id| live.contains(id));
-        self.book.node_pass();
-        self.converged
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|id, _| live.contains(id.as_str()));
+        self.view.book.retain_pods(|id| live.contains(id));
+        self.view.book.node_pass();
+        self.view.retain_converged(|id| live.contains(id));
         self.metrics
             .observe("node", started.elapsed().as_secs_f64());
     }
@@ -183,17 +184,18 @@ impl Core {
     /// A pass of the node task that found nothing to do: the status's last
     /// node pass moves all the same.
     pub fn idle_pass(&self) {
-        self.book.node_pass();
+        self.view.book.node_pass();
     }
+}
 
-    /// Reads the node's FORWARD rules when `forwardScanMs` has passed since
-    /// the last read, and returns which pods they newly name or no longer
+impl ForwardScan {
+    /// Reads the node's FORWARD rules when `every` ms (`forwardScanMs`) have
+    /// passed since the last read, and returns which pods they newly name or no longer
     /// name (the caller reconciles those).
-    pub async fn scan_forward(self: &Arc<Self>, records: &[Record]) -> BlockedChange {
-        let every = self.cfg.forward_scan_ms;
+    pub async fn scan(&self, every: u64, records: &[Record], metrics: &Metrics) -> BlockedChange {
         let due = every > 0
             && self
-                .blocked
+                .0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .scanned
@@ -212,7 +214,7 @@ impl Core {
             })
         })
         .await;
-        let mut blocked = self.blocked.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut blocked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         blocked.scanned = Some(Instant::now());
         let now = match scanned {
             Ok(Ok(now)) => now,
@@ -247,11 +249,21 @@ impl Core {
         for key in &change.removed {
             info!(namespace = %key.0, pod = %key.1, "no FORWARD rule names the pod any more");
         }
-        self.metrics
+        metrics
             .forward_rule_pods
             .set(i64::try_from(now.len()).unwrap_or(i64::MAX));
         blocked.pods = now;
         change
+    }
+
+    /// The rule naming pod `key`, if one does.
+    pub fn rule_of(&self, key: &PodKey) -> Option<forward::Rule> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .get(key)
+            .cloned()
     }
 }
 

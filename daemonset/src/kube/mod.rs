@@ -29,7 +29,7 @@ use kube::{
     runtime::{
         controller::{Action, Controller},
         events::{Event, EventType, Recorder, Reporter},
-        reflector::{self, Store},
+        reflector::{self, ObjectRef, Store},
         watcher, WatchStreamExt,
     },
     Api, Client, Resource, ResourceExt,
@@ -43,6 +43,7 @@ use crate::{
     config::Config,
     daemon::{Core, ReconcileError, Shutdown, RESYNC},
     metrics::Stage,
+    netpol::Enforcer,
     records::{is_live, pod_key, PodKey},
 };
 
@@ -144,6 +145,34 @@ where
     reader
 }
 
+/// The first hop of a pod's ADD into the agent: woken by inotify when the
+/// CNI writes a record (`written`), hands the pod controller the pod of
+/// each live record it has not seen yet. Runs until the controller stops.
+async fn feed_records(
+    core: Arc<Core>,
+    written: Arc<Notify>,
+    trigger: mpsc::Sender<ObjectRef<Pod>>,
+) {
+    let mut seen: HashSet<String> = HashSet::new();
+    loop {
+        written.notified().await;
+        let records = core.records();
+        for rec in records
+            .iter()
+            .filter(|r| is_live(r) && !r.pod_name.is_empty())
+        {
+            if !seen.insert(rec.container_id.clone()) {
+                continue;
+            }
+            let pod = ObjectRef::new(&rec.pod_name).within(&rec.pod_namespace);
+            if trigger.send(pod).await.is_err() {
+                return;
+            }
+        }
+        seen.retain(|id| records.iter().any(|r| &r.container_id == id));
+    }
+}
+
 /// What a pod reconcile needs.
 struct Ctx {
     core: Arc<Core>,
@@ -176,10 +205,10 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Ctx>) -> Result<Action, PodError> {
         // writes its record.
         return Ok(Action::await_change());
     }
-    let input = ctx.core.pod_input(&key, pod.annotations().clone());
     let mut next = RESYNC;
     for rec in records {
-        let outcome = ctx.core.reconcile_pod(rec, input.clone()).await?;
+        let input = ctx.core.pod_input(&rec, pod.annotations().clone());
+        let outcome = ctx.core.reconcile_pod(rec, input).await?;
         if !outcome.new_problems.is_empty() {
             publish_problems(&ctx.recorder, &ctx.core, &pod, &outcome.new_problems).await;
         }
@@ -265,8 +294,15 @@ pub async fn run(cfg: Config) -> Result<()> {
     });
     let changed = Arc::new(Notify::new());
     let policy_changed = Arc::new(Notify::new());
-    // A CNI record written or removed wakes both tasks at once.
-    core.watch_records(vec![Arc::clone(&changed), Arc::clone(&policy_changed)])?;
+    let written = Arc::new(Notify::new());
+    // A CNI record written or removed wakes the record feed, the policy task
+    // and the node task at once.
+    core.watch_records(vec![
+        Arc::clone(&written),
+        Arc::clone(&policy_changed),
+        Arc::clone(&changed),
+    ])?;
+    tokio::spawn(feed_records(Arc::clone(&core), written, trigger.clone()));
     let policy_task = PolicyTask {
         core: Arc::clone(&core),
         recorder,
@@ -288,6 +324,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         ),
         trigger: trigger.clone(),
         changed: policy_changed,
+        enforcer: Enforcer::new(),
     };
     let node_task = NodeTask {
         ctx: Arc::clone(&ctx),

@@ -11,9 +11,10 @@
 //!    force); a failure is an Event on each policy involved;
 //! 4. reconciles at once the pods whose isolation or hold the facts change
 //!    (a newly isolated pod goes kernel-only, a classified one's hold goes,
-//!    a pod whose rules failed is held: fail closed), and tells the pod
-//!    controller about them. The task never writes the datapath itself:
-//!    each pod's reconcile turns the facts into its state;
+//!    a pod whose rules failed is held: fail closed), and hands the pod
+//!    controller those whose reconcile failed, to retry. The task never
+//!    writes the datapath itself: each pod's reconcile turns the facts into
+//!    its state;
 //! 5. deletes the conntrack entries of pods isolated anew, once their fast
 //!    path traffic has drained (conntrack never saw what XDP carried).
 
@@ -47,6 +48,7 @@ use crate::{
     netpol::{
         forget_connections,
         model::{self, Cluster, LocalPod},
+        Applied, Enforcer, NetpolError,
     },
     reconciler::{Hold, PolicyFacts},
     records::{is_live, pod_key, PodKey},
@@ -73,11 +75,13 @@ pub struct PolicyTask {
     pub trigger: mpsc::Sender<ObjectRef<Pod>>,
     /// Woken by the watches and by the CNI's records.
     pub changed: Arc<Notify>,
+    /// The nftables table: the task's own, nothing else writes it.
+    pub enforcer: Enforcer,
 }
 
 impl PolicyTask {
     /// Runs until `shutdown`, once the three watches have listed.
-    pub async fn run(self, shutdown: Shutdown) -> Result<()> {
+    pub async fn run(mut self, shutdown: Shutdown) -> Result<()> {
         let lists = async {
             self.policies.wait_until_ready().await?;
             self.namespaces.wait_until_ready().await?;
@@ -103,7 +107,7 @@ impl PolicyTask {
     }
 
     /// One pass: the steps of the module doc, in order.
-    async fn pass(&self, reported: &mut HashSet<String>) {
+    async fn pass(&mut self, reported: &mut HashSet<String>) {
         let core = &self.core;
         let records: Vec<Record> = core
             .records()
@@ -118,7 +122,8 @@ impl PolicyTask {
         // 2. The rules.
         let local_ips: BTreeSet<IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
-        let applied = core.enforce(e.clone(), local_ips.clone()).await;
+        let applied = self.enforce(&e, local_ips.clone()).await;
+        let core = &self.core;
         // 3. The facts every pod reconcile reads.
         let changed = core.set_policy_facts(facts(&e, &records, applied.is_ok()), &records);
         match &applied {
@@ -126,7 +131,7 @@ impl PolicyTask {
             Err(err) => self.report_failure(&e, &err.to_string(), reported).await,
         }
         // 4. The pods those facts change, reconciled at once.
-        let touched = self.reconcile_changed(&records, &pods, changed).await;
+        let failed = self.reconcile_changed(&records, &pods, changed).await;
         // 5. Pods isolated anew: their conntrack entries, once drained.
         if let Ok(a) = &applied {
             let ips: BTreeSet<IpAddr> = records
@@ -136,7 +141,7 @@ impl PolicyTask {
                 .collect();
             forget_after_drain(core, ips, local_ips);
         }
-        for key in touched {
+        for key in failed {
             if self
                 .trigger
                 .send(ObjectRef::new(&key.1).within(&key.0))
@@ -173,7 +178,8 @@ impl PolicyTask {
     /// isolation or hold moved) and the held pods whose hold the facts now
     /// decide: a pod isolated anew leaves the fast path before its conntrack
     /// entries go, one whose rules failed is held, a classified one
-    /// released. Returns the pods to tell the controller about.
+    /// released. Returns the pods whose reconcile failed: the controller
+    /// retries them.
     async fn reconcile_changed(
         &self,
         records: &[Record],
@@ -189,23 +195,63 @@ impl PolicyTask {
                     || (is_held(pin_dir, r.host_ifindex) && core.hold_of(r) != Hold::Keep)
             })
             .collect();
-        let mut touched = changed.clone();
+        let mut failed = BTreeSet::new();
         for rec in due {
             let key = pod_key(rec);
-            touched.insert(key.clone());
             let pod = pods.iter().find(|p| {
                 p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1
             });
             let annotations = pod.map(|p| p.annotations().clone()).unwrap_or_default();
-            let input = core.pod_input(&key, annotations);
-            // A failure is counted by the core; the pod's own reconcile retries.
-            if let Ok(outcome) = core.reconcile_pod(rec.clone(), input).await {
-                if let (Some(pod), false) = (pod, outcome.new_problems.is_empty()) {
-                    super::publish_problems(&self.recorder, core, pod, &outcome.new_problems).await;
+            let input = core.pod_input(rec, annotations);
+            // A failure is counted by the core; the pod's controller retries.
+            match core.reconcile_pod(rec.clone(), input).await {
+                Ok(outcome) => {
+                    if let (Some(pod), false) = (pod, outcome.new_problems.is_empty()) {
+                        super::publish_problems(&self.recorder, core, pod, &outcome.new_problems)
+                            .await;
+                    }
+                }
+                Err(_) => {
+                    failed.insert(key);
                 }
             }
         }
-        touched
+        failed
+    }
+
+    /// Puts `e` in force (one nftables transaction, on a blocking thread),
+    /// timed and counted; `local` are the addresses of the node's pods.
+    async fn enforce(
+        &mut self,
+        e: &model::Enforcement,
+        local: BTreeSet<IpAddr>,
+    ) -> Result<Applied, NetpolError> {
+        let mut enforcer = std::mem::take(&mut self.enforcer);
+        let want = e.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let applied = enforcer.apply(&want, &local);
+            (enforcer, applied)
+        })
+        .await;
+        let applied = match done {
+            Ok((enforcer, applied)) => {
+                self.enforcer = enforcer;
+                applied
+            }
+            // A fresh enforcer reads the table in force again first.
+            Err(err) => Err(NetpolError::Listing {
+                what: "apply",
+                why: format!("the apply task failed: {err}"),
+            }),
+        };
+        match &applied {
+            Ok(a) => self.core.policy_applied(e, a),
+            Err(err) => {
+                warn!(error = %err, "NetworkPolicy rules not applied");
+                self.core.metrics.error(Stage::Netpol);
+            }
+        }
+        applied
     }
 
     /// An Event on each policy that selects a pod of this node, once per
