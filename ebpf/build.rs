@@ -28,6 +28,8 @@ fn main() -> Result<()> {
     for rel in [
         "include/xdpcni.h",
         "src/xdpcni.bpf.c",
+        "src/maps.bpf.h",
+        "src/parse.bpf.h",
         "src/bench.bpf.c",
         "build/layout.c",
     ] {

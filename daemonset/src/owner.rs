@@ -2,7 +2,7 @@
 //! agent's one writer of the pinned datapath) and runs the commands the
 //! agent's tasks send it, one at a time, in the order they came. Nothing
 //! else in the agent can reach the reconciler: a task that wants the
-//! datapath changed sends a [`Command`] through an [`Owner`] and awaits the
+//! datapath changed sends a command through an [`Owner`] and awaits the
 //! answer. The owner makes syscalls (netlink, bpf) on its own thread, so no
 //! tokio worker ever blocks on them and no lock is held across an await.
 //!

@@ -247,7 +247,7 @@ impl Reconciler {
     }
 
     /// Applies the wish of `pod` (annotations over the node defaults) to
-    /// the pod of `rec`. A held pod (see [`Reconciler::release`]) is kept on
+    /// the pod of `rec`. A held pod (see `Hold`) is kept on
     /// kernel routing with kernel-only records whatever its input: the fast
     /// path would carry its frames past the hold.
     pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {

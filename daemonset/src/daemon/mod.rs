@@ -130,7 +130,9 @@ impl ReconcileError {
     pub const fn kind(&self) -> &'static str {
         match self {
             Self::Apply(e) => e.kind(),
-            Self::Owner(_) => "owner",
+            // The label of the blocking task that ran reconciles before
+            // the datapath owner did, kept for dashboards and alerts.
+            Self::Owner(_) => "task",
         }
     }
 }
@@ -375,12 +377,12 @@ impl Core {
         Ok(())
     }
 
-    /// The CNI's records ([`CniRecords::records`]).
+    /// The CNI's records, read from disk only when they changed.
     pub fn records(&self) -> Arc<Vec<Record>> {
         self.records.records(&self.metrics)
     }
 
-    /// The CNI's records with their generation ([`CniRecords::listing`]).
+    /// The CNI's records with their generation, which moves when they do.
     pub fn listing(&self) -> state::Listing {
         self.records.listing(&self.metrics)
     }

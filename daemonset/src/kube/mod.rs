@@ -3,11 +3,30 @@
 //! isolation changes (kernel-only when a policy isolates it), and when the
 //! CNI writes its record; it reports refused values as Events on the pod.
 //! The policy task ([`policies`]) enforces NetworkPolicies. A node task
-//! (`node_task.rs`) does the node-wide work every `intervalMs`: routes to the other nodes' pod
-//! CIDRs (host-gateway or through the VXLAN device, [`crate::routes`]) and
-//! this node's published VTEP, the NAT'd ports, the records no pod claims,
-//! collection. Nothing is
-//! decided from a cache before its first complete list.
+//! (`node_task.rs`) does the node-wide work every `intervalMs`: routes to
+//! the other nodes' pod CIDRs (host-gateway or through the VXLAN device,
+//! [`crate::routes`]) and this node's published VTEP, the NAT'd ports, the
+//! records no pod claims, collection. Nothing is decided from a cache before
+//! its first complete list.
+//!
+//! How a pod's CNI ADD reaches the datapath, hop by hop:
+//!
+//! 1. The plugin holds the new pod and writes its record
+//!    (`cni-plugin/src/plugin/add.rs`; `xdpcni_host::state`).
+//! 2. inotify on the records directory wakes `feed_records` here
+//!    (`crate::daemon::cni_records`), which hands the controller the pod of
+//!    each record it has not seen.
+//! 3. The controller runs `reconcile` here: once the policies are known,
+//!    each record of the pod gets its input ([`Core::pod_input`]: its
+//!    annotations, kernel-only, its hold from the policy facts).
+//! 4. [`Core::reconcile_pod`] sends it to the datapath owner
+//!    (`crate::owner`), whose thread runs `Reconciler::reconcile`
+//!    (`crate::reconciler`): the hold released when the policy task
+//!    classified the pod, then `crate::apply` writes its state through the
+//!    datapath crate's verbs.
+//!
+//! Records no Pod object claims skip the controller: the node task
+//! reconciles them with the node defaults.
 
 mod node_task;
 pub mod policies;
@@ -21,10 +40,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
-use k8s_openapi::api::{
-    core::v1::{Endpoints, Namespace, Node, Pod},
-    networking::v1::NetworkPolicy,
-};
+use k8s_openapi::api::core::v1::{Endpoints, Pod};
 use kube::{
     runtime::{
         controller::{Action, Controller},
@@ -43,7 +59,6 @@ use crate::{
     config::Config,
     daemon::{Core, ReconcileError, Shutdown, RESYNC},
     metrics::Stage,
-    netpol::Enforcer,
     records::{is_live, pod_key, PodKey},
 };
 
@@ -118,6 +133,21 @@ pub fn nat_ports(
     out
 }
 
+/// A reflector store of every object of kind `K`, fed by a watch in a task
+/// of its own; each change wakes `changed`. Managed fields are dropped:
+/// nothing reads them.
+fn watch_all<K>(client: &Client, changed: &Arc<Notify>) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    drive(
+        Api::<K>::all(client.clone()),
+        watcher::Config::default(),
+        Arc::clone(changed),
+    )
+}
+
 /// A reflector store fed by a watch of `api` in a task of its own; each
 /// change wakes `changed`. Managed fields are dropped: nothing reads them.
 fn drive<K>(api: Api<K>, cfg: watcher::Config, changed: Arc<Notify>) -> Store<K>
@@ -173,10 +203,13 @@ async fn feed_records(
     }
 }
 
-/// What a pod reconcile needs.
-struct Ctx {
-    core: Arc<Core>,
+/// What every task of the Kubernetes mode gets (controller-rs's context):
+/// the API client, the Event recorder, and the core (the datapath owner,
+/// the records, the policy facts, the metrics and status).
+pub(crate) struct Ctx {
+    client: Client,
     recorder: Recorder,
+    core: Arc<Core>,
 }
 
 /// A pod reconcile that failed (retried after [`RETRY`]).
@@ -274,13 +307,6 @@ pub async fn run(cfg: Config) -> Result<()> {
     let core = Core::open(cfg).await?;
     core.set_agent_mode("kubernetes", Some(node.clone()));
     core.serve(shutdown.clone()).await?;
-
-    let controller = Controller::new(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields(&format!("spec.nodeName={node}")),
-    );
-    let pods = controller.store();
-    let (trigger, triggered) = mpsc::channel(1024);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -289,65 +315,31 @@ pub async fn run(cfg: Config) -> Result<()> {
         },
     );
     let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        recorder,
         core: Arc::clone(&core),
-        recorder: recorder.clone(),
     });
-    let changed = Arc::new(Notify::new());
-    let policy_changed = Arc::new(Notify::new());
-    let written = Arc::new(Notify::new());
+    let controller = Controller::new(
+        Api::<Pod>::all(client),
+        watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+    );
+    let (trigger, triggered) = mpsc::channel(1024);
+    let (node_changed, policy_changed, written) = (
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+    );
     // A CNI record written or removed wakes the record feed, the policy task
     // and the node task at once.
     core.watch_records(vec![
         Arc::clone(&written),
         Arc::clone(&policy_changed),
-        Arc::clone(&changed),
+        Arc::clone(&node_changed),
     ])?;
     tokio::spawn(feed_records(Arc::clone(&core), written, trigger.clone()));
-    let policy_task = PolicyTask {
-        core: Arc::clone(&core),
-        recorder,
-        policies: drive(
-            Api::<NetworkPolicy>::all(client.clone()),
-            watcher::Config::default(),
-            Arc::clone(&policy_changed),
-        ),
-        namespaces: drive(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-            Arc::clone(&policy_changed),
-        ),
-        // Every pod of the cluster: peers are selected by labels anywhere.
-        pods: drive(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default(),
-            Arc::clone(&policy_changed),
-        ),
-        trigger: trigger.clone(),
-        changed: policy_changed,
-        enforcer: Enforcer::new(),
-    };
-    let node_task = NodeTask {
-        ctx: Arc::clone(&ctx),
-        client: client.clone(),
-        node: node.clone(),
-        pods: pods.clone(),
-        nodes: drive(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default(),
-            Arc::clone(&changed),
-        ),
-        endpoints: drive(
-            Api::<Endpoints>::all(client.clone()),
-            watcher::Config::default(),
-            Arc::clone(&changed),
-        ),
-        trigger,
-        changed,
-    };
-    info!(
-        node = %node,
-        "watching this node's pods, network policies, namespaces, all pods, nodes and endpoints"
-    );
+    let policy_task = PolicyTask::new(&ctx, trigger.clone(), policy_changed);
+    let node_task = NodeTask::new(&ctx, node, controller.store(), trigger, node_changed);
+    info!("watching this node's pods, network policies, namespaces, all pods, nodes and endpoints");
     let controller = controller
         .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(triggered))
         .graceful_shutdown_on(shutdown.clone().wait())

@@ -82,17 +82,40 @@ async fn publish_node_event(
 /// resync): new records trigger their pods, records no pod claims get the
 /// node defaults, then NAT'd ports, collection, routes, readiness.
 pub(super) struct NodeTask {
-    pub(super) ctx: Arc<Ctx>,
-    pub(super) client: Client,
-    pub(super) node: String,
-    pub(super) pods: Store<Pod>,
-    pub(super) nodes: Store<Node>,
-    pub(super) endpoints: Store<Endpoints>,
-    pub(super) trigger: mpsc::Sender<ObjectRef<Pod>>,
-    pub(super) changed: Arc<Notify>,
+    ctx: Arc<Ctx>,
+    client: Client,
+    node: String,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    endpoints: Store<Endpoints>,
+    trigger: mpsc::Sender<ObjectRef<Pod>>,
+    changed: Arc<Notify>,
 }
 
 impl NodeTask {
+    /// The task of `ctx`'s agent on node `node`, over the pod controller's
+    /// store of this node's `pods`: watches of every Node and Endpoints wake
+    /// `changed`, as the CNI's records do; pods to reconcile go to
+    /// `trigger`.
+    pub(super) fn new(
+        ctx: &Arc<Ctx>,
+        node: String,
+        pods: Store<Pod>,
+        trigger: mpsc::Sender<ObjectRef<Pod>>,
+        changed: Arc<Notify>,
+    ) -> Self {
+        Self {
+            ctx: Arc::clone(ctx),
+            client: ctx.client.clone(),
+            node,
+            pods,
+            nodes: super::watch_all(&ctx.client, &changed),
+            endpoints: super::watch_all(&ctx.client, &changed),
+            trigger,
+            changed,
+        }
+    }
+
     pub(super) async fn run(self, shutdown: Shutdown) -> Result<()> {
         let lists = async {
             self.pods.wait_until_ready().await?;

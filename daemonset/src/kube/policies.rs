@@ -80,6 +80,26 @@ pub struct PolicyTask {
 }
 
 impl PolicyTask {
+    /// The task of `ctx`'s agent: watches of every NetworkPolicy, Namespace
+    /// and Pod (peers are selected by labels anywhere) wake `changed`, as
+    /// the CNI's records do; pods whose reconcile fails go to `trigger`.
+    pub(super) fn new(
+        ctx: &super::Ctx,
+        trigger: mpsc::Sender<ObjectRef<Pod>>,
+        changed: Arc<Notify>,
+    ) -> Self {
+        Self {
+            core: Arc::clone(&ctx.core),
+            recorder: ctx.recorder.clone(),
+            policies: super::watch_all(&ctx.client, &changed),
+            namespaces: super::watch_all(&ctx.client, &changed),
+            pods: super::watch_all(&ctx.client, &changed),
+            trigger,
+            changed,
+            enforcer: Enforcer::new(),
+        }
+    }
+
     /// Runs until `shutdown`, once the three watches have listed.
     pub async fn run(mut self, shutdown: Shutdown) -> Result<()> {
         let lists = async {

@@ -12,6 +12,7 @@ pub mod addrs;
 pub mod conntrack;
 pub mod model;
 pub mod nft;
+pub mod ports;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -110,6 +111,19 @@ fn list(args: &[&str], what: &'static str) -> Result<Option<serde_json::Value>, 
         })
 }
 
+/// Runs the transaction `doc`: how many rules it adds, and how long it took.
+fn run(doc: &nftables::schema::Nftables<'_>) -> Result<(usize, f64), NetpolError> {
+    use nftables::schema::{NfCmd, NfListObject, NfObject};
+    let rules = doc
+        .objects
+        .iter()
+        .filter(|o| matches!(o, NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(_)))))
+        .count();
+    let started = Instant::now();
+    nftables::helper::apply_ruleset(doc)?;
+    Ok((rules, started.elapsed().as_secs_f64()))
+}
+
 impl Enforcer {
     /// An enforcer that reads the table in the kernel before its first
     /// transaction (rules from an earlier agent stay in force until then).
@@ -143,26 +157,7 @@ impl Enforcer {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        let now = Instant::now();
-        self.windows.retain(|_, until| *until > now);
-        for k in &newly_isolated {
-            for ip in e
-                .pods
-                .get(k)
-                .map(|p| p.addrs.as_slice())
-                .unwrap_or_default()
-            {
-                self.windows.entry(*ip).or_insert(now + SWITCH_WINDOW);
-            }
-        }
-        let switching = if self.windows.is_empty() {
-            Switching::default()
-        } else {
-            Switching {
-                pods: self.windows.keys().copied().collect(),
-                local: local.clone(),
-            }
-        };
+        let switching = self.open_windows(e, &newly_isolated, local);
         if let Some((have, open, rules)) = &self.in_force {
             if have == e && *open == switching {
                 return Ok(Applied {
@@ -174,46 +169,60 @@ impl Enforcer {
             }
         }
         let (batch, objects) = nft::transaction(e, &switching, &before);
-        let doc = batch.to_nftables();
-        let rules = doc
-            .objects
-            .iter()
-            .filter(|o| {
-                matches!(
-                    o,
-                    nftables::schema::NfObject::CmdObject(nftables::schema::NfCmd::Add(
-                        nftables::schema::NfListObject::Rule(_)
-                    ))
-                )
-            })
-            .count();
-        let started = Instant::now();
-        let applied = nftables::helper::apply_ruleset(&doc);
-        let seconds = started.elapsed().as_secs_f64();
-        match applied {
-            Ok(()) => {
-                info!(
-                    pods = e.pods.len(),
-                    rules,
-                    ms = seconds * 1e3,
-                    "NetworkPolicy rules applied"
-                );
-                self.objects = Some(objects);
-                self.in_force = Some((e.clone(), switching, rules));
-                Ok(Applied {
-                    changed: true,
-                    rules,
-                    seconds,
-                    newly_isolated,
-                })
-            }
+        let (rules, seconds) = match run(&batch.to_nftables()) {
+            Ok(done) => done,
             Err(err) => {
                 // What is in the kernel is not known for sure now: read it
                 // again before the next transaction. The windows stay: the
                 // next transaction opens them.
                 self.objects = None;
                 self.in_force = None;
-                Err(err.into())
+                return Err(err);
+            }
+        };
+        info!(
+            pods = e.pods.len(),
+            rules,
+            ms = seconds * 1e3,
+            "NetworkPolicy rules applied"
+        );
+        self.objects = Some(objects);
+        self.in_force = Some((e.clone(), switching, rules));
+        Ok(Applied {
+            changed: true,
+            rules,
+            seconds,
+            newly_isolated,
+        })
+    }
+
+    /// The switching windows in force after opening one for each address
+    /// of the `newly_isolated` pods of `e` (and closing those past their
+    /// time); `local` are the node's pod addresses.
+    fn open_windows(
+        &mut self,
+        e: &Enforcement,
+        newly_isolated: &[PodKey],
+        local: &BTreeSet<IpAddr>,
+    ) -> Switching {
+        let now = Instant::now();
+        self.windows.retain(|_, until| *until > now);
+        for k in newly_isolated {
+            for ip in e
+                .pods
+                .get(k)
+                .map(|p| p.addrs.as_slice())
+                .unwrap_or_default()
+            {
+                self.windows.entry(*ip).or_insert(now + SWITCH_WINDOW);
+            }
+        }
+        if self.windows.is_empty() {
+            Switching::default()
+        } else {
+            Switching {
+                pods: self.windows.keys().copied().collect(),
+                local: local.clone(),
             }
         }
     }

@@ -1,4 +1,4 @@
-//! The nftables ruleset that enforces an [`Enforcement`], built with the
+//! The nftables ruleset that enforces an [`Enforcement`](crate::netpol::model::Enforcement), built with the
 //! `nftables` crate's types and applied through `nft -j -f -` as one atomic
 //! transaction: no userspace on the packet path, and no moment where a
 //! packet sees half a change.

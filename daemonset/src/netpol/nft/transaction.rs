@@ -1,4 +1,4 @@
-//! The transaction that makes the table enforce an [`Enforcement`], in named
+//! The transaction that makes the table enforce an [`Enforcement`](crate::netpol::model::Enforcement), in named
 //! steps.
 
 use std::{
@@ -292,29 +292,7 @@ fn base_rules(
     switching: &Switching,
 ) {
     let name = base.name();
-    // Neighbour discovery is what the node resolves pods with (the IPv6
-    // ARP); conntrack does not track it.
-    b.add(rule(
-        name,
-        vec![
-            is(
-                field("icmpv6", "type"),
-                anon_set(
-                    [
-                        "nd-router-solicit",
-                        "nd-router-advert",
-                        "nd-neighbor-solicit",
-                        "nd-neighbor-advert",
-                        "nd-redirect",
-                    ]
-                    .iter()
-                    .map(|t| s(t))
-                    .collect(),
-                ),
-            ),
-            Statement::Accept(None),
-        ],
-    ));
+    b.add(rule(name, neighbour_discovery()));
     let ends = isolated_ends(base, &pods.isolated);
     for end in &ends {
         b.add(rule(
@@ -364,6 +342,25 @@ fn base_rules(
     for end in ends {
         b.add(rule(name, vec![end, mark.set_mark.clone()]));
     }
+}
+
+/// Neighbour discovery accepted: it is what the node resolves pods with
+/// (the IPv6 ARP), and conntrack does not track it.
+fn neighbour_discovery() -> Vec<Statement<'static>> {
+    let types = [
+        "nd-router-solicit",
+        "nd-router-advert",
+        "nd-neighbor-solicit",
+        "nd-neighbor-advert",
+        "nd-redirect",
+    ];
+    vec![
+        is(
+            field("icmpv6", "type"),
+            anon_set(types.iter().map(|t| s(t)).collect()),
+        ),
+        Statement::Accept(None),
+    ]
 }
 
 /// `ip saddr|daddr { isolated pods }`, per family and end of `base`.

@@ -13,96 +13,34 @@ impl Maps {
     /// a program: `migrate::converge` writes them). Entries of an earlier,
     /// abandoned fill go first, so the call can be repeated after a crash.
     pub(crate) fn fill_from(&mut self, src: &Maps, only: &[&str]) -> Result<Filled> {
-        let op = |what: &str| format!("migrating {what}");
-        let copy = |name: &str| only.contains(&name);
+        let copy = |name: MapName| only.contains(&name.as_str());
         let mut filled = Filled::default();
-
-        if copy(MapName::PolicyNamespaces.as_str()) {
-            filled.policy_namespaces = replace_all(
-                &mut self.policy_namespaces,
-                &src.policy_namespaces,
-                MapName::PolicyNamespaces.as_str(),
-            )?;
+        macro_rules! replace {
+            ($map:ident, $name:expr) => {
+                if copy($name) {
+                    replace_all(&mut self.$map, &src.$map, $name.as_str())?
+                } else {
+                    0
+                }
+            };
         }
-        if copy(MapName::PolicyGate.as_str()) {
+        filled.policy_namespaces = replace!(policy_namespaces, MapName::PolicyNamespaces);
+        if copy(MapName::PolicyGate) {
             self.policy_gate
                 .set(0, src.policy_gate()?, 0)
-                .map_err(|e| Error::map(op("the policy gate"), e))?;
+                .map_err(|e| Error::map("migrating the policy gate", e))?;
         }
-
-        // Counter slots: owners, each veth's slot, every row of their values.
         let owners = src.slot_owner_list()?;
         filled.slots = owners.len();
-        if copy(MapName::Counters.as_str()) {
-            // The slots this layout claimed: zeroed unless src claims them.
-            let mut slots: std::collections::BTreeSet<u32> = self
-                .slot_owner_list()?
-                .into_iter()
-                .map(|(s, _)| s)
-                .collect();
-            let claimed: std::collections::BTreeSet<u32> =
-                owners.iter().map(|(s, _)| *s).chain([0]).collect();
-            slots.extend(claimed.iter().copied());
-            let nr_cpus = aya::util::nr_cpus().map_err(|(_, e)| {
-                Error::io("counting CPUs", "/sys/devices/system/cpu/possible", e)
-            })?;
-            let per_slot = crate::abi::c_layout::XDPCNI_V_MAX;
-            for slot in slots {
-                for r in slot * per_slot..(slot + 1) * per_slot {
-                    let values = if claimed.contains(&slot) {
-                        src.counters
-                            .get(&r, 0)
-                            .map_err(|e| Error::map(op("counters"), e))?
-                    } else {
-                        PerCpuValues::try_from(vec![StatsValue::default(); nr_cpus]).map_err(
-                            |e| Error::Invalid {
-                                what: "counters",
-                                why: e.to_string(),
-                            },
-                        )?
-                    };
-                    self.counters
-                        .set(r, values, 0)
-                        .map_err(|e| Error::map(op("counters"), e))?;
-                }
-            }
+        if copy(MapName::Counters) {
+            self.fill_counters(src, &owners)?;
         }
-        if copy(MapName::SlotOwners.as_str()) {
-            replace_all(
-                &mut self.slot_owners,
-                &src.slot_owners,
-                MapName::SlotOwners.as_str(),
-            )?;
-        }
-        if copy(MapName::PortSlots.as_str()) {
-            replace_all(
-                &mut self.port_slots,
-                &src.port_slots,
-                MapName::PortSlots.as_str(),
-            )?;
-        }
-        if copy(MapName::NatPorts.as_str()) {
-            filled.nat_ports = replace_all(
-                &mut self.nat_ports,
-                &src.nat_ports,
-                MapName::NatPorts.as_str(),
-            )?;
-        }
-        if copy(MapName::Endpoints4.as_str()) {
-            filled.endpoints += replace_all(
-                &mut self.endpoints4,
-                &src.endpoints4,
-                MapName::Endpoints4.as_str(),
-            )?;
-        }
-        if copy(MapName::Endpoints6.as_str()) {
-            filled.endpoints += replace_all(
-                &mut self.endpoints6,
-                &src.endpoints6,
-                MapName::Endpoints6.as_str(),
-            )?;
-        }
-        if copy(MapName::TxPorts.as_str()) {
+        replace!(slot_owners, MapName::SlotOwners);
+        replace!(port_slots, MapName::PortSlots);
+        filled.nat_ports = replace!(nat_ports, MapName::NatPorts);
+        filled.endpoints = replace!(endpoints4, MapName::Endpoints4);
+        filled.endpoints += replace!(endpoints6, MapName::Endpoints6);
+        if copy(MapName::TxPorts) {
             for ifindex in self.tx_port_list()? {
                 self.remove_tx_port(ifindex)?;
             }
@@ -112,6 +50,41 @@ impl Maps {
             }
         }
         Ok(filled)
+    }
+
+    /// Counter slots: every row of the slots `src`'s `owners` claim (and
+    /// the shared slot 0) copied, those only this layout claimed zeroed.
+    fn fill_counters(&mut self, src: &Maps, owners: &[(u32, u32)]) -> Result<()> {
+        let op = || "migrating counters".to_string();
+        let mut slots: std::collections::BTreeSet<u32> = self
+            .slot_owner_list()?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        let claimed: std::collections::BTreeSet<u32> =
+            owners.iter().map(|(s, _)| *s).chain([0]).collect();
+        slots.extend(claimed.iter().copied());
+        let nr_cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| Error::io("counting CPUs", "/sys/devices/system/cpu/possible", e))?;
+        let per_slot = crate::abi::c_layout::XDPCNI_V_MAX;
+        for slot in slots {
+            for r in slot * per_slot..(slot + 1) * per_slot {
+                let values = if claimed.contains(&slot) {
+                    src.counters.get(&r, 0).map_err(|e| Error::map(op(), e))?
+                } else {
+                    PerCpuValues::try_from(vec![StatsValue::default(); nr_cpus]).map_err(|e| {
+                        Error::Invalid {
+                            what: "counters",
+                            why: e.to_string(),
+                        }
+                    })?
+                };
+                self.counters
+                    .set(r, values, 0)
+                    .map_err(|e| Error::map(op(), e))?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,291 @@
+//! The families read at scrape time: per pod from the book and the pinned
+//! maps' counters, and the NetworkPolicy view with the rules' counters.
+
+use std::{collections::BTreeMap, fmt, sync::Arc};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+};
+use xdpcni_ebpf::abi::{Verdict, VerdictKind};
+use xdpcni_host::pod::XdpMode;
+
+use super::{DatapathReader, Escaped};
+use crate::status::{Book, IsolatedPod, PodStatus, WhyCode};
+
+/// The per-pod families, read at scrape time: the pods from the book,
+/// their counters from the pinned maps.
+pub struct PodsCollector {
+    pub(super) maps: Arc<dyn DatapathReader>,
+    pub(super) book: Arc<Book>,
+}
+
+impl fmt::Debug for PodsCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PodsCollector").finish_non_exhaustive()
+    }
+}
+
+/// The family name of a verdict kind's packets or bytes counter (the
+/// encoder appends `_total`).
+pub fn family_name(kind: VerdictKind, bytes: bool) -> String {
+    format!(
+        "xdpcni_{}_{}",
+        kind.as_str(),
+        if bytes { "bytes" } else { "packets" }
+    )
+}
+
+fn family_help(kind: VerdictKind, bytes: bool) -> String {
+    let what = if bytes { "Bytes" } else { "Packets" };
+    match kind {
+        VerdictKind::Forward => {
+            format!("{what} the XDP fast path redirected to another pod, counted once on the sender's pod, by verdict")
+        }
+        VerdictKind::CpumapStage => {
+            format!("{what} of xdpcni_forward with verdict redirect_cpumap counted again by the cpumap's second stage, by sender pod (not more deliveries)")
+        }
+        VerdictKind::Received => {
+            format!("{what} the XDP fast path delivered to each pod, counted on the receiver (the same deliveries as xdpcni_forward, seen from the other end)")
+        }
+        VerdictKind::Kernel => {
+            format!("{what} the XDP datapath passed to the kernel stack, by pod and reason")
+        }
+        VerdictKind::Drop => format!("{what} the XDP datapath dropped, by pod and reason"),
+    }
+}
+
+impl Collector for PodsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let views = self.book.pods();
+        // One read of each pod's counters serves every family.
+        let counters: Vec<_> = views
+            .iter()
+            .map(|v| self.maps.counters(v.ifindex))
+            .collect();
+        encode_verdicts(&mut encoder, &views, &counters)?;
+        encode_pod_modes(&mut encoder, &views)?;
+        self.encode_maps(&mut encoder, &views)
+    }
+}
+
+/// The packet and byte families of every verdict kind, by pod and verdict.
+fn encode_verdicts(
+    encoder: &mut DescriptorEncoder,
+    views: &[PodStatus],
+    counters: &[xdpcni_ebpf::Counters],
+) -> Result<(), fmt::Error> {
+    for kind in VerdictKind::ALL {
+        for bytes in [false, true] {
+            let name = family_name(kind, bytes);
+            let help = family_help(kind, bytes);
+            let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+            for (view, c) in views.iter().zip(counters) {
+                for &verdict in Verdict::ALL.iter().filter(|v| v.kind() == kind) {
+                    let s = c.get(verdict);
+                    let labels = [
+                        ("namespace", Escaped(&view.namespace)),
+                        ("pod", Escaped(&view.name)),
+                        ("interface", Escaped(&view.host_veth)),
+                        ("verdict", Escaped(verdict.label())),
+                    ];
+                    let value = if bytes { s.bytes } else { s.packets };
+                    ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each pod's mode in force, and why it is kept off the fast path.
+fn encode_pod_modes(
+    encoder: &mut DescriptorEncoder,
+    views: &[PodStatus],
+) -> Result<(), fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "xdpcni_attach_mode",
+        "The XDP mode of each pod's host veth (1 for the mode in force)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for view in views {
+        for mode in XdpMode::ALL {
+            let labels = [
+                ("namespace", Escaped(&view.namespace)),
+                ("pod", Escaped(&view.name)),
+                ("mode", Escaped(mode.as_str())),
+            ];
+            ConstGauge::new(i64::from(view.mode == mode.as_str()))
+                .encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "xdpcni_pod_kernel_only",
+        "1 for each pod kept off the fast path, by reason (network-policy, forward-rule, held, map-full, veth-gone)",
+        None,
+        MetricType::Gauge,
+    )?;
+    for view in views.iter().filter(|v| v.why.code.is_kernel_only()) {
+        let labels = [
+            ("namespace", Escaped(&view.namespace)),
+            ("pod", Escaped(&view.name)),
+            ("reason", Escaped(view.why.code.as_str())),
+        ];
+        ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl PodsCollector {
+    /// Each map's fill and size, and the pods a full map left on kernel
+    /// routing.
+    fn encode_maps(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        views: &[PodStatus],
+    ) -> Result<(), fmt::Error> {
+        let fill = self.maps.fill();
+        for (name, help, capacity) in [
+            (
+                "xdpcni_map_entries",
+                "Entries in each datapath map that can fill",
+                false,
+            ),
+            (
+                "xdpcni_map_capacity",
+                "Size (max_entries) of each datapath map that can fill",
+                true,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for m in &fill {
+                let v = if capacity { m.capacity } else { m.entries };
+                ConstGauge::new(i64::from(v)).encode(family.encode_family(&[("map", m.name)])?)?;
+            }
+        }
+        let full = views
+            .iter()
+            .filter(|v| v.why.code == WhyCode::MapFull)
+            .count();
+        let family = encoder.encode_descriptor(
+            "xdpcni_map_full_pods",
+            "Pods on kernel routing because a datapath map had no room for their records",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(full).unwrap_or(i64::MAX)).encode(family)
+    }
+}
+
+/// Reads the policy table's named counters: name -> (packets, bytes).
+pub type PolicyCounterSource = Box<dyn Fn() -> BTreeMap<String, (u64, u64)> + Send + Sync>;
+
+/// The NetworkPolicy families: what is in force, and the drops by pod read
+/// from nftables counters at scrape time.
+pub struct PolicyCollector {
+    pub(super) source: PolicyCounterSource,
+    pub(super) book: Arc<Book>,
+}
+
+impl fmt::Debug for PolicyCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for PolicyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        use crate::netpol::nft;
+        let view = self.book.policy();
+        let counters = if view.isolated.is_empty() {
+            BTreeMap::new()
+        } else {
+            (self.source)()
+        };
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_policy_isolated_pods",
+            "Pods of this node that NetworkPolicies isolate, by direction (their traffic takes the kernel path, where the rules are)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (direction, pick) in [
+            ("ingress", (|p: &IsolatedPod| p.ingress) as fn(&_) -> bool),
+            ("egress", |p| p.egress),
+        ] {
+            let n = view.isolated.iter().filter(|p| pick(p)).count();
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("direction", direction)])?)?;
+        }
+        for (name, help, value) in [
+            (
+                "xdpcni_policy_policies",
+                "NetworkPolicies in force on this node (selecting at least one of its pods)",
+                view.in_force.len(),
+            ),
+            (
+                "xdpcni_policy_rules",
+                "nftables rules in force in table inet xdpcni",
+                view.rules,
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(family)?;
+        }
+        encode_policy_drops(&mut encoder, &view, &counters)?;
+        let invalid = counters.get(nft::DROP_INVALID).map_or(0, |c| c.0);
+        let family = encoder.encode_descriptor(
+            "xdpcni_policy_invalid_drop_packets",
+            "Packets to or from isolated pods dropped because conntrack found them invalid or untracked",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(invalid).encode(family)?;
+        Ok(())
+    }
+}
+
+/// The packets and bytes the rules dropped, by isolated pod and direction
+/// (`counters`: the table's named counters).
+fn encode_policy_drops(
+    encoder: &mut DescriptorEncoder,
+    view: &crate::status::PolicyStatus,
+    counters: &BTreeMap<String, (u64, u64)>,
+) -> Result<(), fmt::Error> {
+    use crate::netpol::{model::Direction, nft};
+    for bytes in [false, true] {
+        let unit = if bytes { "bytes" } else { "packets" };
+        let name = format!("xdpcni_policy_drop_{unit}");
+        let help =
+            format!("{unit} NetworkPolicy rules dropped, by pod and direction (nftables counters)");
+        let mut family = encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+        for IsolatedPod {
+            namespace: ns,
+            pod,
+            ingress,
+            egress,
+        } in &view.isolated
+        {
+            for (direction, isolated) in
+                [(Direction::Ingress, *ingress), (Direction::Egress, *egress)]
+            {
+                if !isolated {
+                    continue;
+                }
+                let c = counters
+                    .get(&nft::counter_name(&(ns.clone(), pod.clone()), direction))
+                    .copied()
+                    .unwrap_or_default();
+                let labels = [
+                    ("namespace", Escaped(ns)),
+                    ("pod", Escaped(pod)),
+                    ("direction", Escaped(direction.as_str())),
+                ];
+                ConstCounter::new(if bytes { c.1 } else { c.0 })
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,100 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * The datapath's maps, pinned by name: their definitions are the layout
+ * (xdpcni.h's twins on the Rust side, ebpf/src/abi.rs).
+ * Included once, by xdpcni.bpf.c.
+ */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_ENDPOINTS);
+	__type(key, __u32);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_ENDPOINTS);
+	__type(key, struct endpoint6_key);
+	__type(value, struct endpoint_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} endpoints6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
+	__uint(max_entries, XDPCNI_MAX_TX_PORTS);
+	__type(key, __u32);
+	__type(value, struct bpf_devmap_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} tx_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_CPUMAP);
+	__uint(max_entries, XDPCNI_MAX_CPUS);
+	__type(key, __u32);
+	__type(value, struct bpf_cpumap_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cpu_map SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_NAT_PORTS);
+	__type(key, struct nat_port_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_ports SEC(".maps");
+
+/* Per-CPU counter rows, slot * XDPCNI_V_MAX + verdict (see xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XDPCNI_STATS_ROWS);
+	__type(key, __u32);
+	__type(value, struct stats_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} counters SEC(".maps");
+
+/* Host veth ifindex -> its counter slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_TX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} port_slots SEC(".maps");
+
+/* Counter slot -> the ifindex that owns it: written only by userspace. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SLOTS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} slot_owners SEC(".maps");
+
+/* What this pinned datapath is: its layout, state and build (xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct datapath_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} meta SEC(".maps");
+
+/* Namespaces with NetworkPolicies, for the CNI's hold decision (xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_POLICY_NS);
+	__type(key, struct policy_ns_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy_namespaces SEC(".maps");
+
+/* Whether policy_namespaces is complete (xdpcni.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct policy_gate);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} policy_gate SEC(".maps");
