@@ -4,7 +4,7 @@
 use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use xdpcni_ebpf::abi::RedirectPolicy;
 use xdpcni_host::{
     overlay::RoutingMode,
@@ -40,8 +40,32 @@ fn default_listen() -> String {
     DEFAULT_LISTEN.into()
 }
 
-/// The agent's configuration file (JSON).
-#[derive(Clone, Debug, Deserialize)]
+fn is_default_listen(v: &String) -> bool {
+    *v == default_listen()
+}
+
+fn is_default_mode(v: &String) -> bool {
+    *v == default_mode()
+}
+
+fn is_default_redirect(v: &String) -> bool {
+    *v == default_redirect()
+}
+
+fn is_default_interval(v: &u64) -> bool {
+    *v == default_interval()
+}
+
+fn is_default_forward_scan(v: &u64) -> bool {
+    *v == default_forward_scan()
+}
+
+/// The agent's configuration file (JSON). Serialize writes what the file
+/// would say, leaving out every field at its default (the tests and the
+/// benchmark write their agents' files from it, an older release's agent
+/// included, which refuses fields it does not know), so every field's name
+/// and default has this one home.
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Config {
     /// Datapath pin directory.
@@ -49,43 +73,53 @@ pub struct Config {
     /// The CNI plugin's record directory (its `stateDir`).
     pub state_dir: PathBuf,
     /// Created once the node is reconciled (the CNI's `agentReadyFile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_file: Option<PathBuf>,
     /// Address of /metrics, /healthz, /readyz ([`DEFAULT_LISTEN`] if absent).
-    #[serde(default = "default_listen")]
+    #[serde(default = "default_listen", skip_serializing_if = "is_default_listen")]
     pub listen: String,
     /// Node default mode: one of [`XdpMode::ALL`] (default:
     /// [`xdpcni_host::pod::DEFAULT_MODE`], tc: docs/bench.md).
-    #[serde(default = "default_mode")]
+    #[serde(default = "default_mode", skip_serializing_if = "is_default_mode")]
     pub xdp_mode: String,
     /// Node default redirect: `devmap` (the default) or `cpumap`.
-    #[serde(default = "default_redirect")]
+    #[serde(
+        default = "default_redirect",
+        skip_serializing_if = "is_default_redirect"
+    )]
     pub redirect: String,
     /// Node default cpumap CPUs (empty: all online).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cpus: String,
     /// Standalone: JSON object `{"namespace/name" | "containerID": {annotations}}`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_file: Option<PathBuf>,
     /// Kubernetes: this node's name (default: the NODE_NAME variable).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     /// install-cni: MTU of pod interfaces (default [`xdpcni_host::netconf::DEFAULT_MTU`]).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtu: Option<u32>,
     /// install-cni: headroom asked of pod veths (default
     /// [`xdpcni_host::netconf::DEFAULT_HEADROOM`]).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headroom: Option<u16>,
     /// Period of the node-wide work (records, routes, NAT ports, GC) in
     /// milliseconds; pods are reconciled on their watch events.
-    #[serde(default = "default_interval")]
+    #[serde(
+        default = "default_interval",
+        skip_serializing_if = "is_default_interval"
+    )]
     pub interval_ms: u64,
     /// How often the node's FORWARD rules are read for DROP/REJECT rules
     /// naming pods (which make them kernel-only); 0: never.
-    #[serde(default = "default_forward_scan")]
+    #[serde(
+        default = "default_forward_scan",
+        skip_serializing_if = "is_default_forward_scan"
+    )]
     pub forward_scan_ms: u64,
     /// How this node reaches the other nodes' pods (Kubernetes mode).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "RoutingConfig::is_default")]
     pub routing: RoutingConfig,
 }
 
@@ -102,7 +136,7 @@ fn default_port() -> u16 {
 }
 
 /// The config's `routing` object (the chart's `routing`).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RoutingConfig {
     /// `hostGateway`, `vxlan` or `auto` (default:
@@ -123,6 +157,14 @@ pub struct RoutingConfig {
 
 fn default_tx_checksum_offload() -> bool {
     xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD
+}
+
+impl RoutingConfig {
+    fn is_default(&self) -> bool {
+        let d = Self::default();
+        (&self.mode, self.vni, self.port, self.tx_checksum_offload)
+            == (&d.mode, d.vni, d.port, d.tx_checksum_offload)
+    }
 }
 
 impl Default for RoutingConfig {
@@ -150,6 +192,27 @@ pub struct Routing {
 }
 
 impl Config {
+    /// A config over `pin_dir` and `state_dir` with every other field at its
+    /// default (what a file naming only those two gives).
+    pub fn new(pin_dir: PathBuf, state_dir: PathBuf) -> Self {
+        Self {
+            pin_dir,
+            state_dir,
+            ready_file: None,
+            listen: default_listen(),
+            xdp_mode: default_mode(),
+            redirect: default_redirect(),
+            cpus: String::new(),
+            pods_file: None,
+            node_name: None,
+            mtu: None,
+            headroom: None,
+            interval_ms: default_interval(),
+            forward_scan_ms: default_forward_scan(),
+            routing: RoutingConfig::default(),
+        }
+    }
+
     /// Reads and parses the file at `path`.
     pub fn read(path: &std::path::Path) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
@@ -256,6 +319,30 @@ mod tests {
             serde_json::from_value::<Config>(serde_json::json!({"pinDir": "/", "bogus": 1}))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn new_is_the_file_with_only_its_paths_and_round_trips() {
+        let new = Config::new("/p".into(), "/s".into());
+        let read: Config =
+            serde_json::from_value(serde_json::json!({"pinDir": "/p", "stateDir": "/s"})).unwrap();
+        assert_eq!(
+            serde_json::to_value(&new).unwrap(),
+            serde_json::to_value(&read).unwrap()
+        );
+        let mut c = new;
+        c.pods_file = Some("/pods".into());
+        c.routing.mode = "hostGateway".into();
+        let text = serde_json::to_string(&c).unwrap();
+        // Only what differs from the defaults is written.
+        assert_eq!(
+            serde_json::to_value(Config::new("/p".into(), "/s".into())).unwrap(),
+            serde_json::json!({"pinDir": "/p", "stateDir": "/s"})
+        );
+        assert!(!text.contains("readyFile"), "{text}");
+        let back: Config = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.pods_file, c.pods_file);
+        assert_eq!(back.routing.mode, "hostGateway");
     }
 
     #[test]
