@@ -9,16 +9,17 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::{
     cni::{agent_binary, wait_ready, Network, NodeProcess},
     netns::Netns,
+    node::AgentConfig,
 };
 
 /// Where the agent listens in its node namespace (each test network has
-/// its own loopback).
-pub const LISTEN: &str = "127.0.0.1:9965";
+/// its own loopback): the agent's default.
+pub const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
 
 /// A standalone agent over a test network.
 #[derive(Debug)]
@@ -33,49 +34,52 @@ pub struct StandaloneAgent {
 }
 
 impl StandaloneAgent {
-    /// Starts an agent over `net` (its records) and `pins`, with the node
-    /// defaults and other config fields of `extra` merged in (none: the
-    /// agent's own defaults, generic and devmap), and waits until it is
-    /// ready.
-    pub fn start(net: &Network, pins: &Path, extra: Value) -> Result<Self> {
-        Self::start_binary(&agent_binary()?, net, pins, extra)
+    /// Starts an agent over `net` (its records) and `pins`, its config
+    /// changed by `config` (unchanged: the agent's own defaults), and waits
+    /// until it is ready.
+    pub fn start(
+        net: &Network,
+        pins: &Path,
+        config: impl FnOnce(&mut AgentConfig),
+    ) -> Result<Self> {
+        Self::start_binary(&agent_binary()?, net, pins, config)
     }
 
     /// [`StandaloneAgent::start`] with the agent binary `bin` (another
     /// release's).
-    pub fn start_binary(bin: &Path, net: &Network, pins: &Path, extra: Value) -> Result<Self> {
+    pub fn start_binary(
+        bin: &Path,
+        net: &Network,
+        pins: &Path,
+        config: impl FnOnce(&mut AgentConfig),
+    ) -> Result<Self> {
         let pods_file = net.dir.path().join("pods.json");
         if !pods_file.exists() {
             std::fs::write(&pods_file, "{}")?;
         }
-        let config = net.dir.path().join("agent.json");
-        let mut cfg = json!({
-            "pinDir": pins,
-            "stateDir": net.dir.path().join("state"),
-            "podsFile": pods_file,
-            "listen": LISTEN,
-            "intervalMs": 200,
-        });
-        if let (Some(c), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
-            for (k, v) in e {
-                c.insert(k.clone(), v.clone());
-            }
-        }
-        std::fs::write(&config, cfg.to_string())?;
+        let mut cfg = AgentConfig::new(pins.to_path_buf(), net.dir.path().join("state"));
+        cfg.pods_file = Some(pods_file.clone());
+        cfg.listen = LISTEN.into();
+        cfg.interval_ms = 200;
+        config(&mut cfg);
+        let path = net.dir.path().join("agent.json");
+        std::fs::write(&path, serde_json::to_string(&cfg)?)?;
         let log = net.dir.path().join(crate::unique_name("agent-") + ".log");
         let process = NodeProcess::spawn(
             &net.node,
             bin,
-            &["standalone", "--config", &config.to_string_lossy()],
+            &["standalone", "--config", &path.to_string_lossy()],
             &log,
         )?;
         let agent = Self {
             process: Some(process),
-            config,
+            config: path,
             pods_file,
             log,
         };
-        wait_ready(&net.node, LISTEN, Duration::from_secs(15), || agent.log())?;
+        wait_ready(&net.node, &cfg.listen, Duration::from_secs(15), || {
+            agent.log()
+        })?;
         Ok(agent)
     }
 

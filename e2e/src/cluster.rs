@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{ensure, Context, Result};
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod},
+    core::v1::{Namespace, Node as NodeObject, Pod},
     networking::v1::NetworkPolicy,
 };
 use kube::{
@@ -24,10 +24,10 @@ use kube::{
 use serde_json::{json, Value};
 
 use crate::{
-    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, Call, NodeProcess},
     kube::ApiServer,
     netns::Netns,
-    PinDir,
+    node::{AgentConfig, Node},
 };
 
 /// The node's name.
@@ -72,18 +72,22 @@ impl TestPod {
 /// The node.
 #[derive(Debug)]
 pub struct KubeNode {
-    /// The datapath's pins.
-    pub pins: PinDir,
-    /// The node namespace, the CNI's files.
-    pub net: Network,
+    /// Its agent, stopped (SIGKILL) first on Drop.
+    agent: Option<NodeProcess>,
     /// The API server.
     pub api: ApiServer,
-    agent: Option<NodeProcess>,
-    /// The agent's config.
-    pub config: PathBuf,
+    /// The node (namespace, pins, CNI network, agent config).
+    pub node: Node,
     /// Environment of the agent's next start, beside KUBECONFIG.
     pub agent_env: Vec<(String, String)>,
     starts: u32,
+}
+
+impl std::ops::Deref for KubeNode {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
 }
 
 /// The `podtool` binary of this build.
@@ -95,13 +99,13 @@ fn podtool() -> Result<PathBuf> {
 
 impl KubeNode {
     /// The node with its API server, Node object (pod CIDRs 10.78.0.0/24
-    /// and fd78::/64) and a ready agent whose config has `extra` merged in.
-    pub fn start(extra: Value) -> Result<Self> {
-        let pins = PinDir::new("xk")?;
-        let net = Network::new(pins.path(), "1.1.0", Network::dual_stack())?;
-        let api = ApiServer::start(&net.node)?;
-        api.with_client(&net.node, |c| async move {
-            Api::<Node>::all(c)
+    /// and fd78::/64) and a ready agent, its config changed by `config`
+    /// (the defaults here: node-wide work every second, no FORWARD scan).
+    pub fn start(config: impl FnOnce(&mut AgentConfig)) -> Result<Self> {
+        let mut node = Node::builder().pins("xk").build()?;
+        let api = ApiServer::start(&node.net.node)?;
+        api.with_client(&node.net.node, |c| async move {
+            Api::<NodeObject>::all(c)
                 .create(
                     &PostParams::default(),
                     &serde_json::from_value(json!({
@@ -112,23 +116,16 @@ impl KubeNode {
                 .await?;
             Ok(())
         })?;
-        let config = net.dir.path().join("agent.json");
-        let mut cfg = json!({
-            "pinDir": pins.path(), "stateDir": net.dir.path().join("state"), "listen": LISTEN,
-            "intervalMs": 1000, "forwardScanMs": 0, "nodeName": NODE,
-        });
-        if let (Some(c), Some(e)) = (cfg.as_object_mut(), extra.as_object()) {
-            for (k, v) in e {
-                c.insert(k.clone(), v.clone());
-            }
-        }
-        std::fs::write(&config, cfg.to_string())?;
+        node.kubeconfig = Some(api.kubeconfig.clone());
+        node.config.listen = LISTEN.into();
+        node.config.interval_ms = 1000;
+        node.config.forward_scan_ms = 0;
+        node.config.node_name = Some(NODE.into());
+        config(&mut node.config);
         let mut node = Self {
-            pins,
-            net,
-            api,
             agent: None,
-            config,
+            api,
+            node,
             agent_env: Vec::new(),
             starts: 0,
         };
@@ -138,32 +135,32 @@ impl KubeNode {
 
     /// The log of the agent's `n`th start (from 1).
     pub fn agent_log_path(&self, n: u32) -> PathBuf {
-        self.net.dir.path().join(format!("agent{n}.log"))
+        self.net.dir.path().join(Self::log_name(n))
+    }
+
+    fn log_name(n: u32) -> String {
+        format!("agent{n}.log")
     }
 
     /// The current agent's log.
     pub fn agent_log(&self) -> String {
-        std::fs::read_to_string(self.agent_log_path(self.starts)).unwrap_or_default()
+        self.node.log(&Self::log_name(self.starts))
     }
 
     /// Starts the agent and waits until it is ready.
     pub fn start_agent(&mut self) -> Result<()> {
         ensure!(self.agent.is_none(), "the agent runs already");
         self.starts += 1;
-        let kubeconfig = self.api.kubeconfig.to_string_lossy().to_string();
-        let mut env: Vec<(&str, &str)> = vec![("KUBECONFIG", &kubeconfig)];
-        env.extend(self.agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        self.agent = Some(NodeProcess::spawn_env(
-            &self.net.node,
-            &agent_binary()?,
-            &["run", "--config", &self.config.to_string_lossy()],
-            &env,
-            &self.agent_log_path(self.starts),
-        )?);
-        wait_ready(&self.net.node, LISTEN, Duration::from_secs(30), || {
-            self.agent_log()
-        })
-        .map(drop)
+        let env: Vec<(&str, &str)> = self
+            .agent_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        self.agent = Some(
+            self.node
+                .start_agent_env(&Self::log_name(self.starts), &env)?,
+        );
+        Ok(())
     }
 
     /// Stops the agent with `signal` (its rules and holds stay in force).
@@ -185,7 +182,7 @@ impl KubeNode {
         F: FnOnce(kube::Client) -> Fut + Send,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        self.api.with_client(&self.net.node, f)
+        self.api.with_client(&self.node.net.node, f)
     }
 
     /// Creates namespace `name` with `labels` (or relabels it).
@@ -449,7 +446,7 @@ impl KubeNode {
     /// config names the address): exit code, stdout, stderr.
     pub fn status(&self, args: &[&str]) -> Result<(Option<i32>, String, String)> {
         let bin = agent_binary()?;
-        let config = self.config.clone();
+        let config = self.config_path();
         let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         crate::in_netns(&self.net.node, move || {
             let out = std::process::Command::new(&bin)
@@ -468,15 +465,7 @@ impl KubeNode {
 
     /// The pin directory.
     pub fn pin_dir(&self) -> &Path {
-        self.pins.path()
-    }
-}
-
-impl Drop for KubeNode {
-    fn drop(&mut self) {
-        if let Some(a) = self.agent.take() {
-            let _ = a.stop(libc::SIGKILL);
-        }
+        self.node.pins.path()
     }
 }
 

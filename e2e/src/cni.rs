@@ -15,11 +15,15 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use xdpcni_host::netconf::PluginConf;
 
 use crate::netns::{unique_name, Netns};
 
 /// Where Debian's containernetworking-plugins live.
 pub const REFERENCE_PLUGINS: &str = "/usr/lib/cni";
+
+/// The name of every test network (host-local keeps its leases under it).
+pub const NETWORK_NAME: &str = "xdpcni-test";
 
 static PRODUCT_BINARIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -311,8 +315,8 @@ pub struct Network {
     pub plugin: PathBuf,
     /// CNI_PATH.
     pub cni_path: String,
-    /// The config given to xdpcni.
-    pub conf: Value,
+    /// The config given to xdpcni (the plugin's own type).
+    pub conf: PluginConf,
 }
 
 impl Network {
@@ -329,20 +333,21 @@ impl Network {
             "{}:{REFERENCE_PLUGINS}",
             plugin.parent().context("plugin dir")?.display()
         );
-        let conf = json!({
-            "cniVersion": version,
-            "name": "xdpcni-test",
-            "type": "xdpcni",
-            "mtu": 1500,
-            "pinDir": pin_dir,
-            "stateDir": dir.path().join("state"),
-            "logFile": dir.path().join("xdpcni.log"),
-            "ipam": {
+        let mut conf = PluginConf::new(
+            None,
+            None,
+            pin_dir.to_path_buf(),
+            dir.path().join("state"),
+            None,
+            json!({
                 "type": "host-local",
                 "dataDir": dir.path().join("ipam"),
                 "ranges": ranges,
-            },
-        });
+            }),
+        );
+        conf.cni_version = Some(version.into());
+        conf.name = Some(NETWORK_NAME.into());
+        conf.log_file = Some(dir.path().join("xdpcni.log"));
         Ok(Self {
             node,
             dir,
@@ -357,9 +362,16 @@ impl Network {
         json!([[{"subnet": "10.78.0.0/24"}], [{"subnet": "fd78::/64"}]])
     }
 
-    /// Runs xdpcni with this network's config (plus `patch` merged at top level).
+    /// The config as the runtime hands it to the plugin (JSON).
+    pub fn conf_json(&self) -> Result<Value> {
+        serde_json::to_value(&self.conf).context("serializing the network's config")
+    }
+
+    /// Runs xdpcni with this network's config (plus `patch` merged at top
+    /// level: a patch may carry what the type refuses, for the tests of
+    /// malformed configs).
     pub fn call(&self, call: &Call<'_>, patch: &Value) -> Result<CniOutput> {
-        let mut conf = self.conf.clone();
+        let mut conf = self.conf_json()?;
         if let (Some(c), Some(p)) = (conf.as_object_mut(), patch.as_object()) {
             for (k, v) in p {
                 c.insert(k.clone(), v.clone());
@@ -374,7 +386,7 @@ impl Network {
             &self.plugin,
             &self.cni_path,
             &self.node,
-            &self.conf,
+            &self.conf_json()?,
             call,
             step,
         )
@@ -382,7 +394,7 @@ impl Network {
 
     /// The IPs host-local has allocated (files named by address).
     pub fn allocated_ips(&self) -> Vec<IpAddr> {
-        let dir = self.dir.path().join("ipam").join("xdpcni-test");
+        let dir = self.dir.path().join("ipam").join(NETWORK_NAME);
         std::fs::read_dir(dir)
             .map(|rd| {
                 rd.flatten()

@@ -10,6 +10,7 @@ pub mod hooks;
 pub mod kube;
 pub mod measure;
 pub mod netns;
+pub mod node;
 pub mod nodes;
 pub mod packet;
 pub mod testrun;

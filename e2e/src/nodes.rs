@@ -1,5 +1,5 @@
-//! Several nodes in one test: each node a network namespace with its own
-//! pin directory, CNI network and xdpcni-agent in Kubernetes mode against
+//! Several nodes in one test: each a [`Node`] (namespace, pins, CNI
+//! network, agent config) whose xdpcni-agent runs in Kubernetes mode against
 //! one real API server (a Node object per node with its pod CIDRs and
 //! InternalIPs), pods made through the real CNI. How the nodes are wired
 //! (one L2 wire, subnets behind a router) is the test's.
@@ -11,27 +11,25 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 use xdpcni_ebpf::Maps;
 
 use crate::{
-    agent::LISTEN,
-    cni::{agent_binary, result_ips, wait_ready, Call, Network, NodeProcess},
+    cni::{result_ips, NodeProcess},
     kube::ApiServer,
     netns::Netns,
-    PinDir,
+    node::{AgentConfig, Node},
 };
 
-/// One node.
-pub struct TestNode {
+/// One node of several sharing an API server: a [`Node`] with a Node
+/// object (pod CIDRs, InternalIPs) and an agent in Kubernetes mode.
+pub struct ClusterNode {
     /// Its Node object's name.
     pub name: String,
-    /// Its datapath pins.
-    pub pins: PinDir,
-    /// Its namespace and CNI network.
-    pub net: Network,
+    /// The node itself (namespace, pins, CNI network, agent config).
+    pub node: Node,
     /// Its InternalIPs, in the order its Node lists them (the first is its
     /// VTEP address).
     pub internal: Vec<IpAddr>,
@@ -39,28 +37,42 @@ pub struct TestNode {
     pub pod4: String,
     /// IPv6 pod CIDR.
     pub pod6: String,
+    starts: u32,
 }
 
-impl TestNode {
+impl std::ops::Deref for ClusterNode {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+impl std::ops::DerefMut for ClusterNode {
+    fn deref_mut(&mut self) -> &mut Node {
+        &mut self.node
+    }
+}
+
+impl ClusterNode {
     /// A node with pod CIDRs `pod4`, `pod6` and InternalIPs `internal` (the
-    /// test puts them on its interfaces).
+    /// test puts them on its interfaces). Its agent: native XDP, devmap,
+    /// node-wide work every 300 ms.
     pub fn new(name: &str, pod4: &str, pod6: &str, internal: &[&str]) -> Result<Self> {
-        let pins = PinDir::new("xm")?;
-        let net = Network::new(
-            pins.path(),
-            "1.1.0",
-            json!([[{ "subnet": pod4 }], [{ "subnet": pod6 }]]),
-        )?;
+        let mut node = Node::builder().pins("xm").pod_cidrs(pod4, pod6).build()?;
+        node.config.node_name = Some(name.into());
+        node.config.xdp_mode = "native".into();
+        node.config.redirect = "devmap".into();
+        node.config.interval_ms = 300;
         Ok(Self {
             name: name.into(),
-            pins,
-            net,
+            node,
             internal: internal
                 .iter()
                 .map(|a| a.parse().context("an InternalIP"))
                 .collect::<Result<_>>()?,
             pod4: pod4.into(),
             pod6: pod6.into(),
+            starts: 0,
         })
     }
 
@@ -71,7 +83,7 @@ impl TestNode {
 
     /// The pod MTU its conflist gives new pods (what install-cni writes).
     pub fn set_pod_mtu(&mut self, mtu: u32) {
-        self.net.conf["mtu"] = json!(mtu);
+        self.node.net.conf.mtu = mtu;
     }
 
     /// The Node object (without status) and its status patch.
@@ -95,7 +107,7 @@ impl TestNode {
         let (obj, status) = self.object();
         let name = self.name.clone();
         api.with_client(from, |c| async move {
-            let nodes: Api<Node> = Api::all(c);
+            let nodes: Api<NodeObject> = Api::all(c);
             nodes
                 .create(&PostParams::default(), &serde_json::from_value(obj)?)
                 .await?;
@@ -110,67 +122,41 @@ impl TestNode {
     pub fn delete_object(&self, api: &ApiServer, from: &Netns) -> Result<()> {
         let name = self.name.clone();
         api.with_client(from, |c| async move {
-            Api::<Node>::all(c)
+            Api::<NodeObject>::all(c)
                 .delete(&name, &Default::default())
                 .await?;
             Ok(())
         })
     }
 
-    /// Starts its agent with `extra` merged into the config (e.g. its
-    /// `routing`), and waits until it serves.
-    pub fn agent(&self, kubeconfig: &Path, extra: Value) -> Result<NodeProcess> {
-        let cfg = self.net.dir.path().join("agent.json");
-        let mut body = json!({
-            "pinDir": self.pins.path(), "stateDir": self.net.dir.path().join("state"),
-            "xdpMode": "native", "redirect": "devmap", "intervalMs": 300,
-        });
-        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
-            for (k, v) in e {
-                b.insert(k.clone(), v.clone());
-            }
-        }
-        std::fs::write(&cfg, body.to_string())?;
-        let log = self.net.dir.path().join("agent.log");
-        let kc = kubeconfig.to_str().context("kubeconfig path")?;
-        let agent = NodeProcess::spawn_env(
-            &self.net.node,
-            &agent_binary()?,
-            &["run", "--config", cfg.to_str().context("config path")?],
-            &[("NODE_NAME", self.name.as_str()), ("KUBECONFIG", kc)],
-            &log,
-        )?;
-        wait_ready(&self.net.node, LISTEN, Duration::from_secs(30), || {
-            format!("{} agent: {}", self.name, self.agent_log())
-        })?;
-        Ok(agent)
+    /// Starts its agent against the API server of `kubeconfig`, with
+    /// `config` changing its config first (e.g. its `routing`), and waits
+    /// until it serves. Each start logs to a file of its own.
+    pub fn agent(
+        &mut self,
+        kubeconfig: &Path,
+        config: impl FnOnce(&mut AgentConfig),
+    ) -> Result<NodeProcess> {
+        config(&mut self.node.config);
+        self.node.kubeconfig = Some(kubeconfig.to_path_buf());
+        self.starts += 1;
+        let log = format!("agent{}.log", self.starts);
+        self.node
+            .start_agent(&log)
+            .with_context(|| format!("{} agent", self.name))
     }
 
-    /// Its agent's log so far (all its runs).
+    /// Its agents' logs so far (all their runs).
     pub fn agent_log(&self) -> String {
-        std::fs::read_to_string(self.net.dir.path().join("agent.log")).unwrap_or_default()
+        (1..=self.starts)
+            .map(|n| self.node.log(&format!("agent{n}.log")))
+            .collect()
     }
 
-    /// ADDs pod `name` through the CNI, as the runtime of this node would.
+    /// ADDs pod `name` of `default` through the CNI, as the runtime of this
+    /// node would.
     pub fn add_pod(&self, name: &str) -> Result<(Netns, Value)> {
-        let ns = Netns::new("xp")?;
-        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}");
-        let path = ns.path();
-        let mut call = Call::new("ADD", name, Some(&path));
-        call.args = &args;
-        let out = self.net.call(&call, &json!({}))?;
-        anyhow::ensure!(out.status == 0, "ADD {name}: {:?}", out.json);
-        Ok((ns, out.json))
-    }
-
-    /// DELs pod `name`.
-    pub fn del_pod(&self, name: &str, ns: &Netns) -> Result<()> {
-        let path = ns.path();
-        let out = self
-            .net
-            .call(&Call::new("DEL", name, Some(&path)), &json!({}))?;
-        anyhow::ensure!(out.status == 0, "DEL {name}: {:?}", out.json);
-        Ok(())
+        self.node.add_pod("default", name)
     }
 
     /// The routes the agent owns (`proto 90`), as `ip route` prints them.

@@ -65,16 +65,17 @@ impl Pod {
     }
 }
 
-/// The node namespace and its pods.
+/// The node namespace and its pods, wired by hand (no CNI, no agent: see
+/// [`crate::node::Node`] for a node made the way a cluster makes one).
 #[derive(Debug)]
-pub struct Node {
+pub struct WiredNode {
     /// Pods first: dropped before the node namespace.
     pub pods: Vec<Pod>,
     /// The node ("host") namespace.
     pub ns: Netns,
 }
 
-impl Node {
+impl WiredNode {
     /// Builds a node with `n` pods (10.77.0.2.., fd77::2..).
     pub fn new(n: u8) -> Result<Self> {
         let ns = Netns::new("xn")?;

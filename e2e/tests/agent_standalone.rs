@@ -1,7 +1,8 @@
 //! The `xdpcni-agent` in standalone mode (no Kubernetes): pods made by the
 //! real CNI plugin, policies from a pods file, modes checked over netlink,
 //! traffic and counters, /metrics parsed as Prometheus text, and an agent
-//! killed with SIGKILL and restarted while traffic flows.
+//! killed with SIGKILL and restarted while traffic flows. (Killed mid-switch:
+//! crash.rs; hostile HTTP requests: hostile.rs.)
 //! Needs root, bpffs at /sys/fs/bpf and containernetworking-plugins.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
@@ -15,11 +16,12 @@ use xdpcni_ebpf::testing::RawMaps;
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, http_raw, result_ips, wait_ready, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, Call, NodeProcess},
     in_netns,
     netns::Netns,
+    node::Node,
+    node::PodPair as Pair,
     traffic::{ping, tcp_transfer, BackgroundPing},
-    PinDir,
 };
 use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Datapath, Maps};
 
@@ -36,108 +38,24 @@ fn shared_machine() -> std::sync::RwLockReadGuard<'static, ()> {
 /// The agent's default address (its config here names none).
 const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
 
-struct Node {
-    net: Network,
-    pins: PinDir,
-    pods_file: PathBuf,
-    config: PathBuf,
-    ready: PathBuf,
+/// The node of these tests ([`Node::standalone`]).
+fn new_node() -> Node {
+    Node::standalone("xs").unwrap()
 }
 
-impl Node {
-    fn new() -> Self {
-        let pins = PinDir::new("xs").unwrap();
-        let mut net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-        let ready = net.dir.path().join("agent-ready");
-        net.conf["agentReadyFile"] = json!(ready);
-        let pods_file = net.dir.path().join("pods.json");
-        let config = net.dir.path().join("agent.json");
-        std::fs::write(
-            &config,
-            json!({
-                "pinDir": pins.path(),
-                "stateDir": net.dir.path().join("state"),
-                "readyFile": ready,
-                "xdpMode": "native",
-                "redirect": "devmap",
-                "podsFile": pods_file,
-                "intervalMs": 200,
-            })
-            .to_string(),
-        )
-        .unwrap();
-        Self {
-            net,
-            pins,
-            pods_file,
-            config,
-            ready,
-        }
-    }
+/// What these tests do on their node, failing the test on an error.
+trait Standalone {
+    fn pair_attached(&self) -> Pair;
+    fn wait_mode(&self, host: &str, want: &str, within: Duration) -> Duration;
+    fn ready(&self) -> PathBuf;
+}
 
-    fn start_agent(&self, log: &str) -> NodeProcess {
-        self.start_agent_env(log, &[])
-    }
-
-    fn start_agent_env(&self, log: &str, env: &[(&str, &str)]) -> NodeProcess {
-        let agent = NodeProcess::spawn_env(
-            &self.net.node,
-            &agent_binary().unwrap(),
-            &["standalone", "--config", self.config.to_str().unwrap()],
-            env,
-            &self.net.dir.path().join(log),
-        )
-        .unwrap();
-        wait_ready(&self.net.node, LISTEN, Duration::from_secs(10), || {
-            self.log(log)
-        })
-        .unwrap();
-        agent
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.net.dir.path().join(name)).unwrap_or_default()
-    }
-
-    /// ADDs a pod named `name` in namespace `default` (as a runtime would).
-    fn add_pod(&self, name: &str) -> (Netns, Value) {
-        let pod = Netns::new("xp").unwrap();
-        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}");
-        let path = pod.path();
-        let mut call = Call::new("ADD", name, Some(&path));
-        call.args = &args;
-        let out = self.net.call(&call, &json!({})).unwrap();
-        assert_eq!(out.status, 0, "{:?}", out.json);
-        (pod, out.json)
-    }
-
+impl Standalone for Node {
     /// Pods a and b through the CNI, a attached in the node default.
-    fn pair(&self) -> Pair {
-        let (pa, ra) = self.add_pod("a");
-        let (pb, rb) = self.add_pod("b");
-        let pair = Pair {
-            ha: host(&ra),
-            hb: host(&rb),
-            b_ip: ipv4_of(&rb),
-            pa,
-            ra,
-            pb,
-            rb,
-        };
+    fn pair_attached(&self) -> Pair {
+        let pair = Node::pair(self).unwrap();
         self.wait_mode(&pair.ha, "xdp", Duration::from_secs(2));
         pair
-    }
-
-    fn del_pod(&self, name: &str, pod: &Netns) {
-        let out = self
-            .net
-            .call(&Call::new("DEL", name, Some(&pod.path())), &json!({}))
-            .unwrap();
-        assert_eq!(out.status, 0, "{:?}", out.json);
-    }
-
-    fn set_pods(&self, v: Value) {
-        std::fs::write(&self.pods_file, v.to_string()).unwrap();
     }
 
     /// Waits until `host` shows `want` (`xdp`, `xdpgeneric`, `tc` or `none`).
@@ -156,17 +74,11 @@ impl Node {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
 
-/// Pods a and b: namespaces, ADD results, host veths, b's IPv4.
-struct Pair {
-    pa: Netns,
-    ra: Value,
-    pb: Netns,
-    rb: Value,
-    ha: String,
-    hb: String,
-    b_ip: IpAddr,
+    /// The ready file the agent writes and the CNI's STATUS requires.
+    fn ready(&self) -> PathBuf {
+        self.config.ready_file.clone().unwrap()
+    }
 }
 
 fn host(res: &Value) -> String {
@@ -203,8 +115,8 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]
 #[test]
 fn dashboard_queries_name_only_metrics_the_agent_exports() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
+    let node = new_node();
+    let _agent = node.start_agent("agent.log").unwrap();
     let (code, body) = http_get(&node.net.node, LISTEN, "/metrics").unwrap();
     assert_eq!(code, 200);
     let mut exported = std::collections::BTreeSet::new();
@@ -311,8 +223,8 @@ fn family_sum(scrape: &prometheus_parse::Scrape, family: &str) -> f64 {
 fn metrics_count_n_frames_sent_as_n_in_every_family() {
     let _shared = shared_machine();
     const N: usize = 1000;
-    let node = Node::new();
-    let agent = node.start_agent("agent.log");
+    let node = new_node();
+    let agent = node.start_agent("agent.log").unwrap();
     let Pair {
         pa,
         ra,
@@ -320,7 +232,7 @@ fn metrics_count_n_frames_sent_as_n_in_every_family() {
         hb,
         b_ip,
         ..
-    } = node.pair();
+    } = node.pair_attached();
     node.wait_mode(&hb, "xdp", Duration::from_secs(2));
     let a_ip = ipv4_of(&ra);
     let (IpAddr::V4(a4), IpAddr::V4(b4)) = (a_ip, b_ip) else {
@@ -407,8 +319,9 @@ fn metrics_count_n_frames_sent_as_n_in_every_family() {
     // b behind a cpumap: still one forward; the second stage and the
     // receive side in their own families.
     node.set_pods(
-        json!({ "default/b": { "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" } }),
-    );
+        &json!({ "default/b": { "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" } }),
+    )
+    .unwrap();
     let start = Instant::now();
     while Maps::open_pinned(node.pins.path())
         .unwrap()
@@ -447,9 +360,12 @@ fn metrics_count_n_frames_sent_as_n_in_every_family() {
 #[test]
 fn pods_file_policies_switch_modes_without_losing_packets() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let agent = node.start_agent("agent.log");
-    assert!(node.ready.exists(), "the agent writes the CNI's ready file");
+    let node = new_node();
+    let agent = node.start_agent("agent.log").unwrap();
+    assert!(
+        node.ready().exists(),
+        "the agent writes the CNI's ready file"
+    );
     let status = node
         .net
         .call(&Call::new("STATUS", "", None), &json!({}))
@@ -468,7 +384,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         ha,
         b_ip,
         ..
-    } = node.pair();
+    } = node.pair_attached();
     ping(&pa, b_ip, 2).unwrap();
 
     // Switch a: generic, tc, off, tc, native, tc, generic, native, while a
@@ -485,7 +401,8 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         ("generic", "xdpgeneric"),
         ("native", "xdp"),
     ] {
-        node.set_pods(json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }));
+        node.set_pods(&json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }))
+            .unwrap();
         let took = node.wait_mode(&ha, want, Duration::from_secs(2));
         eprintln!("switched a to {mode} in {took:?}");
         // The offloads follow the mode.
@@ -520,8 +437,9 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     // A bad value: an Event in Kubernetes, here the log and a counter; the
     // pod keeps working on the node default (native).
     node.set_pods(
-        json!({ "default/a": { "xdpcni.io/xdp-mode": "turbo", "xdpcni.io/cpus": "0-99" } }),
-    );
+        &json!({ "default/a": { "xdpcni.io/xdp-mode": "turbo", "xdpcni.io/cpus": "0-99" } }),
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_millis(600));
     node.wait_mode(&ha, "xdp", Duration::from_secs(2));
     ping(&pa, b_ip, 2).unwrap();
@@ -530,8 +448,9 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
 
     // cpumap for b: frames to b go through a CPU of the list.
     node.set_pods(
-        json!({ "default/b": { "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" } }),
-    );
+        &json!({ "default/b": { "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" } }),
+    )
+    .unwrap();
     std::thread::sleep(Duration::from_millis(600));
     let maps = Maps::open_pinned(node.pins.path()).unwrap();
     let ep = maps.endpoint(b_ip).unwrap().unwrap();
@@ -593,7 +512,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     let mut info = maps.endpoint(b_ip).unwrap().unwrap();
     info.ifindex = 999_999;
     maps.raw_upsert_endpoint(ghost, &info).unwrap();
-    let (pc, _) = node.add_pod("c");
+    let (pc, _) = node.add_pod("default", "c").unwrap();
     let start = Instant::now();
     while maps.endpoint(ghost).unwrap().is_some() {
         assert!(
@@ -606,7 +525,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         maps.endpoint(b_ip).unwrap().is_some(),
         "live endpoints stay"
     );
-    node.del_pod("c", &pc);
+    node.del_pod("c", &pc).unwrap();
 
     // SIGTERM: the agent exits cleanly and leaves the datapath attached.
     assert_eq!(agent.stop(libc::SIGTERM).unwrap(), Some(0));
@@ -625,15 +544,15 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
     node.wait_mode(&host(&rb), "none", Duration::from_secs(1));
     assert!(!node.pins.path().exists(), "pins removed");
     ping(&pa, b_ip, 2).unwrap();
-    node.del_pod("a", &pa);
-    node.del_pod("b", &pb);
+    node.del_pod("a", &pa).unwrap();
+    node.del_pod("b", &pb).unwrap();
 }
 
 #[test]
 fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let agent = node.start_agent("agent1.log");
+    let node = new_node();
+    let agent = node.start_agent("agent1.log").unwrap();
     let Pair {
         pa,
         pb,
@@ -641,7 +560,7 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
         hb,
         b_ip,
         ..
-    } = node.pair();
+    } = node.pair_attached();
     let ids = |h: &str| node.net.node.xdp_attached(h).unwrap().unwrap().1;
     let before = (ids(&ha), ids(&hb));
 
@@ -655,12 +574,12 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
     // Down: traffic flows on the pinned datapath; a new pod gets its
     // network on kernel routing (its namespace has no policies: the gate
     // the agent left lets it through without a hold).
-    let (pc, rc) = node.add_pod("c");
+    let (pc, rc) = node.add_pod("default", "c").unwrap();
     assert_eq!(node.net.node.xdp_attached(&host(&rc)).unwrap(), None);
     ping(&pc, b_ip, 2).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     // Back: nothing that was right changes; the new pod gets its mode.
-    let _agent = node.start_agent("agent2.log");
+    let _agent = node.start_agent("agent2.log").unwrap();
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(
         pinger.lost().unwrap(),
@@ -676,215 +595,8 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
         "the restarted agent changed nothing but the new pod: {log}"
     );
     for (n, p) in [("a", &pa), ("b", &pb), ("c", &pc)] {
-        node.del_pod(n, p);
+        node.del_pod(n, p).unwrap();
     }
-}
-
-/// The offloads of `pod`'s eth0 that the mode `mode` needs (pod::offloads).
-fn assert_offloads_of(pod: &Netns, mode: &str) {
-    let mode = xdpcni_host::pod::XdpMode::parse(mode).unwrap();
-    for (offload, on) in xdpcni_host::pod::offloads(mode) {
-        let have = in_netns(pod, || Ok(xdpcni_host::ethtool::get("eth0", offload)?)).unwrap();
-        assert_eq!(have, on, "{mode}: {offload:?} of eth0");
-    }
-}
-
-#[test]
-fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
-    let _shared = shared_machine();
-    let node = Node::new();
-    // The first agent loads the datapath; the pods come up native.
-    let first = node.start_agent("agent0.log");
-    let Pair {
-        pa,
-        ra,
-        pb,
-        ha,
-        b_ip,
-        ..
-    } = node.pair();
-    assert_eq!(first.stop(libc::SIGTERM).unwrap(), Some(0));
-    // 40 s of pings at 10 ms: longer than the eight rounds take.
-    let pinger = BackgroundPing::start(&pa, b_ip, 4000).unwrap();
-    // Each switch is killed at one of the crash points of the shared attach
-    // logic (the agent's apply.rs), then a fresh agent takes over: into and out of
-    // tc from each XDP mode and off, at each point.
-    let rounds = [
-        ("converge:offloads", "generic", "xdpgeneric"),
-        ("converge:records", "tc", "tc"),
-        ("converge:attached", "generic", "xdpgeneric"),
-        ("converge:attached", "tc", "tc"),
-        ("converge:detached", "off", "none"),
-        ("converge:records", "native", "xdp"),
-        ("converge:offloads", "tc", "tc"),
-        ("converge:attached", "native", "xdp"),
-    ];
-    for (i, (step, mode, want)) in rounds.into_iter().enumerate() {
-        let what = format!("switch to {mode} killed at {step}");
-        let agent = node.start_agent_env(
-            &format!("crash{i}.log"),
-            &[(xdpcni_e2e::hooks::STOP_AT, step)],
-        );
-        node.set_pods(json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }));
-        agent
-            .wait_stopped(Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("{what}: {e:#}: {}", node.log(&format!("crash{i}.log"))));
-        assert_eq!(agent.stop(libc::SIGKILL).unwrap(), None, "{what}");
-        // Killed mid-switch: still forwarding, on whichever side it was.
-        std::thread::sleep(Duration::from_millis(300));
-        let _agent = node.start_agent(&format!("after{i}.log"));
-        let took = node.wait_mode(&ha, want, Duration::from_secs(3));
-        eprintln!("{what}: converged {took:?} after the restart");
-        // The restart also finishes what the killed switch left undone.
-        let start = Instant::now();
-        loop {
-            let ok = std::panic::catch_unwind(|| assert_offloads_of(&pa, mode));
-            if ok.is_ok() {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(3),
-                "{what}: offloads not converged: {}",
-                node.log(&format!("after{i}.log"))
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let maps = Maps::open_pinned(node.pins.path()).unwrap();
-        let ep = maps.endpoint(ipv4_of(&ra)).unwrap().unwrap();
-        assert_eq!(
-            ep.flags & EP_KERNEL_ONLY != 0,
-            mode == "off",
-            "{what}: the endpoint's kernel-only flag"
-        );
-        tcp_transfer(&pa, &pb, b_ip, 1 << 20).unwrap();
-    }
-    let lost = pinger.lost().unwrap();
-    assert_eq!(lost, 0, "pings lost across eight killed switches");
-    node.del_pod("a", &pa);
-    node.del_pod("b", &pb);
-}
-
-/// What the agent's requests could change: the datapath's maps and links,
-/// the XDP attached to each host veth, the CNI's records.
-fn node_state(node: &Node, hosts: &[&str]) -> String {
-    let maps = Maps::open_pinned(node.pins.path()).unwrap();
-    let mut links: Vec<_> = std::fs::read_dir(node.pins.path().join("links"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    links.sort();
-    let xdp: Vec<_> = hosts
-        .iter()
-        .map(|h| node.net.node.xdp_attached(h).unwrap())
-        .collect();
-    let mut records: Vec<_> = std::fs::read_dir(node.net.dir.path().join("state"))
-        .unwrap()
-        .flatten()
-        .map(|e| std::fs::read_to_string(e.path()).unwrap())
-        .collect();
-    records.sort();
-    format!(
-        "{:?}\n{:?}\n{:?}\n{:?}\n{links:?}\n{xdp:?}\n{records:?}",
-        maps.endpoints().unwrap(),
-        maps.tx_port_list().unwrap(),
-        maps.slot_owner_list().unwrap(),
-        maps.nat_ports().unwrap(),
-    )
-}
-
-#[test]
-fn hostile_http_requests_change_nothing_and_the_agent_listens_on_loopback() {
-    let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
-    let Pair {
-        pa,
-        pb,
-        ha,
-        hb,
-        b_ip,
-        ..
-    } = node.pair();
-    // No `listen` in the config: the node's loopback alone.
-    let listening = node.net.node.exec(&["ss", "-Hltn"]).unwrap();
-    let addrs: Vec<&str> = listening
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(3))
-        .collect();
-    assert_eq!(addrs, vec![LISTEN], "listening sockets: {listening}");
-
-    let before = node_state(&node, &[&ha, &hb]);
-    let mut asked = 0;
-    for path in ["/metrics", "/healthz", "/readyz"] {
-        for method in ["POST", "PUT", "DELETE", "PATCH"] {
-            let req = format!(
-                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\nmode"
-            );
-            let (code, _) = http_raw(&node.net.node, LISTEN, req.into_bytes()).unwrap();
-            assert_eq!(code, 405, "{method} {path}");
-            asked += 1;
-        }
-        assert_eq!(
-            http_get(&node.net.node, LISTEN, path).unwrap().0,
-            200,
-            "GET {path}"
-        );
-    }
-    for path in [
-        "/",
-        "/metrics/../debug",
-        "/pods/a?xdp-mode=off",
-        "/admin",
-        "/%00",
-    ] {
-        let (code, _) = http_get(&node.net.node, LISTEN, path).unwrap();
-        assert!(code == 404 || code == 400, "GET {path}: {code}");
-        asked += 1;
-    }
-    // Garbage and an oversized header: refused or dropped, never served.
-    let _ = http_raw(&node.net.node, LISTEN, vec![0xff; 4096]);
-    let big = format!(
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
-        "a".repeat(1 << 20)
-    );
-    let _ = http_raw(&node.net.node, LISTEN, big.into_bytes());
-    // Many scrapes in a row.
-    for _ in 0..50 {
-        assert_eq!(http_get(&node.net.node, LISTEN, "/metrics").unwrap().0, 200);
-    }
-    std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(
-        node_state(&node, &[&ha, &hb]),
-        before,
-        "{asked} hostile requests changed the node"
-    );
-    assert_eq!(http_get(&node.net.node, LISTEN, "/readyz").unwrap().0, 200);
-    ping(&pa, b_ip, 2).unwrap();
-    node.del_pod("a", &pa);
-    node.del_pod("b", &pb);
-}
-
-/// (VmRSS in kB, open fds) of process `pid`.
-fn rss_and_fds(pid: u32) -> (u64, usize) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count();
-    (rss, fds)
-}
-
-/// The p-th percentile (0..=100) of `v` (sorted here), in ms.
-fn percentile(v: &mut [Duration], p: usize) -> f64 {
-    v.sort();
-    let i = (v.len() * p / 100).min(v.len() - 1);
-    v[i].as_secs_f64() * 1e3
 }
 
 #[test]
@@ -894,8 +606,8 @@ fn churn_1000_add_del_cycles_8_parallel_leak_nothing_and_do_not_drift() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cycles: usize = xdpcni_e2e::env_or("XDPCNI_CHURN_CYCLES", 1000);
     const WORKERS: usize = 8;
-    let node = Node::new();
-    let agent = node.start_agent("agent.log");
+    let node = new_node();
+    let agent = node.start_agent("agent.log").unwrap();
     let pods: Vec<Netns> = (0..WORKERS).map(|_| Netns::new("xc").unwrap()).collect();
     // One cycle: ADD (timed, as the runtime waits for it), a ping to the
     // node through the new veth, DEL.
@@ -1021,10 +733,10 @@ fn churn_1000_add_del_cycles_8_parallel_leak_nothing_and_do_not_drift() {
 #[test]
 fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
-    let (pa, ra) = node.add_pod("a");
-    let (hb_ns, rb) = node.add_pod("b");
+    let node = new_node();
+    let _agent = node.start_agent("agent.log").unwrap();
+    let (pa, ra) = node.add_pod("default", "a").unwrap();
+    let (hb_ns, rb) = node.add_pod("default", "b").unwrap();
     let (a_ip, b_ip) = (ipv4_of(&ra), ipv4_of(&rb));
     node.wait_mode(&host(&rb), "xdp", Duration::from_secs(2));
     // Fill the IPv4 endpoint map to its capacity with records on a's veth
@@ -1046,7 +758,7 @@ fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
     }
     // A new pod: ADD succeeds (it writes no endpoint record: the agent
     // does), and the agent leaves it on kernel routing, saying why below.
-    let (pc, rc) = node.add_pod("c");
+    let (pc, rc) = node.add_pod("default", "c").unwrap();
     let (hc, c_ip) = (host(&rc), ipv4_of(&rc));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
@@ -1090,9 +802,9 @@ fn vanish_room_in_the_endpoint_map_gives_kernel_routing_then_recovers() {
         assert!(start.elapsed() < Duration::from_secs(3), "gauge stays up");
         std::thread::sleep(Duration::from_millis(100));
     }
-    node.del_pod("a", &pa);
-    node.del_pod("b", &hb_ns);
-    node.del_pod("c", &pc);
+    node.del_pod("a", &pa).unwrap();
+    node.del_pod("b", &hb_ns).unwrap();
+    node.del_pod("c", &pc).unwrap();
 }
 
 /// Nothing of pod `res`'s attachment is left in the datapath.
@@ -1109,11 +821,11 @@ fn assert_datapath_forgot(node: &Node, res: &Value, what: &str) {
 #[test]
 fn vanish_host_veth_or_pod_netns_deleted_before_del() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
-    let (pa, ra) = node.add_pod("a");
-    let (pb, rb) = node.add_pod("b");
-    let (pc, rc) = node.add_pod("c");
+    let node = new_node();
+    let _agent = node.start_agent("agent.log").unwrap();
+    let (pa, ra) = node.add_pod("default", "a").unwrap();
+    let (pb, rb) = node.add_pod("default", "b").unwrap();
+    let (pc, rc) = node.add_pod("default", "c").unwrap();
     let (ha, hb) = (host(&ra), host(&rb));
     node.wait_mode(&ha, "xdp", Duration::from_secs(2));
     let a_index = node.net.node.ifindex(&ha).unwrap();
@@ -1157,7 +869,7 @@ fn vanish_host_veth_or_pod_netns_deleted_before_del() {
         out.json
     );
     for _ in 0..2 {
-        node.del_pod("a", &pa);
+        node.del_pod("a", &pa).unwrap();
         let d = node
             .net
             .call(&Call::new("DEL", "b", Some(&b_path)), &json!({}))
@@ -1187,15 +899,15 @@ fn vanish_host_veth_or_pod_netns_deleted_before_del() {
         !log.contains("ERROR") && !log.contains("apply failed"),
         "a vanished veth is not retried as a failure: {log}"
     );
-    node.del_pod("a", &pa);
-    node.del_pod("c", &pc);
+    node.del_pod("a", &pa).unwrap();
+    node.del_pod("c", &pc).unwrap();
 }
 
 #[test]
 fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
+    let node = new_node();
+    let _agent = node.start_agent("agent.log").unwrap();
     let Pair {
         pa,
         pb,
@@ -1203,7 +915,7 @@ fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
         hb,
         b_ip,
         ..
-    } = node.pair();
+    } = node.pair_attached();
     let pinger = BackgroundPing::start(&pa, b_ip, 300).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     // Someone cleans up /sys/fs/bpf.
@@ -1243,28 +955,20 @@ fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
         sample(&metrics(&node), "xdpcni_datapath_reloads_total", &[]),
         Some(1.0)
     );
-    node.del_pod("a", &pa);
-    node.del_pod("b", &pb);
+    node.del_pod("a", &pa).unwrap();
+    node.del_pod("b", &pb).unwrap();
 }
 
 #[test]
 fn vanish_pin_dir_not_on_bpffs_is_refused_clearly_then_works_on_bpffs() {
     let _shared = shared_machine();
-    let node = Node::new();
+    let mut node = new_node();
     // The pin directory on an ordinary file system (the test's /tmp).
     let not_bpffs = node.net.dir.path().join("pins");
-    let mut cfg: Value =
-        serde_json::from_str(&std::fs::read_to_string(&node.config).unwrap()).unwrap();
-    let good_pins = cfg["pinDir"].clone();
-    cfg["pinDir"] = json!(not_bpffs);
-    std::fs::write(&node.config, cfg.to_string()).unwrap();
-    let agent = NodeProcess::spawn(
-        &node.net.node,
-        &agent_binary().unwrap(),
-        &["standalone", "--config", node.config.to_str().unwrap()],
-        &node.net.dir.path().join("bad.log"),
-    )
-    .unwrap();
+    let good_pins = std::mem::replace(&mut node.config.pin_dir, not_bpffs.clone());
+    let agent = node
+        .spawn_agent(&agent_binary().unwrap(), "bad.log", &[])
+        .unwrap();
     let start = Instant::now();
     let code = agent.wait().unwrap();
     assert!(start.elapsed() < Duration::from_secs(5), "it fails fast");
@@ -1274,7 +978,10 @@ fn vanish_pin_dir_not_on_bpffs_is_refused_clearly_then_works_on_bpffs() {
         log.contains("bpffs") && log.contains(&not_bpffs.display().to_string()),
         "the error names the path and the problem: {log}"
     );
-    assert!(!node.ready.exists(), "not ready: STATUS stays unavailable");
+    assert!(
+        !node.ready().exists(),
+        "not ready: STATUS stays unavailable"
+    );
     // A pod meanwhile: refused with "try again" (no datapath could hold it
     // for its policies), leaving nothing.
     let pod = Netns::new("xp").unwrap();
@@ -1287,20 +994,19 @@ fn vanish_pin_dir_not_on_bpffs_is_refused_clearly_then_works_on_bpffs() {
     assert_eq!(node.net.records(), 0);
     // The cause gone (the pin directory on bpffs): the agent starts, the
     // runtime's retry succeeds, and the pod gets the node default.
-    cfg["pinDir"] = good_pins;
-    std::fs::write(&node.config, cfg.to_string()).unwrap();
-    let _agent = node.start_agent("agent.log");
+    node.config.pin_dir = good_pins;
+    let _agent = node.start_agent("agent.log").unwrap();
     let out = node.net.call(&call, &json!({})).unwrap();
     assert_eq!(out.status, 0, "{:?}", out.json);
     node.wait_mode(&host(&out.json), "xdp", Duration::from_secs(3));
-    node.del_pod("a", &pod);
+    node.del_pod("a", &pod).unwrap();
 }
 
 #[test]
 fn vanish_state_dir_unwritable_fails_add_cleanly_then_recovers() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
+    let node = new_node();
+    let _agent = node.start_agent("agent.log").unwrap();
     // The state directory's path taken by a file: no record can be written.
     let state = node.net.dir.path().join("state");
     let _ = std::fs::remove_dir_all(&state);
@@ -1338,7 +1044,7 @@ fn vanish_state_dir_unwritable_fails_add_cleanly_then_recovers() {
         .unwrap();
     assert_eq!(out.status, 0, "{:?}", out.json);
     node.wait_mode(&host(&out.json), "xdp", Duration::from_secs(2));
-    node.del_pod("s1", &pod);
+    node.del_pod("s1", &pod).unwrap();
 }
 
 /// A record file the agent cannot parse is reported (once in the log, in
@@ -1347,8 +1053,8 @@ fn vanish_state_dir_unwritable_fails_add_cleanly_then_recovers() {
 #[test]
 fn vanish_an_unreadable_record_is_reported_and_kept() {
     let _shared = shared_machine();
-    let node = Node::new();
-    let _agent = node.start_agent("agent.log");
+    let node = new_node();
+    let _agent = node.start_agent("agent.log").unwrap();
     // b's namespace lives as long as the test (a dropped Netns is deleted).
     let Pair {
         pa,
@@ -1356,7 +1062,7 @@ fn vanish_an_unreadable_record_is_reported_and_kept() {
         ha,
         b_ip,
         ..
-    } = node.pair();
+    } = node.pair_attached();
     let bad = node.net.dir.path().join("state").join("broken_eth0.json");
     std::fs::write(&bad, b"{\"containerId\": \"broken\", truncated").unwrap();
     let status = || -> Value {
@@ -1411,4 +1117,26 @@ fn vanish_an_unreadable_record_is_reported_and_kept() {
         assert!(start.elapsed() < Duration::from_secs(3), "still reported");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// (VmRSS in kB, open fds) of process `pid`.
+fn rss_and_fds(pid: u32) -> (u64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    (rss, fds)
+}
+
+/// The p-th percentile (0..=100) of `v` (sorted here), in ms.
+fn percentile(v: &mut [Duration], p: usize) -> f64 {
+    v.sort();
+    let i = (v.len() * p / 100).min(v.len() - 1);
+    v[i].as_secs_f64() * 1e3
 }

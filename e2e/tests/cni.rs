@@ -99,7 +99,7 @@ fn lifecycle_in_every_spec_version() {
         let pins = PinDir::new("xc").unwrap();
         let net = Network::new(pins.path(), version, Network::dual_stack()).unwrap();
         // The agent loads the datapath and attaches what ADD makes.
-        let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
+        let agent = StandaloneAgent::start(&net, pins.path(), |_| {}).unwrap();
         let (pa, pb) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
         let (ida, idb) = (format!("a{version}"), format!("b{version}"));
         let ida = ida.replace('.', "");
@@ -473,7 +473,8 @@ fn bad_input_gets_the_right_code_and_leaks_nothing() {
     assert!(out.json["msg"].as_str().unwrap().contains("mtu"));
     // Missing IPAM plugin.
     let mut conf = net.conf.clone();
-    conf["ipam"]["type"] = json!("no-such-ipam");
+    conf.ipam.as_mut().unwrap()["type"] = json!("no-such-ipam");
+    let conf = serde_json::to_value(&conf).unwrap();
     let out = exec(&net.plugin, &net.cni_path, &net.node, &conf, &add()).unwrap();
     assert_eq!(out.code(), Some(7), "{:?}", out.json);
     assert!(out.json["msg"].as_str().unwrap().contains("no-such-ipam"));
@@ -608,7 +609,7 @@ fn fifty_concurrent_adds_then_dels() {
 fn gc_removes_attachments_that_are_not_valid() {
     let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
+    let agent = StandaloneAgent::start(&net, pins.path(), |_| {}).unwrap();
     let pods: Vec<Netns> = (0..3).map(|_| Netns::new("xp").unwrap()).collect();
     let mut ips = Vec::new();
     for (i, p) in pods.iter().enumerate() {
@@ -674,7 +675,7 @@ fn conflist(net: &Network, plugins: &[Value], call: &Call<'_>, runtime: &Value) 
         let mut conf = p.clone();
         // Debian's portmap and bandwidth (1.1.1) speak up to 1.0.0.
         conf["cniVersion"] = json!("1.0.0");
-        conf["name"] = json!("xdpcni-test");
+        conf["name"] = json!(xdpcni_e2e::cni::NETWORK_NAME);
         conf["runtimeConfig"] = runtime.clone();
         if !prev.is_null() {
             conf["prevResult"] = prev.clone();
@@ -718,7 +719,8 @@ fn chained_with_portmap_and_bandwidth() {
 
     let pod = Netns::new("xp").unwrap();
     let mut xdpcni = net.conf.clone();
-    xdpcni.as_object_mut().unwrap().remove("cniVersion");
+    xdpcni.cni_version = None;
+    let xdpcni = serde_json::to_value(&xdpcni).unwrap();
     let plugins = vec![
         xdpcni,
         json!({ "type": "portmap", "capabilities": { "portMappings": true } }),
@@ -793,7 +795,7 @@ fn chained_with_portmap_and_bandwidth() {
 fn pods_in_mode_off_are_kernel_only_both_ways() {
     let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
+    let agent = StandaloneAgent::start(&net, pins.path(), |_| {}).unwrap();
     // Pods without a namespace are named by their container ID.
     agent
         .set_pods(&json!({ "off": { "xdpcni.io/xdp-mode": "off" } }))
@@ -853,7 +855,7 @@ fn pods_in_mode_off_are_kernel_only_both_ways() {
 fn a_late_del_leaves_an_ifindex_reused_by_another_pod_alone() {
     let pins = PinDir::new("xc").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
+    let agent = StandaloneAgent::start(&net, pins.path(), |_| {}).unwrap();
     let (old, new) = (Netns::new("xp").unwrap(), Netns::new("xp").unwrap());
     let a = net
         .call(&Call::new("ADD", "old", Some(&old.path())), &json!({}))

@@ -5,20 +5,28 @@
 //! allocation, record, endpoint, devmap entry, counter slot, link pin, hold),
 //! and the next ADD of the same container must succeed. The ADDs are of a
 //! Kubernetes pod on a node whose agent has not written the policy gate, so
-//! each is held: a hold made in part is cleaned up too.
+//! each is held: a hold made in part is cleaned up too. And the agent
+//! SIGKILLed at every crash point of a pod's mode switch, then restarted:
+//! it converges without a lost ping. (The datapath's migration killed at
+//! each step is in migrate.rs, with the upgrades.)
 //! Needs root, bpffs at /sys/fs/bpf and containernetworking-plugins.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
 
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 use xdpcni_e2e::{
+    agent::wait_mode,
     cni::{result_ips, Call, Network},
     in_netns,
     netns::Netns,
-    traffic::ping,
+    node::{Node, PodPair},
+    nodes::addr,
+    traffic::{ping, tcp_transfer, BackgroundPing},
     PinDir,
 };
-use xdpcni_ebpf::{Datapath, Maps};
+use xdpcni_ebpf::{abi::EP_KERNEL_ONLY, Datapath, Maps};
 
 /// Every crash point an ADD passes, in order (the fast path's, `converge:`,
 /// are the agent's: `agent_standalone`'s crash tests stop it there).
@@ -175,12 +183,12 @@ fn crash_at_every_del_step_then_del_and_gc_leave_nothing() {
         let prev = add_ok(&net, &pins, "crash-del", &pod, true, &what);
         // The runtime's DEL carries the ADD's result as prevResult.
         let mut conf = net.conf.clone();
-        conf["prevResult"] = prev;
+        conf.prev_result = Some(prev);
         xdpcni_e2e::cni::exec_killed_at(
             &net.plugin,
             &net.cni_path,
             &net.node,
-            &conf,
+            &serde_json::to_value(&conf).unwrap(),
             &Call::new("DEL", "crash-del", Some(&path)),
             step,
         )
@@ -199,4 +207,92 @@ fn crash_at_every_del_step_then_del_and_gc_leave_nothing() {
     );
     runtime_cleans_up(&net, "crash-del", &pod, "final DEL");
     assert_nothing_left(&net, &pins, &pod, "final DEL");
+}
+
+/// The offloads of `pod`'s eth0 that the mode `mode` needs (pod::offloads).
+fn assert_offloads_of(pod: &Netns, mode: &str) {
+    let mode = xdpcni_host::pod::XdpMode::parse(mode).unwrap();
+    for (offload, on) in xdpcni_host::pod::offloads(mode) {
+        let have = in_netns(pod, || Ok(xdpcni_host::ethtool::get("eth0", offload)?)).unwrap();
+        assert_eq!(have, on, "{mode}: {offload:?} of eth0");
+    }
+}
+
+#[test]
+fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
+    let node = Node::standalone("xc").unwrap();
+    // The first agent loads the datapath; the pods come up native.
+    let first = node.start_agent("agent0.log").unwrap();
+    let PodPair {
+        pa,
+        ra,
+        pb,
+        ha,
+        b_ip,
+        ..
+    } = node.pair().unwrap();
+    wait_mode(&node.net.node, &ha, "xdp", Duration::from_secs(2)).unwrap();
+    assert_eq!(first.stop(libc::SIGTERM).unwrap(), Some(0));
+    // 40 s of pings at 10 ms: longer than the eight rounds take.
+    let pinger = BackgroundPing::start(&pa, b_ip, 4000).unwrap();
+    // Each switch is killed at one of the crash points of the shared attach
+    // logic (the agent's apply.rs), then a fresh agent takes over: into and out of
+    // tc from each XDP mode and off, at each point.
+    let rounds = [
+        ("converge:offloads", "generic", "xdpgeneric"),
+        ("converge:records", "tc", "tc"),
+        ("converge:attached", "generic", "xdpgeneric"),
+        ("converge:attached", "tc", "tc"),
+        ("converge:detached", "off", "none"),
+        ("converge:records", "native", "xdp"),
+        ("converge:offloads", "tc", "tc"),
+        ("converge:attached", "native", "xdp"),
+    ];
+    for (i, (step, mode, want)) in rounds.into_iter().enumerate() {
+        let what = format!("switch to {mode} killed at {step}");
+        let agent = node
+            .start_agent_env(
+                &format!("crash{i}.log"),
+                &[(xdpcni_e2e::hooks::STOP_AT, step)],
+            )
+            .unwrap();
+        node.set_pods(&json!({ "default/a": { "xdpcni.io/xdp-mode": mode } }))
+            .unwrap();
+        agent
+            .wait_stopped(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("{what}: {e:#}: {}", node.log(&format!("crash{i}.log"))));
+        assert_eq!(agent.stop(libc::SIGKILL).unwrap(), None, "{what}");
+        // Killed mid-switch: still forwarding, on whichever side it was.
+        std::thread::sleep(Duration::from_millis(300));
+        let _agent = node.start_agent(&format!("after{i}.log")).unwrap();
+        let took = wait_mode(&node.net.node, &ha, want, Duration::from_secs(3))
+            .unwrap_or_else(|e| panic!("{what}: {e:#}: {}", node.log(&format!("after{i}.log"))));
+        eprintln!("{what}: converged {took:?} after the restart");
+        // The restart also finishes what the killed switch left undone.
+        let start = Instant::now();
+        loop {
+            let ok = std::panic::catch_unwind(|| assert_offloads_of(&pa, mode));
+            if ok.is_ok() {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "{what}: offloads not converged: {}",
+                node.log(&format!("after{i}.log"))
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let maps = Maps::open_pinned(node.pins.path()).unwrap();
+        let ep = maps.endpoint(addr(&ra, false).unwrap()).unwrap().unwrap();
+        assert_eq!(
+            ep.flags & EP_KERNEL_ONLY != 0,
+            mode == "off",
+            "{what}: the endpoint's kernel-only flag"
+        );
+        tcp_transfer(&pa, &pb, b_ip, 1 << 20).unwrap();
+    }
+    let lost = pinger.lost().unwrap();
+    assert_eq!(lost, 0, "pings lost across eight killed switches");
+    node.del_pod("a", &pa).unwrap();
+    node.del_pod("b", &pb).unwrap();
 }

@@ -1,8 +1,8 @@
 //! Hostile pods and hostile users on a node: a pod flooding a neighbour
-//! does not stop a third pod's traffic, and an unprivileged user can
-//! neither read nor change the pinned datapath. (Spoofing pods and the
-//! kernel-only pod are in equivalence.rs, which has the raw-frame lab; the
-//! agent's HTTP endpoints in agent_standalone.rs.)
+//! does not stop a third pod's traffic, an unprivileged user can neither
+//! read nor change the pinned datapath, and requests of every kind to the
+//! agent's HTTP endpoints change nothing. (Spoofing pods and the
+//! kernel-only pod are in equivalence.rs, which has the raw-frame lab.)
 //! Needs root, bpffs at /sys/fs/bpf, containernetworking-plugins, setpriv.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
@@ -16,11 +16,12 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    agent::StandaloneAgent,
-    cni::{result_ips, Call, Network},
+    agent::{wait_mode, StandaloneAgent, LISTEN},
+    cni::{http_get, http_raw, result_ips, Call, Network},
     netns::Netns,
+    node::{Node, PodPair},
     packet,
-    traffic::{raw_flood, BackgroundPing},
+    traffic::{ping, raw_flood, BackgroundPing},
     PinDir,
 };
 use xdpcni_ebpf::Maps;
@@ -40,7 +41,7 @@ struct Pods {
 fn node(n: usize) -> Pods {
     let pins = PinDir::new("xh").unwrap();
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({})).unwrap();
+    let agent = StandaloneAgent::start(&net, pins.path(), |_| {}).unwrap();
     let pods = (0..n)
         .map(|i| {
             let ns = Netns::new("xp").unwrap();
@@ -235,4 +236,76 @@ fn hostile_unprivileged_user_cannot_read_or_change_the_pins() {
     // Everything is still there.
     assert_eq!(walk(dir), all, "the pins are unchanged");
     assert!(Maps::open_pinned(dir).is_ok());
+}
+
+#[test]
+fn hostile_http_requests_change_nothing_and_the_agent_listens_on_loopback() {
+    let node = Node::standalone("xh").unwrap();
+    let _agent = node.start_agent("agent.log").unwrap();
+    let PodPair {
+        pa,
+        pb,
+        ha,
+        hb,
+        b_ip,
+        ..
+    } = node.pair().unwrap();
+    wait_mode(&node.net.node, &ha, "xdp", Duration::from_secs(2)).unwrap();
+    // No `listen` in the config: the node's loopback alone.
+    let listening = node.net.node.exec(&["ss", "-Hltn"]).unwrap();
+    let addrs: Vec<&str> = listening
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    assert_eq!(addrs, vec![LISTEN], "listening sockets: {listening}");
+
+    let before = node.state(&[&ha, &hb]).unwrap();
+    let mut asked = 0;
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let req = format!(
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\nmode"
+            );
+            let (code, _) = http_raw(&node.net.node, LISTEN, req.into_bytes()).unwrap();
+            assert_eq!(code, 405, "{method} {path}");
+            asked += 1;
+        }
+        assert_eq!(
+            http_get(&node.net.node, LISTEN, path).unwrap().0,
+            200,
+            "GET {path}"
+        );
+    }
+    for path in [
+        "/",
+        "/metrics/../debug",
+        "/pods/a?xdp-mode=off",
+        "/admin",
+        "/%00",
+    ] {
+        let (code, _) = http_get(&node.net.node, LISTEN, path).unwrap();
+        assert!(code == 404 || code == 400, "GET {path}: {code}");
+        asked += 1;
+    }
+    // Garbage and an oversized header: refused or dropped, never served.
+    let _ = http_raw(&node.net.node, LISTEN, vec![0xff; 4096]);
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nConnection: close\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let _ = http_raw(&node.net.node, LISTEN, big.into_bytes());
+    // Many scrapes in a row.
+    for _ in 0..50 {
+        assert_eq!(http_get(&node.net.node, LISTEN, "/metrics").unwrap().0, 200);
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(
+        node.state(&[&ha, &hb]).unwrap(),
+        before,
+        "{asked} hostile requests changed the node"
+    );
+    assert_eq!(http_get(&node.net.node, LISTEN, "/readyz").unwrap().0, 200);
+    ping(&pa, b_ip, 2).unwrap();
+    node.del_pod("a", &pa).unwrap();
+    node.del_pod("b", &pb).unwrap();
 }

@@ -21,10 +21,10 @@ use xdpcni_ebpf::testing::RawMaps;
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
+    cni::{agent_binary, http_get, result_ips, Call, NodeProcess},
     netns::Netns,
+    node::Node,
     traffic::{ping, tcp_transfer, BackgroundPing},
-    PinDir,
 };
 use xdpcni_ebpf::{abi, layout_dir, objects, Maps, Pinned, FROM_POD_PROGRAM};
 
@@ -40,39 +40,39 @@ enum Build {
     This,
 }
 
-struct Node {
-    net: Network,
-    pins: PinDir,
-    config: PathBuf,
+/// A [`Node`] whose agent and plugin are either build.
+struct UpgradeNode {
+    node: Node,
     previous: PathBuf,
     this_plugin: PathBuf,
 }
 
-impl Node {
+impl std::ops::Deref for UpgradeNode {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+impl std::ops::DerefMut for UpgradeNode {
+    fn deref_mut(&mut self) -> &mut Node {
+        &mut self.node
+    }
+}
+
+impl UpgradeNode {
     fn new(pods: Value) -> Self {
         let previous = xdpcni_e2e::previous_release().unwrap();
-        let pins = PinDir::new("xm").unwrap();
-        let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
-        let pods_file = net.dir.path().join("pods.json");
-        std::fs::write(&pods_file, pods.to_string()).unwrap();
-        let config = net.dir.path().join("agent.json");
-        std::fs::write(
-            &config,
-            json!({
-                "pinDir": pins.path(),
-                "stateDir": net.dir.path().join("state"),
-                "readyFile": net.dir.path().join("agent-ready"),
-                "podsFile": pods_file,
-                "intervalMs": 200,
-            })
-            .to_string(),
-        )
-        .unwrap();
-        let this_plugin = net.plugin.clone();
+        let mut node = Node::builder()
+            .pins("xm")
+            .ready_file()
+            .pods_file(pods)
+            .build()
+            .unwrap();
+        node.config.interval_ms = 200;
+        let this_plugin = node.net.plugin.clone();
         Self {
-            net,
-            pins,
-            config,
+            node,
             previous,
             this_plugin,
         }
@@ -83,23 +83,15 @@ impl Node {
             Build::Previous => self.previous.join("xdpcni-agent"),
             Build::This => agent_binary().unwrap(),
         };
-        NodeProcess::spawn_env(
-            &self.net.node,
-            &bin,
-            &["standalone", "--config", self.config.to_str().unwrap()],
-            env,
-            &self.net.dir.path().join(log),
-        )
-        .unwrap()
+        self.node.spawn_agent(&bin, log, env).unwrap()
     }
 
     /// Starts an agent and waits until it serves /readyz.
     fn start(&self, build: Build, log: &str) -> NodeProcess {
         let agent = self.agent(build, log, &[]);
-        wait_ready(&self.net.node, LISTEN, Duration::from_secs(15), || {
-            format!("{build:?} agent: {}", self.log(log))
-        })
-        .unwrap();
+        self.node
+            .wait_agent_ready(log)
+            .unwrap_or_else(|e| panic!("{build:?} agent: {e:#}"));
         agent
     }
 
@@ -111,10 +103,6 @@ impl Node {
             .wait_stopped(Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("never reached {step}: {e:#}: {}", self.log(log)));
         assert_eq!(agent.stop(libc::SIGKILL).unwrap(), None, "killed at {step}");
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.net.dir.path().join(name)).unwrap_or_default()
     }
 
     /// ADD of pod `name` in `namespace` by the plugin of `build`.
@@ -215,7 +203,7 @@ fn ipv4(res: &Value) -> IpAddr {
 /// c: cpumap on CPU 0) on a fresh node, and pings every 10 ms from a to b
 /// and to c.
 struct Scene {
-    node: Node,
+    node: UpgradeNode,
     pods: Vec<(Netns, Value)>,
     hosts: Vec<String>,
     to_b: BackgroundPing,
@@ -226,7 +214,7 @@ impl Scene {
     fn new() -> (Self, NodeProcess) {
         // Modes by annotation: the previous release's default (generic)
         // is not this one's, and a migration must change no pod's mode.
-        let mut node = Node::new(json!({
+        let mut node = UpgradeNode::new(json!({
             "default/a": { "xdpcni.io/xdp-mode": "generic" },
             "default/b": { "xdpcni.io/xdp-mode": "native" },
             "default/c": { "xdpcni.io/xdp-mode": "generic", "xdpcni.io/redirect": "cpumap", "xdpcni.io/cpus": "0" },
@@ -309,7 +297,7 @@ impl Scene {
     }
 
     /// Ends the pings: none may have been lost.
-    fn finish(self, what: &str) -> (Node, Vec<(Netns, Value)>) {
+    fn finish(self, what: &str) -> (UpgradeNode, Vec<(Netns, Value)>) {
         std::thread::sleep(Duration::from_millis(300));
         let (b, c) = (
             self.to_b.interrupt().unwrap(),
@@ -328,7 +316,7 @@ impl Scene {
 
 /// Layout 1's names are aliases of this layout's maps and programs, and
 /// nothing else is pinned.
-fn assert_aliases(node: &Node, what: &str) {
+fn assert_aliases(node: &UpgradeNode, what: &str) {
     let dir = node.pins.path();
     let layout = layout_dir(dir);
     let mut left: Vec<String> = std::fs::read_dir(dir)
@@ -468,8 +456,8 @@ fn migrate_killed_at_each_step_the_next_agent_finishes_without_a_lost_ping_or_a_
         } else if step == "migrate:swapping" {
             // One pod moved, the others not yet: each on a whole datapath.
             let (one, two) = (
-                Some(Node::from_pod_id(node.pins.path())),
-                Some(Node::from_pod_id(&layout2)),
+                Some(UpgradeNode::from_pod_id(node.pins.path())),
+                Some(UpgradeNode::from_pod_id(&layout2)),
             );
             let progs = node.programs(&scene.hosts);
             let moved = progs.iter().filter(|p| **p == two).count();
@@ -589,7 +577,7 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Generic by annotation: the two releases' defaults differ, and the
     // checks below read which layout's XDP program each veth runs.
-    let mut node = Node::new(json!({
+    let mut node = UpgradeNode::new(json!({
         "default/a": { "xdpcni.io/xdp-mode": "generic" },
         "default/d": { "xdpcni.io/xdp-mode": "generic" },
         "default/e": { "xdpcni.io/xdp-mode": "generic" },

@@ -390,7 +390,7 @@ fn forwarded(node: &KubeNode, pod: &TestPod) -> u64 {
 #[test]
 fn netpol_truth_table_ipv4_and_ipv6() {
     let started = Instant::now();
-    let node = KubeNode::start(json!({})).unwrap();
+    let node = KubeNode::start(|_| {}).unwrap();
     for ns in ["x", "y", "z"] {
         node.namespace(ns, json!({ "ns": ns })).unwrap();
     }
@@ -941,7 +941,7 @@ zc  .  .  .  .  .  .  .  .  -
 /// pass whichever side is isolated.
 #[test]
 fn netpol_established_connections_follow_the_policies_in_force() {
-    let node = KubeNode::start(json!({})).unwrap();
+    let node = KubeNode::start(|_| {}).unwrap();
     for ns in ["x", "y"] {
         node.namespace(ns, json!({ "ns": ns })).unwrap();
     }
@@ -1125,7 +1125,7 @@ fn held_drops(node: &KubeNode, pod: &TestPod) -> u64 {
 /// so a 0 is no blind probe).
 #[test]
 fn netpol_no_window_a_new_pod_a_policy_selects_is_held_from_its_first_packet() {
-    let mut node = KubeNode::start(json!({})).unwrap();
+    let mut node = KubeNode::start(|_| {}).unwrap();
     node.namespace("guarded", json!({})).unwrap();
     node.namespace("open", json!({})).unwrap();
     node.create_policy(np(
@@ -1285,7 +1285,7 @@ fn netpol_no_window_a_new_pod_a_policy_selects_is_held_from_its_first_packet() {
 /// holds go and the policy is enforced as written.
 #[test]
 fn netpol_rules_that_cannot_be_applied_hold_the_pods_they_select() {
-    let mut node = KubeNode::start(json!({})).unwrap();
+    let mut node = KubeNode::start(|_| {}).unwrap();
     node.namespace("x", json!({})).unwrap();
     let a = node
         .add_pod("x", "a", json!({ "app": "a" }), ports())
@@ -1384,7 +1384,7 @@ fn netpol_rules_that_cannot_be_applied_hold_the_pods_they_select() {
 /// ipBlock of the node's address).
 #[test]
 fn netpol_the_node_itself_is_allowed_in_and_checked_out() {
-    let node = KubeNode::start(json!({})).unwrap();
+    let node = KubeNode::start(|_| {}).unwrap();
     node.namespace("x", json!({})).unwrap();
     let pod = node
         .add_pod("x", "p", json!({ "app": "p" }), ports())
@@ -1469,7 +1469,7 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     };
-    let node = KubeNode::start(json!({})).unwrap();
+    let node = KubeNode::start(|_| {}).unwrap();
     node.namespace("x", json!({})).unwrap();
     let a = node
         .add_pod("x", "a", json!({ "app": "a" }), ports())

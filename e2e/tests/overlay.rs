@@ -28,7 +28,7 @@ use xdpcni_e2e::{
     cni::{http_get, NodeProcess},
     kube::ApiServer,
     netns::Netns,
-    nodes::{addr, create_pods, wait_for, TestNode},
+    nodes::{addr, create_pods, wait_for, ClusterNode},
     traffic::{ping, tcp_transfer, udp_echo},
     unique_name,
 };
@@ -72,7 +72,7 @@ impl Router {
 
     /// Wires `node` into subnet A (on the bridge) or B (its own link), with
     /// host number `host`, default routes via the router.
-    fn wire(&self, node: &TestNode, on_a: bool, host: u8) {
+    fn wire(&self, node: &ClusterNode, on_a: bool, host: u8) {
         let (w, r) = (unique_name("xw"), unique_name("xr"));
         node.net.node.add_veth(&w, &r, Some(&self.ns)).unwrap();
         let (p4, p6) = if on_a { (A4, A6) } else { (B4, B6) };
@@ -123,12 +123,13 @@ impl Router {
 /// (a running agent would pin its datapath again).
 struct Cluster {
     agents: Vec<Option<NodeProcess>>,
-    router: Router,
-    nodes: Vec<TestNode>,
+    /// Kept for its Drop (the router's namespace goes after the agents).
+    _router: Router,
+    nodes: Vec<ClusterNode>,
     api: ApiServer,
     kubeconfigs: Vec<PathBuf>,
-    /// Merged into every agent's `routing`.
-    routing_extra: Value,
+    /// Every agent's `routing.txChecksumOffload`.
+    tx_checksum_offload: bool,
 }
 
 impl Cluster {
@@ -151,7 +152,7 @@ impl Cluster {
             } else {
                 vec![&v4, &v6]
             };
-            let node = TestNode::new(
+            let node = ClusterNode::new(
                 &format!("node-{i}"),
                 &format!("10.82.{i}.0/24"),
                 &format!("fd82:{i}::/64"),
@@ -173,12 +174,12 @@ impl Cluster {
         }
         let agents = nodes.iter().map(|_| None).collect();
         Self {
-            router,
+            _router: router,
             nodes,
             api,
             kubeconfigs,
             agents,
-            routing_extra: json!({}),
+            tx_checksum_offload: xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD,
         }
     }
 
@@ -191,13 +192,23 @@ impl Cluster {
             }
             n.set_pod_mtu(mtu);
         }
-        let mut routing = self.routing_extra.clone();
-        routing["mode"] = json!(mode);
-        for (i, n) in self.nodes.iter().enumerate() {
+        let csum = self.tx_checksum_offload;
+        for (i, n) in self.nodes.iter_mut().enumerate() {
             self.agents[i] = Some(
-                n.agent(&self.kubeconfigs[i], json!({ "routing": routing }))
-                    .unwrap(),
+                n.agent(&self.kubeconfigs[i], |c| {
+                    c.routing.mode = mode.into();
+                    c.routing.tx_checksum_offload = csum;
+                })
+                .unwrap(),
             );
+        }
+    }
+
+    /// No agent logged an error in any of its runs.
+    fn assert_no_errors(&self) {
+        for n in &self.nodes {
+            let log = n.agent_log();
+            assert!(!log.contains("ERROR"), "{} agent: {log}", n.name);
         }
     }
 
@@ -339,15 +350,17 @@ fn df_ping(from: &Netns, to: IpAddr, size: u32) -> String {
 }
 
 /// The device of node `i`, as `ip -d link` shows it (empty: none).
-fn device(n: &TestNode) -> String {
+fn device(n: &ClusterNode) -> String {
     n.net
         .node
         .ip(&["-d", "link", "show", DEVICE])
         .unwrap_or_default()
 }
 
-#[test]
-fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_not() {
+/// Three nodes (node-1 and node-3 on subnet A, node-2 on B) with Pod
+/// objects a1..a3, b1, b2 and every agent in routing `mode`, new pods
+/// getting `mtu`.
+fn three_nodes(mode: &str, mtu: u32) -> Cluster {
     let mut c = Cluster::new(true, false);
     create_pods(
         &c.api,
@@ -361,10 +374,26 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         ],
     )
     .unwrap();
+    c.agents(mode, mtu);
+    c
+}
 
+/// The overlay cases share the machine's two CPUs with nothing else of
+/// this file: three nodes' agents and an API server each, one case at a
+/// time, as when they were one test.
+static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[test]
+fn overlay_host_gateway_reaches_same_subnet_nodes_and_says_why_not_across() {
+    let _one = one_at_a_time();
+    let c = three_nodes("hostGateway", 1500);
     // hostGateway: node-3 (same subnet) is reached, node-2 is not, and the
     // agents say why, naming the next hop.
-    c.agents("hostGateway", 1500);
     let (a1, ra1) = c.nodes[0].add_pod("a1").unwrap();
     let (a2, ra2) = c.nodes[1].add_pod("a2").unwrap();
     let (a3, ra3) = c.nodes[2].add_pod("a3").unwrap();
@@ -410,6 +439,20 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         "node-2's two pod CIDRs counted unreachable, node-3's two in place: {metrics}"
     );
 
+    for (n, name, ns) in [(0, "a1", &a1), (1, "a2", &a2), (2, "a3", &a3)] {
+        c.nodes[n].del_pod(name, ns).unwrap();
+    }
+    c.assert_no_errors();
+}
+
+#[test]
+fn overlay_vxlan_every_pair_mtu_masquerade_policy_and_node_churn() {
+    let _one = one_at_a_time();
+    // Pods made under hostGateway (MTU 1500), then the switch to vxlan.
+    let mut c = three_nodes("hostGateway", 1500);
+    let (a1, ra1) = c.nodes[0].add_pod("a1").unwrap();
+    let (a2, ra2) = c.nodes[1].add_pod("a2").unwrap();
+    let (a3, ra3) = c.nodes[2].add_pod("a3").unwrap();
     // vxlan, under the same pods: every pair, every family, both ways.
     c.agents("vxlan", 1450);
     let took = wait_for(
@@ -654,8 +697,26 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
     eprintln!("Node deleted: entries gone in {gone:?}; Node made again: entries back in {back:?}");
     ping(&a1, addr(&ra2, false).unwrap(), 2).unwrap();
 
+    for (n, name, ns) in [
+        (0, "a1", &a1),
+        (1, "a2", &a2),
+        (2, "a3", &a3),
+        (0, "b1", &b1),
+        (1, "b2", &b2),
+    ] {
+        c.nodes[n].del_pod(name, ns).unwrap();
+    }
+    c.assert_no_errors();
+}
+
+#[test]
+fn overlay_auto_routes_same_subnet_directly_and_others_through_the_tunnel() {
+    let _one = one_at_a_time();
+    let c = three_nodes("auto", 1450);
+    let (a1, ra1) = c.nodes[0].add_pod("a1").unwrap();
+    let (a2, ra2) = c.nodes[1].add_pod("a2").unwrap();
+    let (a3, ra3) = c.nodes[2].add_pod("a3").unwrap();
     // auto: node-3 (node-1's subnet) directly, node-2 through the tunnel.
-    c.agents("auto", 1450);
     wait_for("auto routes", Duration::from_secs(10), || {
         c.routed(0, 2, false)
             && c.routed(2, 0, false)
@@ -672,6 +733,25 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         tcp_transfer(&a3, &a1, addr(&ra1, v6).unwrap(), 2 << 20).unwrap();
     }
 
+    for (n, name, ns) in [(0, "a1", &a1), (1, "a2", &a2), (2, "a3", &a3)] {
+        c.nodes[n].del_pod(name, ns).unwrap();
+    }
+    c.assert_no_errors();
+}
+
+#[test]
+fn overlay_back_to_host_gateway_retires_the_tunnels_and_uninstall_leaves_no_route() {
+    let _one = one_at_a_time();
+    let mut c = three_nodes("vxlan", 1450);
+    let (a1, _) = c.nodes[0].add_pod("a1").unwrap();
+    // a3 stays: node-3 is uninstalled under it.
+    let (_a3, ra3) = c.nodes[2].add_pod("a3").unwrap();
+    wait_for("vxlan routes", Duration::from_secs(10), || {
+        (0..3).all(|i| (0..3).all(|j| i == j || c.routed(i, j, true)))
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", c.logs()));
+    ping(&a1, addr(&ra3, false).unwrap(), 2).unwrap();
+    assert!(!device(&c.nodes[0]).is_empty(), "a tunnel in vxlan");
     // Back to hostGateway: the VTEPs are taken off the Nodes, the devices
     // go once the others had time to see it; node-3 is still reached.
     c.agents("hostGateway", 1500);
@@ -701,19 +781,8 @@ fn overlay_vxlan_and_auto_reach_pods_across_subnets_and_host_gateway_says_why_no
         .unwrap();
     assert_eq!(c.routes(2), "", "node-3's agent routes after uninstall");
 
-    for (n, name, ns) in [
-        (0, "a1", &a1),
-        (1, "a2", &a2),
-        (0, "b1", &b1),
-        (1, "b2", &b2),
-    ] {
-        c.nodes[n].del_pod(name, ns).unwrap();
-    }
-    for n in &c.nodes {
-        let log = n.agent_log();
-        assert!(!log.contains("ERROR"), "{} agent: {log}", n.name);
-    }
-    drop(c.router);
+    c.nodes[0].del_pod("a1", &a1).unwrap();
+    c.assert_no_errors();
 }
 
 #[test]
@@ -725,7 +794,7 @@ fn overlay_vxlan_over_an_ipv6_underlay_carries_both_pod_families() {
         &[("a1", "node-1"), ("a2", "node-2")],
     )
     .unwrap();
-    c.routing_extra = json!({ "txChecksumOffload": false });
+    c.tx_checksum_offload = false;
     c.agents("vxlan", 1430);
     let (a1, ra1) = c.nodes[0].add_pod("a1").unwrap();
     let (a2, ra2) = c.nodes[1].add_pod("a2").unwrap();

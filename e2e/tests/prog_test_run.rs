@@ -14,7 +14,7 @@ use xdpcni_e2e::{
     in_netns,
     packet::{self, *},
     testrun::{xdp_run, Run, XDP_DROP, XDP_PASS, XDP_REDIRECT},
-    topo::{Node, Pod},
+    topo::{Pod, WiredNode},
     PinDir,
 };
 use xdpcni_ebpf::{
@@ -23,8 +23,8 @@ use xdpcni_ebpf::{
 };
 
 /// A node of two pods with the datapath loaded and both registered (devmap).
-fn with_datapath(f: impl FnOnce(&Node, &mut Datapath) -> Result<()> + Send) {
-    let node = Node::new(2).expect("building the node");
+fn with_datapath(f: impl FnOnce(&WiredNode, &mut Datapath) -> Result<()> + Send) {
+    let node = WiredNode::new(2).expect("building the node");
     let pins = PinDir::new("xt").expect("pin dir");
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
@@ -167,7 +167,7 @@ fn icmp_echo_redirects_but_errors_go_to_kernel() {
     });
 }
 
-fn cpumap_endpoints(node: &Node, dp: &mut Datapath, mask: u64) -> Result<()> {
+fn cpumap_endpoints(node: &WiredNode, dp: &mut Datapath, mask: u64) -> Result<()> {
     node.register_all(dp.raw_maps(), RedirectPolicy::Cpumap, mask)
 }
 

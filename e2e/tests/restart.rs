@@ -17,13 +17,13 @@ use xdpcni_ebpf::testing::RawDatapath;
 use serde_json::{json, Value};
 use xdpcni_e2e::{
     in_netns,
-    topo::{fmt_mac, Node},
+    topo::{fmt_mac, WiredNode},
     traffic::{ping, BackgroundPing},
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode, Datapath, UPGRADE_TEST_OBJECT};
 
-fn spec(node: &Node, pins: &PinDir) -> Value {
+fn spec(node: &WiredNode, pins: &PinDir) -> Value {
     json!({
         "pin_dir": pins.path(),
         "netns": node.ns.path(),
@@ -60,7 +60,7 @@ fn holder(spec: &Value) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn netlink_prog_ids(node: &Node) -> Vec<u64> {
+fn netlink_prog_ids(node: &WiredNode) -> Vec<u64> {
     node.pods
         .iter()
         .map(|p| {
@@ -77,7 +77,7 @@ fn netlink_prog_ids(node: &Node) -> Vec<u64> {
 
 #[test]
 fn a_new_process_takes_over_without_dropping_traffic() {
-    let node = Node::new(2).unwrap();
+    let node = WiredNode::new(2).unwrap();
     let pins = PinDir::new("xr").unwrap();
     let (a, b) = (&node.pods[0], &node.pods[1]);
     let spec = spec(&node, &pins);
@@ -125,7 +125,7 @@ fn a_new_process_takes_over_without_dropping_traffic() {
 
 #[test]
 fn an_upgrade_swaps_programs_atomically_under_traffic() {
-    let node = Node::new(2).unwrap();
+    let node = WiredNode::new(2).unwrap();
     let pins = PinDir::new("xu").unwrap();
     let (a, b) = (&node.pods[0], &node.pods[1]);
     let links_before = in_netns(&node.ns, || {
@@ -178,7 +178,7 @@ fn an_upgrade_swaps_programs_atomically_under_traffic() {
 
 #[test]
 fn link_pins_of_deleted_veths_are_collected() {
-    let node = Node::new(2).unwrap();
+    let node = WiredNode::new(2).unwrap();
     let pins = PinDir::new("xg").unwrap();
     let (a, b) = (&node.pods[0], &node.pods[1]);
     in_netns(&node.ns, || {

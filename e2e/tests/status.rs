@@ -73,7 +73,7 @@ fn status_json(node: &KubeNode) -> Status {
 
 #[test]
 fn status_shows_each_pod_mode_and_why_as_a_table_and_as_json() {
-    let node = KubeNode::start(json!({ "xdpMode": "generic" })).unwrap();
+    let node = KubeNode::start(|c| c.xdp_mode = "generic".into()).unwrap();
     node.namespace("db", json!({})).unwrap();
     node.create_policy(json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",

@@ -16,18 +16,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::json;
 use xdpcni_e2e::{
     kube::ApiServer,
-    nodes::{addr, create_pods, wait_for, TestNode},
+    node::AgentConfig,
+    nodes::{addr, create_pods, wait_for, ClusterNode},
     traffic::{ping, tcp_transfer, udp_echo},
     unique_name,
 };
 
 /// node `i` (1 or 2): pod CIDRs 10.81.i.0/24, fd81:i::/64 and InternalIPs
 /// 192.168.77.i, fd77::i on the wire.
-fn node(i: u8) -> TestNode {
-    TestNode::new(
+fn node(i: u8) -> ClusterNode {
+    ClusterNode::new(
         &format!("node-{i}"),
         &format!("10.81.{i}.0/24"),
         &format!("fd81:{i}::/64"),
@@ -38,9 +38,9 @@ fn node(i: u8) -> TestNode {
 
 #[test]
 fn two_nodes_route_pods_across_the_wire_and_keep_xdp_on_each_node() {
-    let n1 = node(1);
-    let n2 = node(2);
-    let ip = |n: &TestNode, v6: bool| n.ip(v6).unwrap().to_string();
+    let mut n1 = node(1);
+    let mut n2 = node(2);
+    let ip = |n: &ClusterNode, v6: bool| n.ip(v6).unwrap().to_string();
     // The wire: a veth pair from node-1's namespace into node-2's.
     let (w1, w2) = (unique_name("xw"), unique_name("xw"));
     n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node)).unwrap();
@@ -76,13 +76,13 @@ fn two_nodes_route_pods_across_the_wire_and_keep_xdp_on_each_node() {
     .unwrap();
 
     // An agent per node, each in Kubernetes mode, host-gateway routing.
-    let hg = json!({ "routing": { "mode": "hostGateway" } });
-    let _agent1 = n1.agent(&api.kubeconfig, hg.clone()).unwrap();
+    let hg = |c: &mut AgentConfig| c.routing.mode = "hostGateway".into();
+    let _agent1 = n1.agent(&api.kubeconfig, hg).unwrap();
     let _agent2 = n2.agent(&kc2, hg).unwrap();
     let (a1, ra1) = n1.add_pod("a1").unwrap();
     let (b1, rb1) = n1.add_pod("b1").unwrap();
     let (a2, ra2) = n2.add_pod("a2").unwrap();
-    let route_to = |n: &TestNode, other: &TestNode| {
+    let route_to = |n: &ClusterNode, other: &ClusterNode| {
         let r = n.agent_routes();
         r.contains(&format!("{} via {}", other.pod4, ip(other, false)))
             && r.contains(&format!("{} via {}", other.pod6, ip(other, true)))

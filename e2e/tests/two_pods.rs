@@ -13,7 +13,7 @@ use xdpcni_ebpf::testing::RawDatapath;
 use anyhow::{ensure, Result};
 use xdpcni_e2e::{
     in_netns,
-    topo::{Node, Pod},
+    topo::{Pod, WiredNode},
     traffic::{ping, tcp_transfer, udp_echo},
     PinDir,
 };
@@ -55,7 +55,7 @@ fn traffic_both_ways(a: &Pod, b: &Pod) -> Result<Vec<f64>> {
 }
 
 fn two_pods(mode: AttachMode, redirect: RedirectPolicy) {
-    let node = Node::new(2).expect("node");
+    let node = WiredNode::new(2).expect("node");
     let pins = PinDir::new("xl").expect("pins");
     let (a, b) = (&node.pods[0], &node.pods[1]);
     assert_eq!(node.ns.sysctl_get("net.ipv4.ip_forward").unwrap(), "0");

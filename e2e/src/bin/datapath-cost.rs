@@ -19,7 +19,7 @@ use xdpcni_e2e::{
     in_netns,
     packet::*,
     testrun::{xdp_run, XDP_PASS, XDP_REDIRECT},
-    topo::Node,
+    topo::WiredNode,
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, Datapath, L4Proto};
@@ -33,7 +33,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
-    let node = Node::new(2)?;
+    let node = WiredNode::new(2)?;
     let pins = PinDir::new("xc")?;
     let (a, b) = (&node.pods[0], &node.pods[1]);
     let frame = |src: Ipv4Addr, dst: Ipv4Addr, proto: u8, l4: Vec<u8>| {

@@ -255,14 +255,14 @@ fn no_dad(ns: &Netns) -> Result<()> {
 }
 
 /// The xdpcni node: a real API server and agent, pods with Pod objects.
-struct XdpcniNode {
+struct XdpcniFill {
     node: KubeNode,
     pods: Vec<TestPod>,
 }
 
 const FILL_NS: &str = "scale";
 
-impl Filled for XdpcniNode {
+impl Filled for XdpcniFill {
     fn fill_one(&mut self, i: usize) -> Result<()> {
         let obj = self.node.create_pod_object(
             FILL_NS,
@@ -318,19 +318,19 @@ impl Filled for XdpcniNode {
 }
 
 /// The ptp node: Debian's reference plugin with host-local, no agent.
-struct PtpNode {
+struct PtpFill {
     net: Network,
     _pins: PinDir,
     pods: Vec<Netns>,
 }
 
-impl PtpNode {
+impl PtpFill {
     fn new() -> Result<Self> {
         let pins = PinDir::new("xz")?;
         // Debian's plugins speak CNI 1.0.0 at most.
         let mut net = Network::new(pins.path(), "1.0.0", Network::dual_stack())?;
         net.plugin = Path::new(REFERENCE_PLUGINS).join("ptp");
-        net.conf["type"] = json!("ptp");
+        net.conf.plugin_type = "ptp".into();
         no_dad(&net.node)?;
         Ok(Self {
             net,
@@ -348,7 +348,7 @@ impl PtpNode {
     }
 }
 
-impl Filled for PtpNode {
+impl Filled for PtpFill {
     fn fill_one(&mut self, i: usize) -> Result<()> {
         let netns = pod_netns("xs")?;
         self.add(&format!("fill-{i:03}"), &netns)?;
@@ -380,7 +380,7 @@ impl Filled for PtpNode {
     }
 }
 
-impl Drop for PtpNode {
+impl Drop for PtpFill {
     fn drop(&mut self) {
         for (i, p) in self.pods.iter().enumerate() {
             let _ = self.net.call(
@@ -596,13 +596,13 @@ fn time_until(what: &str, within: Duration, mut done: impl FnMut() -> Result<boo
 /// The Kubernetes-mode node and its ptp twin, filled to 250 pods, then
 /// 1000 Nodes, 5000 Services and 1000 NetworkPolicies added.
 fn cluster_section(o: &Opts, run: &mut Run) -> Result<()> {
-    let mut ptp = PtpNode::new()?;
+    let mut ptp = PtpFill::new()?;
     fill_and_probe(o, run, PTP, &mut ptp)?;
     drop(ptp);
 
-    let node = KubeNode::start(json!({}))?;
+    let node = KubeNode::start(|_| {})?;
     node.namespace(FILL_NS, json!({}))?;
-    let mut x = XdpcniNode {
+    let mut x = XdpcniFill {
         node,
         pods: Vec::new(),
     };
@@ -775,7 +775,7 @@ async fn create_service(c: kube::Client, i: usize, ip: IpAddr, port: u16) -> Res
 /// 1000 NetworkPolicies selecting pod `b` of a namespace of its own: a
 /// policy created until it is in force, and b's forwarding rate (from `a`,
 /// both kernel path) with them against none.
-fn policies(o: &Opts, run: &mut Run, x: &XdpcniNode) -> Result<()> {
+fn policies(o: &Opts, run: &mut Run, x: &XdpcniFill) -> Result<()> {
     let node = &x.node;
     const NS: &str = "scale-np";
     node.namespace(NS, json!({}))?;
@@ -892,7 +892,7 @@ fn endpoints_section(o: &Opts, run: &mut Run) -> Result<()> {
     use aya::maps::{HashMap as BpfHashMap, Map, MapData};
     let pins = PinDir::new("xe")?;
     let net = Network::new(pins.path(), "1.1.0", json!([[{"subnet": "10.77.0.0/24"}]]))?;
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({ "xdpMode": "generic" }))?;
+    let agent = StandaloneAgent::start(&net, pins.path(), |c| c.xdp_mode = "generic".into())?;
     let mut pods = Vec::new();
     let mut ips = Vec::new();
     let mut hosts = Vec::new();
@@ -978,7 +978,7 @@ fn endpoints_section(o: &Opts, run: &mut Run) -> Result<()> {
 fn standalone_section(o: &Opts, run: &mut Run) -> Result<()> {
     let pins = PinDir::new("xa")?;
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack())?;
-    let agent = StandaloneAgent::start(&net, pins.path(), json!({}))?;
+    let agent = StandaloneAgent::start(&net, pins.path(), |_| {})?;
     let mut pods = Vec::new();
     for i in 0..FULL {
         check_interrupt()?;

@@ -1,0 +1,241 @@
+//! The table's rows (workload and path names, in order) and the target
+//! lines computed from one run's medians.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+pub const W_UDP64: &str = "UDP 64-byte frames";
+pub const W_UDP1400: &str = "UDP 1400-byte payload";
+pub const W_TCP: &str = "TCP 1 stream (iperf3)";
+pub const W_UDP_P50: &str = "UDP RTT p50 (busy-poll)";
+pub const W_UDP_P99: &str = "UDP RTT p99 (busy-poll)";
+pub const W_TCP_P50: &str = "TCP RTT p50 (busy-poll)";
+pub const W_TCP_P99: &str = "TCP RTT p99 (busy-poll)";
+pub const W_FWD_XDP: &str = "Forwarding 64-byte, XDP_DROP sink";
+pub const W_FWD_RAW: &str = "Forwarding 64-byte, raw-table sink";
+pub const W_PINNED: &str = "Pinned sender (CPU 0), raw-table sink";
+pub const W_PROG_NS: &str = "Program per packet (bpf_stats)";
+pub const W_ADD_P50: &str = "CNI ADD p50";
+pub const W_ADD_P99: &str = "CNI ADD p99";
+pub const W_ATTACH_P50: &str = "ADD to fast path p50 (agent)";
+pub const W_ATTACH_P99: &str = "ADD to fast path p99 (agent)";
+pub const W_CEILING: &str = "UDP 64-byte XDP-drop ceiling";
+pub const W_NP_APPLY_P50: &str = "NetworkPolicy created -> enforced p50";
+pub const W_NP_APPLY_P99: &str = "NetworkPolicy created -> enforced p99";
+pub const W_NP_REMOVE_P50: &str = "NetworkPolicy deleted -> allowed p50";
+pub const W_NP_REMOVE_P99: &str = "NetworkPolicy deleted -> allowed p99";
+pub const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
+pub const W_MIGRATE: &str = "Datapath migration from the previous release";
+pub const W_XNODE_TCP: &str = "TCP 1 stream across nodes (iperf3)";
+pub const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
+/// The headroom rows: native devmap with no headroom asked, and the default
+/// native devmap measured again beside it.
+pub const HEADROOM_0: &str = "native devmap, headroom 0";
+pub const HEADROOM_PAIR: &str = "native devmap, beside headroom 0";
+/// The NetworkPolicy rows' paths.
+pub const NP_AGENT: &str = "agent (Kubernetes mode), pods on XDP";
+pub const NP_NONE: &str = "kernel path, no policy";
+pub const NP_100: &str = "kernel path, 100 policies";
+/// The ceiling rows: the UDP 64-byte sender into an XDP program that only
+/// drops, at the host veth, in each mode: no XDP path can deliver more.
+pub const CEILINGS: &[(&str, aya::programs::XdpMode)] = &[
+    (
+        "sender -> XDP_DROP (native)",
+        aya::programs::XdpMode::Driver,
+    ),
+    ("sender -> XDP_DROP (generic)", aya::programs::XdpMode::Skb),
+];
+
+/// (name, unit, higher is better), in table order.
+pub const WORKLOADS: &[(&str, &str, bool)] = &[
+    (W_UDP64, "Mpps", true),
+    (W_UDP1400, "Mpps", true),
+    (W_TCP, "Gbit/s", true),
+    (W_UDP_P50, "us", false),
+    (W_UDP_P99, "us", false),
+    (W_TCP_P50, "us", false),
+    (W_TCP_P99, "us", false),
+    (W_FWD_XDP, "Mpps", true),
+    (W_FWD_RAW, "Mpps", true),
+    (W_PINNED, "Mpps", true),
+    (W_PROG_NS, "ns", false),
+    (W_ADD_P50, "ms", false),
+    (W_ADD_P99, "ms", false),
+    (W_ATTACH_P50, "ms", false),
+    (W_ATTACH_P99, "ms", false),
+    (W_CEILING, "Mpps", true),
+    (W_NP_APPLY_P50, "ms", false),
+    (W_NP_APPLY_P99, "ms", false),
+    (W_NP_REMOVE_P50, "ms", false),
+    (W_NP_REMOVE_P99, "ms", false),
+    (W_NP_FWD, "Mpps", true),
+    (W_MIGRATE, "ms", false),
+    (W_MIGRATE_READY, "ms", false),
+    (W_XNODE_TCP, "Gbit/s", true),
+];
+
+pub const XNODE_HG: &str = "xdpcni hostGateway";
+pub const XNODE_VXLAN: &str = "xdpcni vxlan";
+pub const XNODE_VXLAN_CSUM: &str = "xdpcni vxlan, tx checksum offload off";
+pub const XNODE_SAME: &str = "xdpcni tc, same node";
+pub const XNODE_PTP_CT: &str = "ptp, conntrack on (as on a kube-proxy node)";
+
+/// The fast paths of the main table ("best mode" picks among them).
+pub const XDP_PATHS: &[&str] = &[
+    "native devmap",
+    "native cpumap",
+    "generic devmap",
+    "generic cpumap",
+    TC_PATH,
+];
+
+/// The goals of issue 9, from the medians of this run.
+pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
+    let get = |w: &str, p: &str| m.get(&(w.to_string(), p.to_string())).copied();
+    // Ratio to ptp, > 1 is better for both kinds of workload.
+    let ratio = |w: &str, p: &str, higher: bool| -> Option<f64> {
+        let (v, base) = (get(w, p)?, get(w, PATHS[0].label)?);
+        (v > 0.0 && base > 0.0).then(|| if higher { v / base } else { base / v })
+    };
+    let best = |w: &str, higher: bool| -> (Option<f64>, String) {
+        XDP_PATHS
+            .iter()
+            .filter_map(|p| ratio(w, p, higher).map(|r| (r, *p)))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or((None, "no XDP path measured".into()), |(r, p)| {
+                (Some(r), format!("{p} vs ptp"))
+            })
+    };
+    let best_of = |w: &str, paths: &[&str]| -> Option<(f64, String)> {
+        paths
+            .iter()
+            .filter_map(|p| get(w, p).map(|v| (v, p.to_string())))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let vs = |w: &str, p: &str, q: &str| match (get(w, p), get(w, q)) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let mut out = vec![
+        Target {
+            name: "tc_vs_peer_udp64",
+            value: vs(W_UDP64, TC_PATH, PEER_PATH),
+            op: Op::AtLeast,
+            goal: 0.97,
+            what: format!(
+                "{TC_PATH} vs {PEER_PATH}, UDP 64-byte frames: the cost of the shared checks"
+            ),
+        },
+        Target {
+            name: "tc_vs_peer_fwd64_raw",
+            value: vs(W_FWD_RAW, TC_PATH, PEER_PATH),
+            op: Op::AtLeast,
+            goal: 0.97,
+            what: format!("{TC_PATH} vs {PEER_PATH}, forwarding 64-byte, raw-table sink"),
+        },
+        Target {
+            name: "tc_vs_ptp_tcp",
+            value: ratio(W_TCP, TC_PATH, true),
+            op: Op::AtLeast,
+            goal: 1.0,
+            what: format!("{TC_PATH} vs ptp, TCP 1 stream"),
+        },
+        Target {
+            name: "default_vs_best_peer_udp64",
+            value: vs(W_UDP64, DEFAULT_PATH, PEER_PATH),
+            op: Op::AtLeast,
+            goal: 1.0,
+            what: format!("{DEFAULT_PATH} (the default) vs {PEER_PATH}, UDP 64-byte frames"),
+        },
+        Target {
+            name: "default_vs_peer_tcp",
+            value: vs(W_TCP, DEFAULT_PATH, PEER_PATH),
+            op: Op::AtLeast,
+            goal: 1.0,
+            what: format!("{DEFAULT_PATH} (the default) vs {PEER_PATH}, TCP 1 stream"),
+        },
+        Target {
+            name: "tcp_default",
+            value: ratio(W_TCP, DEFAULT_PATH, true),
+            op: Op::AtLeast,
+            goal: 0.9,
+            what: format!("{DEFAULT_PATH} (the default) vs ptp"),
+        },
+        Target {
+            name: "tcp_generic",
+            value: ratio(W_TCP, "generic devmap", true),
+            op: Op::AtLeast,
+            goal: 0.85,
+            what: "generic devmap vs ptp".into(),
+        },
+    ];
+    // What bounds a target on this machine, measured in the same run.
+    let ceiling = CEILINGS
+        .iter()
+        .filter_map(|c| get(W_CEILING, c.0).map(|v| (v, c.0)))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    let udp64_bound = ceiling
+        .zip(get(W_UDP64, PATHS[0].label))
+        .map(|((c, label), base)| {
+            format!(
+                "; bound: no XDP program at the host veth is fed more than the {label} ceiling, {:.2}x ptp",
+                c / base
+            )
+        })
+        .unwrap_or_default();
+    let floor = |w: &str, higher: bool| {
+        ratio(w, DIRECT.label, higher)
+            .map(|r| {
+                format!(
+                    "; {} (one veth, no hop at all) is {r:.2}x ptp",
+                    DIRECT.label
+                )
+            })
+            .unwrap_or_default()
+    };
+    for (name, w, higher, goal, bound) in [
+        ("udp64_best", W_UDP64, true, 1.15, udp64_bound),
+        ("fwd64_xdp_sink_best", W_FWD_XDP, true, 1.3, String::new()),
+        ("fwd64_raw_sink_best", W_FWD_RAW, true, 1.1, String::new()),
+        (
+            "rr_p50_best",
+            W_UDP_P50,
+            false,
+            1.1,
+            floor(W_UDP_P50, false),
+        ),
+    ] {
+        let (value, what) = best(w, higher);
+        out.push(Target {
+            name,
+            value,
+            op: Op::AtLeast,
+            goal,
+            what: what + &bound,
+        });
+    }
+    out.push(Target {
+        name: "prog_ns_redirect",
+        value: get(W_PROG_NS, "native devmap"),
+        op: Op::AtMost,
+        goal: 150.0,
+        what: "native devmap, bpf_stats under the UDP 64-byte flood, median of the repetitions"
+            .into(),
+    });
+    let cpumap: Vec<&str> = PINNED_CPUMAP.iter().map(|p| p.label).collect();
+    let (c, d) = (
+        best_of(W_PINNED, &cpumap),
+        best_of(W_PINNED, &["native devmap", "generic devmap"]),
+    );
+    out.push(Target {
+        name: "cpumap_pinned",
+        value: c.as_ref().zip(d.as_ref()).map(|(c, d)| c.0 / d.0),
+        op: Op::AtLeast,
+        goal: 1.1,
+        what: match (c, d) {
+            (Some(c), Some(d)) => format!("best cpumap ({}) vs best devmap ({})", c.1, d.1),
+            _ => "pinned workload missing".into(),
+        },
+    });
+    out
+}

@@ -1,0 +1,223 @@
+//! Across nodes: two node namespaces on one wire, one API server,
+//! host-gateway and VXLAN against ptp with a route and conntrack on.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// Two nodes on one wire (192.168.78.0/24), each a namespace with its own
+/// pods: `ptp` pods with host-gateway routes set by hand (the kernel's
+/// routing between nodes, the baseline), and xdpcni nodes with their
+/// agents in Kubernetes mode against a real API server, first in
+/// `hostGateway`, then in `vxlan` (pods made again with the tunnel's MTU,
+/// as install-cni would give them); each phase also measures a same-node
+/// pair (the default tc fast path). The vxlan phase measures the device
+/// with transmit checksum offload off too (`routing.vxlan.txChecksumOffload:
+/// false`, Flannel's workaround of an old kernel bug): what it costs.
+pub fn xnode_bench(
+    reps: usize,
+    secs: u32,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use xdpcni_e2e::{kube::ApiServer, nodes::ClusterNode, traffic::ping};
+    let wire = |n1: &ClusterNode, n2: &ClusterNode| -> Result<()> {
+        let (w1, w2) = (xdpcni_e2e::unique_name("xw"), xdpcni_e2e::unique_name("xw"));
+        n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node))?;
+        for (n, w) in [(n1, &w1), (n2, &w2)] {
+            let ip = n.ip(false).context("an IPv4 InternalIP")?;
+            n.net
+                .node
+                .ip(&["addr", "add", &format!("{ip}/24"), "dev", w])?;
+            n.net.node.ip(&["link", "set", w, "up"])?;
+        }
+        ping(&n1.net.node, n2.ip(false).context("IPv4")?, 1)
+    };
+    let node = |i: u8, base: u8| {
+        ClusterNode::new(
+            &format!("node-{i}"),
+            &format!("10.{base}.{i}.0/24"),
+            &format!("fd{base}:{i}::/64"),
+            &[&format!("192.168.78.{i}")],
+        )
+    };
+    let pod_ip = |res: &Value| -> Result<IpAddr> {
+        xdpcni_e2e::cni::result_ips(res)
+            .into_iter()
+            .find(IpAddr::is_ipv4)
+            .context("an IPv4 pod address")
+    };
+
+    // A pod's datapath in place (the agent's default mode on its veth).
+    let settled = |n: &ClusterNode, res: &Value| -> Result<()> {
+        let host = res["interfaces"][0]["name"]
+            .as_str()
+            .context("the result's host interface")?;
+        xdpcni_e2e::agent::wait_default_mode(&n.net.node, host).map(drop)
+    };
+
+    // The baseline: ptp pods, a route to the other node's pods via its address.
+    let mut p1 = node(1, 91)?;
+    let mut p2 = node(2, 91)?;
+    for n in [&mut p1, &mut p2] {
+        cni_conf(PATHS[0], &mut n.net);
+        // Debian's ptp speaks CNI up to 1.0.0; its pods route what is not
+        // on their subnet through their gateway only if IPAM says so.
+        n.node.net.conf.cni_version = Some("1.0.0".into());
+        if let Some(ipam) = n.node.net.conf.ipam.as_mut() {
+            ipam["routes"] = json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]);
+        }
+    }
+    wire(&p1, &p2)?;
+    for (n, other) in [(&p1, &p2), (&p2, &p1)] {
+        let via = other.ip(false).context("IPv4")?.to_string();
+        n.net.node.ip(&["route", "add", &other.pod4, "via", &via])?;
+    }
+    let (pa, rpa) = p1.add_pod("pa")?;
+    let (pb, _) = p2.add_pod("pb")?;
+    let ptp_ip = pod_ip(&rpa)?;
+
+    // xdpcni: one API server, two Nodes, an agent each.
+    let mut n1 = node(1, 92)?;
+    let mut n2 = node(2, 92)?;
+    wire(&n1, &n2)?;
+    let api = ApiServer::start_on(&n1.net.node, "0.0.0.0")?;
+    let kc2 = api.kubeconfig_via("192.168.78.1")?;
+    for n in [&n1, &n2] {
+        n.create_object(&api, &n1.net.node)?;
+    }
+    xdpcni_e2e::nodes::create_pods(
+        &api,
+        &n1.net.node,
+        &[
+            ("x1", "node-1"),
+            ("x2", "node-2"),
+            ("y1", "node-1"),
+            ("v1", "node-1"),
+            ("v2", "node-2"),
+            ("w1", "node-1"),
+        ],
+    )?;
+    let start = |n1: &mut ClusterNode, n2: &mut ClusterNode, mode: &str| -> Result<_> {
+        let config = |c: &mut AgentConfig| {
+            c.xdp_mode = xdpcni_host::pod::DEFAULT_MODE.as_str().into();
+            c.routing.mode = mode.into();
+        };
+        Ok((n1.agent(&api.kubeconfig, config)?, n2.agent(&kc2, config)?))
+    };
+    let routed = |n: &ClusterNode, other: &ClusterNode, tunnel: bool| {
+        let r = n.agent_routes();
+        r.lines().any(|l| {
+            l.starts_with(&other.pod4) && (l.contains(xdpcni_host::overlay::DEVICE) == tunnel)
+        })
+    };
+    let wait_routes = |n1: &ClusterNode, n2: &ClusterNode, tunnel: bool| -> Result<()> {
+        xdpcni_e2e::nodes::wait_for("the agents' routes", Duration::from_secs(15), || {
+            routed(n1, n2, tunnel) && routed(n2, n1, tunnel)
+        })
+        .map(drop)
+    };
+
+    // Phase 1: hostGateway.
+    let agents = start(&mut n1, &mut n2, "hostGateway")?;
+    let (x1, rx1) = n1.add_pod("x1")?;
+    let (x2, rx2) = n2.add_pod("x2")?;
+    let (y1, ry1) = n1.add_pod("y1")?;
+    wait_routes(&n1, &n2, false)?;
+    let x1_ip = pod_ip(&rx1)?;
+    settled(&n1, &rx1)?;
+    settled(&n1, &ry1)?;
+    settled(&n2, &rx2)?;
+    // The baseline again with conntrack on both nodes' forward path, as
+    // kube-proxy's rules (and xdpcni's NetworkPolicy table) have it on a
+    // real node: a forward-hook table that asks for connection state.
+    let table = xdpcni_e2e::unique_name("xc");
+    let conntrack = |on: bool| -> Result<()> {
+        for n in [&p1, &p2] {
+            let node = &n.net.node;
+            if on {
+                node.exec(&["nft", "add", "table", "inet", &table])?;
+                node.exec(&[
+                    "nft",
+                    "add",
+                    "chain",
+                    "inet",
+                    &table,
+                    "xfwd",
+                    "{ type filter hook forward priority 0 ; }",
+                ])?;
+                node.exec(&[
+                    "nft", "add", "rule", "inet", &table, "xfwd", "ct", "state", "invalid", "drop",
+                ])?;
+            } else {
+                node.exec(&["nft", "delete", "table", "inet", &table])?;
+            }
+        }
+        Ok(())
+    };
+    for rep in 0..reps {
+        push(
+            W_XNODE_TCP,
+            PATHS[0].label,
+            rep,
+            iperf(&pb, &pa, ptp_ip, secs)?,
+        );
+        conntrack(true)?;
+        let ct = iperf(&pb, &pa, ptp_ip, secs);
+        conntrack(false)?;
+        push(W_XNODE_TCP, XNODE_PTP_CT, rep, ct?);
+        push(W_XNODE_TCP, XNODE_HG, rep, iperf(&x2, &x1, x1_ip, secs)?);
+        push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&y1, &x1, x1_ip, secs)?);
+    }
+    drop(agents);
+
+    // Phase 2: vxlan, new pods with the tunnel's MTU.
+    let mtu = 1500 - xdpcni_host::overlay::overhead(false);
+    n1.set_pod_mtu(mtu);
+    n2.set_pod_mtu(mtu);
+    let agents = start(&mut n1, &mut n2, "vxlan")?;
+    wait_routes(&n1, &n2, true)?;
+    let (v1, rv1) = n1.add_pod("v1")?;
+    let (v2, rv2) = n2.add_pod("v2")?;
+    let (w1, rw1) = n1.add_pod("w1")?;
+    let v1_ip = pod_ip(&rv1)?;
+    settled(&n1, &rv1)?;
+    settled(&n1, &rw1)?;
+    settled(&n2, &rv2)?;
+    let csum = |on: &str| -> Result<()> {
+        for n in [&n1, &n2] {
+            n.net
+                .node
+                .exec(&["ethtool", "-K", xdpcni_host::overlay::DEVICE, "tx", on])?;
+        }
+        Ok(())
+    };
+    for rep in 0..reps {
+        push(
+            W_XNODE_TCP,
+            PATHS[0].label,
+            rep,
+            iperf(&pb, &pa, ptp_ip, secs)?,
+        );
+        push(W_XNODE_TCP, XNODE_VXLAN, rep, iperf(&v2, &v1, v1_ip, secs)?);
+        csum("off")?;
+        let off = iperf(&v2, &v1, v1_ip, secs);
+        csum("on")?;
+        push(W_XNODE_TCP, XNODE_VXLAN_CSUM, rep, off?);
+        push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&w1, &v1, v1_ip, secs)?);
+    }
+    extra.push(format!(
+        "across nodes: two node namespaces on one veth wire (MTU 1500); ptp pods with host-gateway routes set by hand; xdpcni pods of MTU 1500 (hostGateway) and {mtu} (vxlan; the device's tx checksum offload on, as the agent sets it by default, and off by ethtool for its own row); the same-node row is measured in both phases"
+    ));
+    drop(agents);
+    for (n, name, ns) in [
+        (&n1, "x1", &x1),
+        (&n2, "x2", &x2),
+        (&n1, "y1", &y1),
+        (&n1, "v1", &v1),
+        (&n2, "v2", &v2),
+        (&n1, "w1", &w1),
+    ] {
+        n.del_pod(name, ns)?;
+    }
+    Ok(())
+}
