@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""Checks a scale report (scale.md) is complete: every figure has its row for
-each path it is measured on, and every target has its line in the exact form
-`target NAME: VALUE (goal OP N) met|missed`. The numbers are not judged here
-(a --quick run is too short for that); their presence is."""
+"""Checks a scale report (scale.md): every figure has its row for each path it
+is measured on, with a median inside its min-max; every target has its line in
+the exact form `target NAME: VALUE (goal OP N) met|missed`, with the goal this
+file names and a verdict that is what VALUE OP N says (a report cannot call a
+missed goal met). Whether the goals are met is judged only with
+`--require-met` (a full run: a --quick run is too short for that).
+
+    check-scale.py REPORT [--require-met]"""
+import operator
 import re
 import sys
 
@@ -49,14 +54,46 @@ TARGETS = {
 LINE = re.compile(r"^target ([a-z0-9_]+): ([0-9]+\.[0-9]+) \(goal (>=|<=|<) ([0-9.]+)\) (met|missed)$")
 
 
-def main(path):
+OPS = {">=": operator.ge, "<=": operator.le, "<": operator.lt}
+
+
+def row_problems(line):
+    """A table row's figure and path, and what is wrong with its numbers."""
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    if not line.startswith("| ") or len(cells) != 6 or cells[0] == "figure" or cells[0].startswith("---"):
+        return None, []
+    key = (cells[0], cells[2])
+    try:
+        median = float(cells[3])
+        low, high = (float(x) for x in cells[4].split("-", 1))
+    except ValueError:
+        return key, [f"{key}: median {cells[3]!r} / min-max {cells[4]!r} are not numbers"]
+    if not (low <= median <= high) or low < 0:
+        return key, [f"{key}: median {median} outside its min-max {low}-{high}"]
+    return key, []
+
+
+def target_problems(m, require_met):
+    """What is wrong with a target line's verdict (or its goal, if missed)."""
+    name, value, op, goal, verdict = m.groups()
+    met = OPS[op](float(value), float(goal))
+    if verdict != ("met" if met else "missed"):
+        return [f"target {name}: {value} {op} {goal} is {'met' if met else 'missed'}, the line says {verdict}"]
+    if require_met and not met:
+        return [f"target {name}: {value}, goal {op} {goal}: missed"]
+    return []
+
+
+def main(path, require_met):
     text = open(path).read()
     rows = set()
+    problems = []
     for line in text.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 6 and cells[0] != "figure":
-            rows.add((cells[0], cells[2]))
-    problems = [f"no row for {f} / {p}" for f, paths in ROWS.items() for p in paths if (f, p) not in rows]
+        key, wrong = row_problems(line)
+        if key:
+            rows.add(key)
+        problems += wrong
+    problems += [f"no row for {f} / {p}" for f, paths in ROWS.items() for p in paths if (f, p) not in rows]
     seen = {}
     for line in text.splitlines():
         if line.startswith("target "):
@@ -65,14 +102,18 @@ def main(path):
                 problems.append(f"malformed target line: {line}")
                 continue
             seen[m.group(1)] = f"{m.group(3)} {m.group(4)}"
+            problems += target_problems(m, require_met)
     for name, goal in TARGETS.items():
         if seen.get(name) != goal:
             problems.append(f"target {name}: {seen.get(name)!r}, wanted goal {goal}")
     if problems:
-        print("scale report incomplete:\n  " + "\n  ".join(problems))
+        print("scale report wrong or incomplete:\n  " + "\n  ".join(problems))
         sys.exit(1)
-    print(f"scale report complete: {len(rows)} rows, {len(seen)} targets")
+    print(f"scale report complete and consistent: {len(rows)} rows, {len(seen)} targets")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    args = [a for a in sys.argv[1:] if a != "--require-met"]
+    if len(args) != 1:
+        sys.exit(__doc__)
+    main(args[0], "--require-met" in sys.argv[1:])

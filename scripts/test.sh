@@ -169,6 +169,14 @@ step "scale benchmark smoke test (every figure at full size, once; not the numbe
 target/debug/scale --quick --out target/scale-quick >/dev/null
 test -s target/scale-quick/scale.png
 python3 scripts/check-scale.py target/scale-quick/scale.md
+# The checker itself: the committed full run is consistent, and a report
+# whose verdict contradicts its figure is refused.
+python3 scripts/check-scale.py docs/scale.md
+sed 's/(goal < 100) missed$/(goal < 100) met/' docs/scale.md >target/scale-quick/lying.md
+if python3 scripts/check-scale.py target/scale-quick/lying.md >/dev/null; then
+  echo "check-scale.py accepted a target line whose verdict contradicts its value" >&2
+  exit 1
+fi
 
 step "a real Kubernetes node: e2e/k8s/run.sh"
 k8s_rc=0
