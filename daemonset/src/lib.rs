@@ -5,8 +5,13 @@
 //! - `wish`: what a pod asks of the datapath (mode, redirect, cpus) from its annotations (pure).
 //! - `apply`: one pod brought to its mode, through the datapath's verbs.
 //! - `reconciler`: the reconciler over the datapath: one pod, or the node-wide work.
-//! - `daemon`: shared by both modes: the reconciler behind a lock, metrics,
-//!   readiness, HTTP, shutdown.
+//! - `owner`: the datapath owner, one thread that alone holds the reconciler
+//!   and runs the commands the tasks send it.
+//! - `daemon`: shared by both modes: the owner's handle, the records, the
+//!   FORWARD scan, the view (readiness), the policy facts, HTTP, shutdown.
+//! - `records`, `forward`: the CNI records (cache, inotify) and the FORWARD
+//!   chain's rules that name pods.
+//! - `metrics`: the Prometheus families.
 //! - `status`: what is in force (each pod's mode and why), read by
 //!   /metrics and /v1/status, and the `status` command's output.
 //! - `kube` (Kubernetes mode, a kube-runtime controller) and `standalone`.
