@@ -19,6 +19,10 @@ fn run(cmd: &mut Command) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
+/// The stage-cost builds, stopped after stage 0 (entry) to 5; the product
+/// build is the last stage (counters). src/lib.rs embeds them.
+const STAGE_BUILDS: usize = 6;
+
 fn main() -> Result<()> {
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
@@ -42,20 +46,30 @@ fn main() -> Result<()> {
         .map(|o| String::from_utf8_lossy(&o).trim().to_string())
         .unwrap_or_else(|_| "x86_64-linux-gnu".into());
 
-    // The datapath, and a build of it that differs only in its instructions,
-    // which the tests use to exercise an in-place upgrade.
-    for (name, src, defines) in [
-        ("xdpcni.bpf.o", "src/xdpcni.bpf.c", &[][..]),
+    // The datapath, a build of it that differs only in its instructions,
+    // which the tests use to exercise an in-place upgrade, and the
+    // stage-cost builds: the fast path stopped after each of its stages
+    // (XDPCNI_STAGES in xdpcni.bpf.c; tests and the benchmark only).
+    let mut builds = vec![
+        ("xdpcni.bpf.o".to_string(), "src/xdpcni.bpf.c", None),
         (
-            "xdpcni-upgrade-test.bpf.o",
+            "xdpcni-upgrade-test.bpf.o".into(),
             "src/xdpcni.bpf.c",
-            &["-DXDPCNI_UPGRADE_TEST"][..],
+            Some("-DXDPCNI_UPGRADE_TEST".to_string()),
         ),
-        ("bench.bpf.o", "src/bench.bpf.c", &[][..]),
-    ] {
+        ("bench.bpf.o".into(), "src/bench.bpf.c", None),
+    ];
+    for n in 0..STAGE_BUILDS {
+        builds.push((
+            format!("xdpcni-stage{n}.bpf.o"),
+            "src/xdpcni.bpf.c",
+            Some(format!("-DXDPCNI_STAGES={n}")),
+        ));
+    }
+    for (name, src, define) in builds {
         run(Command::new(&clang)
             .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
-            .args(defines)
+            .args(define)
             .arg("-I")
             .arg(&include)
             .arg(format!("-I/usr/include/{multiarch}"))

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod cni;
+pub mod cost;
 pub mod hooks;
 pub mod kube;
 pub mod measure;

@@ -1,7 +1,8 @@
 //! BPF_PROG_TEST_RUN of the datapath program on hand-built frames.
 
 use anyhow::{Context, Result};
-use aya::programs::{TestRun, TestRunOptions, Xdp};
+use aya::programs::{SchedClassifier, TestRun, TestRunOptions, Xdp};
+use xdpcni_ebpf::abi::c_layout;
 
 /// XDP verdicts as the kernel numbers them.
 pub const XDP_DROP: u32 = 1;
@@ -9,6 +10,11 @@ pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 /// Redirect.
 pub const XDP_REDIRECT: u32 = 4;
+
+/// tc verdicts as the kernel numbers them.
+pub const TC_ACT_UNSPEC: u32 = u32::MAX;
+/// Redirect (bpf_redirect_peer).
+pub const TC_ACT_REDIRECT: u32 = 7;
 
 /// Result of one run.
 #[derive(Debug)]
@@ -37,6 +43,38 @@ pub fn xdp_run(prog: &Xdp, ingress_ifindex: u32, frame: &[u8], repeat: u32) -> R
     opts.ctx_in = Some(&ctx);
     opts.repeat = repeat.max(1);
     let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
+    out.truncate(r.data_size_out as usize);
+    Ok(Run {
+        action: r.return_value,
+        frame: out,
+        ns_per_run: r.duration.as_nanos() as f64,
+    })
+}
+
+/// Runs the tc program `prog` `repeat` times on `frame` as an skb received
+/// on `ingress_ifindex` (that device, in the calling thread's network
+/// namespace, is the skb's too): the context's `ingress_ifindex` and
+/// `ifindex`, at their offsets in the kernel's `struct __sk_buff`.
+pub fn tc_run(
+    prog: &SchedClassifier,
+    ingress_ifindex: u32,
+    frame: &[u8],
+    repeat: u32,
+) -> Result<Run> {
+    let mut ctx = vec![0u8; c_layout::SIZEOF___sk_buff];
+    for off in [
+        c_layout::OFFSETOF___sk_buff_ingress_ifindex,
+        c_layout::OFFSETOF___sk_buff_ifindex,
+    ] {
+        ctx[off..off + 4].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    }
+    let mut out = vec![0u8; frame.len() + 512];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.data_out = Some(&mut out);
+    opts.ctx_in = Some(&ctx);
+    opts.repeat = repeat.max(1);
+    let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN (tc)")?;
     out.truncate(r.data_size_out as usize);
     Ok(Run {
         action: r.return_value,

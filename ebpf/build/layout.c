@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <linux/bpf.h>
+
 #include "xdpcni.h"
 
 #define SIZE(t)	  printf("pub const SIZEOF_%s: usize = %zu;\n", #t, sizeof(struct t))
@@ -65,6 +67,10 @@ static void verdict(const char *name, unsigned value, const char *kind, const ch
 
 int main(void)
 {
+	/* The context a tc test run passes in (e2e's testrun::tc_run). */
+	SIZE(__sk_buff);
+	OFF(__sk_buff, ingress_ifindex);
+	OFF(__sk_buff, ifindex);
 	SIZE(endpoint6_key);
 	OFF(endpoint6_key, addr);
 	SIZE(endpoint_info);

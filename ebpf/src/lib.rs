@@ -44,6 +44,23 @@ pub static DATAPATH_OBJECT: &[u8] =
 pub static UPGRADE_TEST_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-upgrade-test.bpf.o"));
 
+/// The stage-cost builds of the datapath: `STAGE_OBJECTS[n]` runs the fast
+/// path's stages up to and including stage `n` (0 entry, 1 parse, 2 source
+/// check, 3 decide, then XDP: 4 redirect target, 5 rewrite; tc: 4 rewrite,
+/// 5 redirect) and returns the hook's pass there, counting nothing; the
+/// product object adds the counters. Same maps as the datapath: they open
+/// its pins. What a stage costs is the difference between consecutive
+/// builds on one frame (the e2e crate's `cost` module).
+#[cfg(feature = "test-objects")]
+pub static STAGE_OBJECTS: [&[u8]; 6] = [
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-stage0.bpf.o")),
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-stage1.bpf.o")),
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-stage2.bpf.o")),
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-stage3.bpf.o")),
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-stage4.bpf.o")),
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdpcni-stage5.bpf.o")),
+];
+
 /// A benchmark helper object (not the datapath): `xdp_drop_count` drops
 /// every frame and counts it in the per-CPU array `drop_count`.
 #[cfg(feature = "test-objects")]

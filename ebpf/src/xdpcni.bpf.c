@@ -25,12 +25,46 @@ char LICENSE[] SEC("license") = "GPL";
 #include "maps.bpf.h"
 #include "parse.bpf.h"
 
+/*
+ * Stage-cost builds (ebpf/build.rs, test objects only, never the product):
+ * XDPCNI_STAGES=n stops the fast path at STAGE_END(n, ...), after its
+ * n-th stage (returning `ret`: a program's pass, or STAGE_STOPPED from a
+ * stage), with what the stages computed kept live, and counts nothing. A
+ * stage's cost is the difference between consecutive builds run on the
+ * same frame (e2e/src/cost.rs). In the product build STAGE_END is nothing.
+ */
+#ifdef XDPCNI_STAGES
+#define STAGE_STOPPED (-2)
+#define STAGE_END(n, live, ret)                                                                    \
+	do {                                                                                       \
+		if (XDPCNI_STAGES == (n)) {                                                        \
+			asm volatile("" ::"r"(live) : "memory");                                   \
+			return (ret);                                                              \
+		}                                                                                  \
+	} while (0)
+#define RETURN_IF_STOPPED(r, action)                                                               \
+	do {                                                                                       \
+		if ((r) == STAGE_STOPPED)                                                          \
+			return (action);                                                           \
+	} while (0)
+#else
+#define STAGE_END(n, live, ret)                                                                    \
+	do {                                                                                       \
+	} while (0)
+#define RETURN_IF_STOPPED(r, action)                                                               \
+	do {                                                                                       \
+	} while (0)
+#endif
+
 /* One array row per (slot, verdict): no hashing, no insert on first use. */
 static __always_inline void count(__u32 slot, __u32 verdict, __u64 bytes)
 {
 	__u32 row;
 	struct stats_value *v;
 
+#ifdef XDPCNI_STAGES
+	return;
+#endif
 	if (slot >= XDPCNI_MAX_SLOTS)
 		slot = 0;
 	row = slot * XDPCNI_V_MAX + verdict;
@@ -300,14 +334,17 @@ static __always_inline int classify(struct packet *p, const struct frame *f, __u
 
 	*src = 0;
 	*dst = 0;
+	STAGE_END(1, p, STAGE_STOPPED);
 	if (before_source(r))
 		return r;
 	*src = validate(p, ingress);
+	STAGE_END(2, *src, STAGE_STOPPED);
 	if (!*src)
 		return XDPCNI_V_DROP_SPOOFED;
 	if (r != STAGE_OK)
 		return r;
 	r = decide(p, f, *src, dst);
+	STAGE_END(3, *dst, STAGE_STOPPED);
 	if (r == STAGE_OK && !*dst)
 		return XDPCNI_V_PASS_NO_ENDPOINT;
 	return r;
@@ -340,10 +377,12 @@ static __always_inline int rewrite_redirect(struct packet *p, const struct endpo
 		target = bpf_redirect_map(&tx_ports, dst->ifindex, XDP_PASS);
 		r = XDPCNI_V_REDIRECT_DEVMAP;
 	}
+	STAGE_END(4, target, STAGE_STOPPED);
 	if (target != XDP_REDIRECT)
 		return XDPCNI_V_PASS_NO_TARGET;
 
 	rewrite(p, dst);
+	STAGE_END(5, p->eth, STAGE_STOPPED);
 	if (r == XDPCNI_V_REDIRECT_DEVMAP)
 		count(dst->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
 	return r;
@@ -365,7 +404,9 @@ static __always_inline int rewrite_redirect_peer(struct packet *p, const struct 
 						 __u64 bytes)
 {
 	rewrite(p, dst);
+	STAGE_END(4, p->eth, STAGE_STOPPED);
 	bpf_redirect_peer(dst->ifindex, 0);
+	STAGE_END(5, dst, STAGE_STOPPED);
 	count(dst->stats_slot, XDPCNI_V_RX_FASTPATH, bytes);
 	return XDPCNI_V_REDIRECT_PEER;
 }
@@ -387,11 +428,14 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	asm volatile("r0 = 0" ::: "r0");
 #endif
 	f.len = f.data_end - f.data;
+	STAGE_END(0, f.data, XDP_PASS);
 	r = classify(&p, &f, ctx->ingress_ifindex, &src, &dst);
+	RETURN_IF_STOPPED(r, XDP_PASS);
 	if (!src)
 		return verdict(ctx, r);
 	if (r == STAGE_OK)
 		r = rewrite_redirect(&p, dst, f.len);
+	RETURN_IF_STOPPED(r, XDP_PASS);
 	count(src->stats_slot, r, f.len);
 	return action_of(r);
 }
@@ -427,14 +471,17 @@ int xdpcni_tc_from_pod(struct __sk_buff *skb)
 	f.data_end = (void *)(long)skb->data_end;
 	f.len = skb->len;
 	f.gso_size = skb->gso_size;
+	STAGE_END(0, f.data, TC_ACT_UNSPEC);
 	if (skb->vlan_present) {
 		r = XDPCNI_V_PASS_NOT_IP;
 		src = 0;
 	} else {
 		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst);
 	}
+	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
 	if (r == STAGE_OK)
 		r = rewrite_redirect_peer(&p, dst, f.len);
+	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
 	slot = src ? src->stats_slot : slot_of(skb->ingress_ifindex);
 	count(slot, r, f.len);
 	return tc_action_of(r);

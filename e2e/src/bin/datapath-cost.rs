@@ -1,4 +1,6 @@
-//! Per-packet cost of the datapath program, measured with BPF_PROG_TEST_RUN.
+//! Per-packet cost of the datapath program, measured with BPF_PROG_TEST_RUN:
+//! first stage by stage (`xdpcni_e2e::cost`, the table the benchmark prints
+//! too), then the NAT check's rows below.
 //! The kernel runs the program `REPEAT` times per call on the same buffer and
 //! reports the mean, which amortises its timer; frames start at TTL 255 so the
 //! decrements of one call (the buffer is rewritten in place) never reach the
@@ -33,6 +35,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
+    // Stage by stage, both hooks and families (the table docs/benchmark.md keeps).
+    println!("{}", xdpcni_e2e::cost::measure(101, REPEAT)?.table());
     let node = WiredNode::new(2)?;
     let pins = PinDir::new("xc")?;
     let (a, b) = (&node.pods[0], &node.pods[1]);

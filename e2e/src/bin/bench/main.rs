@@ -155,6 +155,8 @@ struct Measured {
     machine: String,
     samples: Vec<Sample>,
     notes: Vec<String>,
+    /// The per-stage cost table (BPF_PROG_TEST_RUN), measured in this run.
+    stages: Option<String>,
 }
 
 /// Builds every path and measures every workload on it, interleaved.
@@ -272,11 +274,11 @@ fn measure(o: &Opts) -> Result<Measured> {
         }
         if o.workload(W_PROG_NS) {
             // One sample per repetition, among the others: a slow phase of
-            // the machine does not land on all of them. native devmap, and
-            // the two peer paths: what the shared checks cost on tc.
+            // the machine does not land on all of them. Every fast path, and
+            // Cilium's program beside tc: what the shared checks cost.
             for b in order
                 .iter()
-                .filter(|b| [benches[2].spec.label, TC_PATH, PEER_PATH].contains(&b.spec.label))
+                .filter(|b| XDP_PATHS.contains(&b.spec.label) || b.spec.label == PEER_PATH)
             {
                 let (line, ns) = profile(b, dur)?;
                 push(W_PROG_NS, b.spec.label, rep, ns);
@@ -391,6 +393,15 @@ fn measure(o: &Opts) -> Result<Measured> {
         xnode_bench(reps, o.secs, &mut push, &mut extra)?;
     }
     extra.append(&mut profile_lines);
+    // The program's cost stage by stage, on fixed frames: what the
+    // bpf_stats rows add up to, and what each check costs.
+    let stages = if o.full() || o.workload(W_STAGES) {
+        eprintln!("bench: the datapath's cost per stage (BPF_PROG_TEST_RUN)...");
+        let (samples, repeat) = if o.quick { (5, 50) } else { (101, 200) };
+        Some(xdpcni_e2e::cost::measure(samples, repeat)?.table())
+    } else {
+        None
+    };
     // Make sure the fast paths really redirected (the peer path is checked
     // when it is attached: the kernel forwards none of its pings).
     for b in benches
@@ -418,6 +429,7 @@ fn measure(o: &Opts) -> Result<Measured> {
         machine,
         samples,
         notes: extra,
+        stages,
     })
 }
 
@@ -512,10 +524,46 @@ fn report(o: &Opts, run: &Measured, rows: &[Row]) -> Result<()> {
         ));
         summary.push(json!({"workload": r.workload, "unit": r.unit, "path": r.path, "median": r.median, "min": r.min, "max": r.max, "ratio": ratio}));
     }
-    let targets = targets(&medians);
+    if let Some(stages) = &run.stages {
+        table.push_str(&format!("\n{W_STAGES}:\n\n{stages}"));
+    }
+    let mut targets = targets(&medians);
+    with_ranges(&mut targets, &run.samples, o.reps as usize);
+    if !o.full() {
+        table.push_str(
+            "\nA partial run (--only or --path): its target lines decide nothing; one full run of every row does.\n",
+        );
+    }
     table.push_str(&report_tail(&run.notes, &targets));
     let targets: Vec<Value> = targets.iter().map(Target::json).collect();
     let doc = json!({ "machine": run.machine, "reps": o.reps, "secs": o.secs, "quick": o.quick, "summary": summary, "samples": run.samples, "notes": run.notes, "targets": targets });
     write_report(&o.out, "bench", &table, &doc, "plot.py")?;
     Ok(())
+}
+
+/// Each target computed again from each repetition's figures alone (a row
+/// measured once gives its one figure to every repetition): the target's
+/// min-max over the run, appended to what it compares.
+fn with_ranges(targets: &mut [Target], samples: &[Sample], reps: usize) {
+    let per_rep: Vec<Vec<Target>> = (0..reps)
+        .map(|rep| {
+            let mut m: BTreeMap<(String, String), f64> = BTreeMap::new();
+            for s in samples {
+                let key = (s.workload.clone(), s.path.clone());
+                if s.rep == rep || !m.contains_key(&key) {
+                    m.insert(key, s.value);
+                }
+            }
+            self::targets::targets(&m)
+        })
+        .collect();
+    for (i, t) in targets.iter_mut().enumerate() {
+        let v: Vec<f64> = per_rep.iter().filter_map(|r| r[i].value).collect();
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        if !v.is_empty() {
+            t.what += &format!(" (per repetition {lo:.2}-{hi:.2}, {} repetitions)", v.len());
+        }
+    }
 }
