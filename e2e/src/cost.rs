@@ -313,9 +313,11 @@ pub fn measure(samples: usize, repeat: u32) -> Result<StageCosts> {
             .iter()
             .map(|object| load_build(&pins, object))
             .collect::<Result<Vec<_>>>()?;
-        let last = builds.len();
-        for (n, ebpf) in builds.iter().enumerate() {
-            let (xdp, tc) = programs(ebpf)?;
+        // The stage builds, then the product: one pass over all of them.
+        let mut all = builds.iter().map(programs).collect::<Result<Vec<_>>>()?;
+        all.push((dp.from_pod_program(), dp.tc_from_pod_program()));
+        let last = all.len() - 1;
+        for (n, (xdp, tc)) in all.into_iter().enumerate() {
             measure_build(
                 &mut columns,
                 &frames,
@@ -330,24 +332,6 @@ pub fn measure(samples: usize, repeat: u32) -> Result<StageCosts> {
             insns[0].1.push(xlated_insns(xdp.info()?)?);
             insns[1].1.push(xlated_insns(tc.info()?)?);
         }
-        measure_build(
-            &mut columns,
-            &frames,
-            ingress,
-            samples,
-            repeat,
-            last,
-            last,
-            dp.from_pod_program(),
-            dp.tc_from_pod_program(),
-        )?;
-        insns[0]
-            .1
-            .push(xlated_insns(dp.from_pod_program().info()?)?);
-        insns[1]
-            .1
-            .push(xlated_insns(dp.tc_from_pod_program().info()?)?);
-
         let (peer_ns, peer_insns) =
             measure_peer(&frames[0], b, a.host_mac, ingress, samples, repeat)?;
         let programs = [

@@ -36,19 +36,7 @@ pub fn xdp_run(prog: &Xdp, ingress_ifindex: u32, frame: &[u8], repeat: u32) -> R
     for word in [0, len, 0, ingress_ifindex, 0, 0] {
         ctx.extend_from_slice(&u32::to_ne_bytes(word));
     }
-    let mut out = vec![0u8; frame.len() + 512];
-    let mut opts = TestRunOptions::new();
-    opts.data_in = Some(frame);
-    opts.data_out = Some(&mut out);
-    opts.ctx_in = Some(&ctx);
-    opts.repeat = repeat.max(1);
-    let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
-    out.truncate(r.data_size_out as usize);
-    Ok(Run {
-        action: r.return_value,
-        frame: out,
-        ns_per_run: r.duration.as_nanos() as f64,
-    })
+    run(prog, &ctx, frame, repeat).context("BPF_PROG_TEST_RUN (XDP)")
 }
 
 /// Runs the tc program `prog` `repeat` times on `frame` as an skb received
@@ -68,13 +56,21 @@ pub fn tc_run(
     ] {
         ctx[off..off + 4].copy_from_slice(&ingress_ifindex.to_ne_bytes());
     }
+    run(prog, &ctx, frame, repeat).context("BPF_PROG_TEST_RUN (tc)")
+}
+
+/// One BPF_PROG_TEST_RUN of either hook's program with context `ctx`.
+fn run<P>(prog: &P, ctx: &[u8], frame: &[u8], repeat: u32) -> Result<Run>
+where
+    P: for<'a> TestRun<Opts<'a> = TestRunOptions<'a>, Result = aya::TestRunResult>,
+{
     let mut out = vec![0u8; frame.len() + 512];
     let mut opts = TestRunOptions::new();
     opts.data_in = Some(frame);
     opts.data_out = Some(&mut out);
-    opts.ctx_in = Some(&ctx);
+    opts.ctx_in = Some(ctx);
     opts.repeat = repeat.max(1);
-    let r = prog.test_run(opts).context("BPF_PROG_TEST_RUN (tc)")?;
+    let r = prog.test_run(opts)?;
     out.truncate(r.data_size_out as usize);
     Ok(Run {
         action: r.return_value,
