@@ -81,19 +81,33 @@ pub struct Target {
 impl Target {
     /// Whether the value meets the goal.
     pub fn met(&self) -> bool {
-        match (self.value, self.op) {
-            (Some(v), Op::AtLeast) => v >= self.goal,
-            (Some(v), Op::AtMost) => v <= self.goal,
-            (Some(v), Op::Below) => v < self.goal,
-            (None, _) => false,
+        self.value.is_some_and(|v| self.holds(v))
+    }
+
+    fn holds(&self, v: f64) -> bool {
+        match self.op {
+            Op::AtLeast => v >= self.goal,
+            Op::AtMost => v <= self.goal,
+            Op::Below => v < self.goal,
         }
+    }
+
+    /// The value with two decimals, or as many more as it takes for the
+    /// printed figure to give the same verdict as the value (0.996 against
+    /// `< 1` is met and prints as 0.996, not 1.00): every line can be checked
+    /// from its own text.
+    fn printed(&self, v: f64) -> String {
+        (2..=9)
+            .map(|digits| format!("{v:.digits$}"))
+            .find(|s| s.parse().is_ok_and(|p| self.holds(p) == self.holds(v)))
+            .unwrap_or_else(|| format!("{v}"))
     }
 
     /// `target NAME: VALUE (goal OP N) met|missed`, exactly: scripts read it.
     pub fn line(&self) -> String {
         let value = self
             .value
-            .map_or_else(|| "none".to_string(), |v| format!("{v:.2}"));
+            .map_or_else(|| "none".to_string(), |v| self.printed(v));
         let verdict = if self.met() { "met" } else { "missed" };
         format!(
             "target {}: {value} (goal {} {}) {verdict}",
@@ -375,6 +389,19 @@ mod tests {
         assert_eq!(
             t(Some(1.0), Op::Below).line(),
             "target x: 1.00 (goal < 1) missed"
+        );
+        // Printed with the digits its verdict needs.
+        assert_eq!(
+            t(Some(0.996), Op::Below).line(),
+            "target x: 0.996 (goal < 1) met"
+        );
+        assert_eq!(
+            t(Some(0.9999), Op::AtLeast).line(),
+            "target x: 0.9999 (goal >= 1) missed"
+        );
+        assert_eq!(
+            t(Some(1.004), Op::AtMost).line(),
+            "target x: 1.004 (goal <= 1) missed"
         );
         assert_eq!(
             t(Some(1.5), Op::AtLeast).line(),
