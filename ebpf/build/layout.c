@@ -82,6 +82,9 @@ int main(void)
 	OFF(endpoint_info, mtu);
 	OFF(endpoint_info, stats_slot);
 	OFF(endpoint_info, cpu_mask);
+	SIZE(endpoint_cached);
+	OFF(endpoint_cached, addr);
+	OFF(endpoint_cached, info);
 	SIZE(nat_port_key);
 	OFF(nat_port_key, family);
 	OFF(nat_port_key, proto);
@@ -108,6 +111,8 @@ int main(void)
 	VAL(XDPCNI_STATS_ROWS);
 	VAL(XDPCNI_MAX_POLICY_NS);
 	VAL(XDPCNI_LAYOUT);
+	VAL(XDPCNI_EPCACHE_SLOTS);
+	VAL(XDPCNI_EPCACHE_MASK);
 	VAL(XDPCNI_META_FILLING);
 	VAL(XDPCNI_META_COMPLETE);
 	VAL(XDPCNI_BUILD_LEN);

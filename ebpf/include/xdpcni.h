@@ -23,7 +23,7 @@
  * fills its own from it, moves every link, then removes the older one
  * (docs/upgrades.md).
  */
-#define XDPCNI_LAYOUT 2
+#define XDPCNI_LAYOUT 3
 
 /* datapath_meta.state */
 #define XDPCNI_META_FILLING  0 /* new, or being filled from an older layout: not in use yet */
@@ -87,6 +87,28 @@ struct endpoint_info {
 	__u32 mtu;	  /* pod's eth0 MTU; larger packets go to the kernel */
 	__u32 stats_slot; /* its veth's counter slot (see port_slots), 0: shared */
 	__u64 cpu_mask;	  /* cpumap CPUs allowed to deliver to it */
+};
+
+/*
+ * The endpoint cache (epcache4, epcache6): the records of endpoints4/6 again,
+ * direct-mapped by an address's low bits, so that the two lookups each packet
+ * makes cost an array index and a compare instead of a hash (measured: 3-4 ns
+ * against 25-33 ns, docs/benchmark.md). Slot = the address's last 32 bits in
+ * host order & XDPCNI_EPCACHE_MASK (IPv4: the address itself). Each slot is
+ * an inner array of one endpoint_cached: the writers replace a record by
+ * swapping the inner map (one pointer, under RCU), never by writing it in
+ * place, so a program reads the old record or the new one, never half of
+ * each. The hash maps stay the truth: a slot that is empty or holds another
+ * address (two addresses with the same low bits) sends the program to them.
+ * A slot is never newer or older than the hash entry of its address once
+ * the writing verb returns (ebpf/src/datapath/maps/writes.rs).
+ */
+#define XDPCNI_EPCACHE_SLOTS 16384
+#define XDPCNI_EPCACHE_MASK  (XDPCNI_EPCACHE_SLOTS - 1)
+
+struct endpoint_cached {
+	__u8 addr[16];		   /* the address (IPv4: its 4 bytes, then zeros) */
+	struct endpoint_info info; /* its record, as in endpoints4/6 */
 };
 
 /*

@@ -254,6 +254,43 @@ impl EndpointInfo {
     }
 }
 
+/// `struct endpoint_cached`: one slot of the endpoint cache (`epcache4/6`),
+/// an address and its record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointCached {
+    /// The address: IPv4's 4 bytes then zeros, or IPv6's 16.
+    pub addr: [u8; 16],
+    /// Its record, as in `endpoints4/6`.
+    pub info: EndpointInfo,
+}
+
+impl EndpointCached {
+    /// The cache entry of `ip` with record `info`.
+    pub fn new(ip: IpAddr, info: EndpointInfo) -> Self {
+        Self {
+            addr: family_addr(ip).1,
+            info,
+        }
+    }
+}
+
+/// Slots of each endpoint cache.
+pub const EPCACHE_SLOTS: u32 = c_layout::XDPCNI_EPCACHE_SLOTS;
+
+/// The cache slot of `ip`, as the programs compute it: its last 32 bits in
+/// host order, masked (`cached_endpoint` in xdpcni.bpf.c).
+pub fn epcache_slot(ip: IpAddr) -> u32 {
+    let last = match ip {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    u32::from_be_bytes(last) & c_layout::XDPCNI_EPCACHE_MASK
+}
+
 /// `struct nat_port_key`: a source (address, protocol, port) the kernel NATs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -396,6 +433,8 @@ unsafe impl aya::Pod for PolicyNsKey {}
 unsafe impl aya::Pod for PolicyGate {}
 // SAFETY: as above.
 unsafe impl aya::Pod for DatapathMeta {}
+// SAFETY: as above (16 bytes, then an EndpointInfo at offset 16).
+unsafe impl aya::Pod for EndpointCached {}
 
 /// Capacity of the cpumap, and the number of bits of `cpu_mask`.
 pub const MAX_CPUS: u32 = c_layout::XDPCNI_MAX_CPUS;
@@ -417,6 +456,11 @@ mod layout_checks {
     const _: () =
         assert!(offset_of!(EndpointInfo, stats_slot) == c::OFFSETOF_endpoint_info_stats_slot);
     const _: () = assert!(offset_of!(EndpointInfo, cpu_mask) == c::OFFSETOF_endpoint_info_cpu_mask);
+
+    const _: () = assert!(size_of::<EndpointCached>() == c::SIZEOF_endpoint_cached);
+    const _: () = assert!(offset_of!(EndpointCached, addr) == c::OFFSETOF_endpoint_cached_addr);
+    const _: () = assert!(offset_of!(EndpointCached, info) == c::OFFSETOF_endpoint_cached_info);
+    const _: () = assert!(EPCACHE_SLOTS.is_power_of_two());
 
     const _: () = assert!(size_of::<NatPortKey>() == c::SIZEOF_nat_port_key);
     const _: () = assert!(offset_of!(NatPortKey, family) == c::OFFSETOF_nat_port_key_family);

@@ -21,6 +21,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } endpoints6 SEC(".maps");
 
+/*
+ * One cached record: the inner maps of epcache4/6 (xdpcni.h). Sizes, not
+ * types: clang emits a type reached through two pointers as a forward
+ * declaration, which BTF loaders refuse; the kernel matches inner maps by
+ * type, sizes, flags and max_entries alone.
+ */
+struct epcache_entry {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(struct endpoint_cached));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, XDPCNI_EPCACHE_SLOTS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct epcache_entry);
+} epcache4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, XDPCNI_EPCACHE_SLOTS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct epcache_entry);
+} epcache6 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_DEVMAP_HASH);
 	__uint(max_entries, XDPCNI_MAX_TX_PORTS);

@@ -39,7 +39,7 @@ fn bpf(cmd: libc::c_long, attr: &mut [u8; ATTR_SIZE]) -> io::Result<libc::c_long
     Ok(ret)
 }
 
-fn open_pin(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_pin(path: &Path) -> io::Result<OwnedFd> {
     let cpath = CString::new(path.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let mut attr = [0u8; ATTR_SIZE];
@@ -173,4 +173,21 @@ pub fn pin_again(from: &Path, to: &Path) -> io::Result<()> {
     attr[8..12].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
     bpf(BPF_OBJ_PIN, &mut attr)?;
     Ok(())
+}
+
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+
+/// Deletes key `key` (a `u32` index) of the map `map`: for an array of maps,
+/// empties the slot (aya 0.14's `ArrayOfMaps` has no delete). `Ok(false)`
+/// when it was empty already.
+pub fn map_delete_index(map: std::os::fd::BorrowedFd<'_>, key: u32) -> io::Result<bool> {
+    // struct { u32 map_fd; u64 key (8-aligned); ... }
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&map) as u32).to_ne_bytes());
+    attr[8..16].copy_from_slice(&(&key as *const u32 as u64).to_ne_bytes());
+    match bpf(BPF_MAP_DELETE_ELEM, &mut attr) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
 }

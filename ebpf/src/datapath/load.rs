@@ -78,7 +78,7 @@ impl Datapath {
             .default_map_pin_directory(&layout)
             .load(object)
             .map_err(|e| Error::Load(Box::new(e)))?;
-        let maps = Maps::take(&mut ebpf)?;
+        let maps = Maps::take(&mut ebpf, &layout)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;
         let (cpumap, b) = Self::adopt_program(&mut ebpf, &layout, CPUMAP_PROGRAM)?;
         let (tc_from_pod, c) = Self::adopt_classifier(&mut ebpf, &layout, TC_FROM_POD_PROGRAM)?;
@@ -98,6 +98,9 @@ impl Datapath {
         };
         // An older layout first: its links move to this build's programs.
         dp.migration = crate::migrate::converge(&mut dp, step)?;
+        // The endpoint cache from the records (a fill, or a writer killed
+        // half way, leaves slots empty or missing: never wrong, but slower).
+        dp.maps.refresh_cache()?;
         if dp.upgraded {
             dp.swap_all_links()?;
             dp.refresh_cpumap_programs()?;

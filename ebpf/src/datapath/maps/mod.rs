@@ -1,6 +1,7 @@
 //! The pinned maps and every typed read of them; their writes are in
 //! `writes.rs` (private to the crate), the migration's fill in `fill.rs`.
 
+mod cache;
 mod fill;
 mod writes;
 
@@ -49,11 +50,15 @@ pub(crate) enum MapName {
     PolicyNamespaces,
     /// `policy_gate`: whether the agent has classified new pods (the CNI's hold).
     PolicyGate,
+    /// `epcache4`: the IPv4 endpoint records again, by slot (`cache.rs`).
+    Epcache4,
+    /// `epcache6`: the IPv6 endpoint records again, by slot.
+    Epcache6,
 }
 
 impl MapName {
     /// Every map, `meta` first.
-    pub(crate) const ALL: [MapName; 11] = [
+    pub(crate) const ALL: [MapName; 13] = [
         Self::Meta,
         Self::Endpoints4,
         Self::Endpoints6,
@@ -65,6 +70,8 @@ impl MapName {
         Self::SlotOwners,
         Self::PolicyNamespaces,
         Self::PolicyGate,
+        Self::Epcache4,
+        Self::Epcache6,
     ];
 
     /// The name it is pinned under.
@@ -81,15 +88,18 @@ impl MapName {
             Self::SlotOwners => "slot_owners",
             Self::PolicyNamespaces => "policy_namespaces",
             Self::PolicyGate => "policy_gate",
+            Self::Epcache4 => "epcache4",
+            Self::Epcache6 => "epcache6",
         }
     }
 
     /// The maps of layout 1, pinned in the pin directory itself: the same
-    /// names, types, keys and values as this layout's, less `meta`.
+    /// names, types, keys and values as this layout's, less `meta` and the
+    /// endpoint cache.
     pub(crate) fn layout1() -> impl Iterator<Item = &'static str> {
         Self::ALL
             .into_iter()
-            .filter(|m| *m != Self::Meta)
+            .filter(|m| !matches!(m, Self::Meta | Self::Epcache4 | Self::Epcache6))
             .map(Self::as_str)
     }
 }
@@ -127,6 +137,8 @@ pub struct Maps {
     slot_owners: HashMap<MapData, u32, u32>,
     policy_namespaces: HashMap<MapData, PolicyNsKey, u32>,
     policy_gate: Array<MapData, PolicyGate>,
+    /// This layout's endpoint cache; `None` in an older layout's maps.
+    epcache: Option<cache::EpCache>,
 }
 
 fn typed<T: TryFrom<Map, Error = MapError>>(name: MapName, map: Option<Map>) -> Result<T> {
@@ -153,7 +165,8 @@ impl Maps {
     }
 
     pub(crate) fn open_dir(dir: &Path, with_meta: bool) -> Result<Self> {
-        Self::build(with_meta, |name| {
+        let own = with_meta.then(|| dir.to_path_buf());
+        Self::build(own, |name| {
             let data = MapData::from_pin(dir.join(name))
                 .map_err(|e| Error::map(format!("opening pinned map {name}"), e))?;
             Map::from_map_data(data)
@@ -162,17 +175,29 @@ impl Maps {
         })
     }
 
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<Self> {
-        Self::build(true, |name| Ok(ebpf.take_map(name)))
+    /// The maps of `ebpf`, just loaded with its maps pinned in `layout`.
+    pub(super) fn take(ebpf: &mut Ebpf, layout: &Path) -> Result<Self> {
+        Self::build(Some(layout.to_path_buf()), |name| Ok(ebpf.take_map(name)))
     }
 
-    /// The maps, each from `get` by its name (a pin or a loaded object).
+    /// The maps, each from `get` by its name (a pin or a loaded object):
+    /// this build's layout (pinned in `own`: with meta and endpoint cache),
+    /// or layout 1's (`None`).
     fn build(
-        with_meta: bool,
+        own: Option<std::path::PathBuf>,
         mut get: impl FnMut(&'static str) -> Result<Option<Map>>,
     ) -> Result<Self> {
         let mut map = |m: MapName| -> Result<Option<Map>> { get(m.as_str()) };
+        let with_meta = own.is_some();
         Ok(Self {
+            epcache: match own {
+                Some(dir) => Some(cache::EpCache {
+                    v4: typed(MapName::Epcache4, map(MapName::Epcache4)?)?,
+                    v6: typed(MapName::Epcache6, map(MapName::Epcache6)?)?,
+                    dir,
+                }),
+                None => None,
+            },
             meta: if with_meta {
                 Some(typed(MapName::Meta, map(MapName::Meta)?)?)
             } else {

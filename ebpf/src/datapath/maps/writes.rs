@@ -108,8 +108,21 @@ impl Maps {
         if !self.has_nat_port(addr)? {
             info.flags |= EP_NO_NAT_PORTS;
         }
-        self.put_endpoint(addr, &info).map_err(|e| {
-            let op = format!("inserting endpoint {addr}");
+        self.change_record(addr, |m| m.put_endpoint(addr, &info, "inserting"))
+    }
+
+    /// Writes a record as given, in the map of its family (callers go
+    /// through [`Maps::change_record`], which keeps the cache in step);
+    /// `doing` names the change in an error.
+    fn put_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo, doing: &str) -> Result<()> {
+        let r = match addr {
+            IpAddr::V4(v4) => self.endpoints4.insert(ipv4_key(v4), info, 0),
+            IpAddr::V6(v6) => self
+                .endpoints6
+                .insert(Endpoint6Key { addr: v6.octets() }, info, 0),
+        };
+        r.map_err(|e| {
+            let op = format!("{doing} endpoint {addr}");
             if is_full(&e) {
                 Error::MapFull {
                     map: match addr {
@@ -125,20 +138,6 @@ impl Maps {
         })
     }
 
-    /// Writes a record as given, in the map of its family.
-    fn put_endpoint(
-        &mut self,
-        addr: IpAddr,
-        info: &EndpointInfo,
-    ) -> std::result::Result<(), MapError> {
-        match addr {
-            IpAddr::V4(v4) => self.endpoints4.insert(ipv4_key(v4), info, 0),
-            IpAddr::V6(v6) => self
-                .endpoints6
-                .insert(Endpoint6Key { addr: v6.octets() }, info, 0),
-        }
-    }
-
     /// Flags the record of `addr`, if any, kernel-only: no program
     /// redirects to or from it any more. Whether there was one.
     pub(crate) fn flag_kernel_only(&mut self, addr: IpAddr) -> Result<bool> {
@@ -149,8 +148,9 @@ impl Maps {
             return Ok(true);
         }
         info.flags |= crate::abi::EP_KERNEL_ONLY;
-        self.put_endpoint(addr, &info)
-            .map_err(|e| Error::map(format!("flagging endpoint {addr} kernel-only"), e))?;
+        self.change_record(addr, |m| {
+            m.put_endpoint(addr, &info, "flagging kernel-only")
+        })?;
         Ok(true)
     }
 
@@ -168,8 +168,7 @@ impl Maps {
             return Ok(());
         }
         info.flags = flags;
-        self.put_endpoint(addr, &info)
-            .map_err(|e| Error::map(format!("flagging endpoint {addr}"), e))
+        self.change_record(addr, |m| m.put_endpoint(addr, &info, "flagging"))
     }
 
     /// Makes every endpoint's [`EP_NO_NAT_PORTS`] agree with `nat_ports`:
@@ -244,11 +243,13 @@ impl Maps {
 
     /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
     pub(crate) fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
-        let r = match addr {
-            IpAddr::V4(v4) => self.endpoints4.remove(&ipv4_key(v4)),
-            IpAddr::V6(v6) => self.endpoints6.remove(&Endpoint6Key { addr: v6.octets() }),
-        };
-        removed(r, || format!("removing endpoint {addr}"))
+        self.change_record(addr, |m| {
+            let r = match addr {
+                IpAddr::V4(v4) => m.endpoints4.remove(&ipv4_key(v4)),
+                IpAddr::V6(v6) => m.endpoints6.remove(&Endpoint6Key { addr: v6.octets() }),
+            };
+            removed(r, || format!("removing endpoint {addr}"))
+        })
     }
 
     /// Removes every endpoint record pointing at host veth `ifindex`, named
