@@ -542,8 +542,12 @@ c_rollout() {
 	echo "helm upgrade rolled the agent; 10 ms ping: $recv/$sent received"
 }
 # --- the previous release and back (docs/upgrades.md) -------------------------
+# This build's datapath layout (ebpf/include/xdpcni.h) and the previous
+# release's, which it migrates from.
+THIS_LAYOUT=$(sed -n 's/^#define XDPCNI_LAYOUT \([0-9]*\)$/\1/p' "$REPO/ebpf/include/xdpcni.h")
+PREV_LAYOUT=$((THIS_LAYOUT - 1))
 # The layout of the datapath in use, from the agent's xdpcni_datapath_info
-# (the previous release has no such metric: "1" then).
+# (a release before layouts had a number has no such metric: "1" then).
 layout_in_use() {
 	local l
 	l=$(metrics | sed -n 's/^xdpcni_datapath_info{.*layout="\([0-9]*\)".*} 1$/\1/p' | head -1)
@@ -601,14 +605,14 @@ install_previous() {
 	# shellcheck disable=SC2046 # one word per pod
 	kc annotate -n "$NS" pod $(pods_of web) --overwrite xdpcni.io/xdp-mode=generic >/dev/null
 	for p in $(pods_of web); do wait_mode "$p" generic || return 1; done
-	[ "$(layout_in_use)" = 1 ] || fail "the previous release runs layout $(layout_in_use)"
-	[ -e "$PIN_DIR/endpoints4" ] && [ ! -e "$PIN_DIR/layout-2" ] || fail "no layout 1 datapath of its own: $(ls "$PIN_DIR")"
+	[ "$(layout_in_use)" = "$PREV_LAYOUT" ] || fail "the previous release runs layout $(layout_in_use)"
+	[ -e "$PIN_DIR/layout-$PREV_LAYOUT/meta" ] && [ ! -e "$PIN_DIR/layout-$THIS_LAYOUT" ] || fail "no layout $PREV_LAYOUT datapath of its own: $(ls "$PIN_DIR")"
 }
 across_releases() {
 	local before
 	before=$(web_modes)
-	to_release "$REPO/charts/xdpcni" dev 2
-	[ -e "$PIN_DIR/layout-2/meta" ] || fail "no layout 2 after the upgrade"
+	to_release "$REPO/charts/xdpcni" dev "$THIS_LAYOUT"
+	[ -e "$PIN_DIR/layout-$THIS_LAYOUT/meta" ] || fail "no layout $THIS_LAYOUT after the upgrade"
 	[ "$(web_modes)" = "$before" ] || fail "modes changed across the upgrade: $before -> $(web_modes)"
 	# helm rollback: to the previous revision, the previous release.
 	local old=$(agent_pod)
@@ -616,10 +620,10 @@ across_releases() {
 	roll_pod roll-rollback
 	kc rollout status -n kube-system ds/xdpcni-agent --timeout=180s >/dev/null || fail "rollout of the rollback"
 	[ "$(agent_pod)" != "$old" ] || fail "the rollback did not replace the agent pod"
-	[ "$(layout_in_use)" = 1 ] || fail "after the rollback: layout $(layout_in_use)"
+	[ "$(layout_in_use)" = "$PREV_LAYOUT" ] || fail "after the rollback: layout $(layout_in_use)"
 	roll_pod_reached roll-rollback
 	[ "$(web_modes)" = "$before" ] || fail "modes changed across the rollback: $before -> $(web_modes)"
-	to_release "$REPO/charts/xdpcni" dev 2
+	to_release "$REPO/charts/xdpcni" dev "$THIS_LAYOUT"
 	[ "$(web_modes)" = "$before" ] || fail "modes changed across the second upgrade: $before -> $(web_modes)"
 }
 web_modes() { local p; for p in $(pods_of web); do printf '%s=%s ' "$p" "$(mode_of "$p")"; done; }
@@ -648,7 +652,7 @@ c_previous_release() {
 	wait "$stream_pid" || fail "the TCP stream broke: $(cat "$W/stream.out")"
 	[ -n "$sent" ] && [ "$sent" -gt $((rolls * 50)) ] || fail "10 ms ping across the releases: only ${sent:-0} sent in $rolls s: $(cat "$W/ping-prev.out")"
 	[ "$sent" = "$recv" ] || fail "10 ms ping across the releases: sent/received $sent $recv"
-	echo "helm install of the previous release ($(grep -v '^#' "$REPO/e2e/k8s/PREVIOUS_RELEASE"), layout 1) -> helm upgrade to this (layout 2, migrated) -> helm rollback -> upgrade again: 10 ms ping $recv/$sent, TCP stream $(tr '\n' ' ' <"$W/stream.out"), three rolls in $rolls s, modes $(web_modes), a pod created in each roll reached"
+	echo "helm install of the previous release ($(grep -v '^#' "$REPO/e2e/k8s/PREVIOUS_RELEASE"), layout $PREV_LAYOUT) -> helm upgrade to this (layout $THIS_LAYOUT, migrated) -> helm rollback -> upgrade again: 10 ms ping $recv/$sent, TCP stream $(tr '\n' ' ' <"$W/stream.out"), three rolls in $rolls s, modes $(web_modes), a pod created in each roll reached"
 }
 
 xdp_ids() { in_node ip -o link show | grep -oE '^[0-9]+: [^:@]+|prog/xdp id [0-9]+' | paste -sd' '; }

@@ -26,7 +26,9 @@ use xdpcni_e2e::{
     node::Node,
     traffic::{ping, tcp_transfer, BackgroundPing},
 };
-use xdpcni_ebpf::{abi, layout_dir, objects, Maps, Pinned, FROM_POD_PROGRAM};
+use xdpcni_ebpf::{
+    abi, layout_dir, objects, previous_layout_dir, Maps, Pinned, FROM_POD_PROGRAM, PREVIOUS_LAYOUT,
+};
 
 const LISTEN: &str = xdpcni_agent::config::DEFAULT_LISTEN;
 
@@ -176,10 +178,10 @@ impl UpgradeNode {
         }
     }
 
-    /// Every map and program layout 1 pins, by kernel id.
-    fn layout1_ids(&self) -> (BTreeSet<u32>, BTreeSet<u32>) {
-        let dir = self.pins.path();
-        let maps = LAYOUT1_MAPS
+    /// Every map and program the previous layout pins, by kernel id.
+    fn previous_ids(&self) -> (BTreeSet<u32>, BTreeSet<u32>) {
+        let dir = previous_layout_dir(self.pins.path());
+        let maps = PREVIOUS_MAPS
             .iter()
             .map(|m| objects::pinned_id(&dir.join(m)).unwrap())
             .collect();
@@ -227,13 +229,13 @@ impl Scene {
             .collect();
         let hosts: Vec<String> = pods.iter().map(|(_, r)| host(r)).collect();
         node.wait_on(
-            node.pins.path(),
+            &previous_layout_dir(node.pins.path()),
             &hosts,
             "the previous release attached",
             "previous0.log",
         );
         let p = Pinned::read(node.pins.path()).unwrap();
-        assert!(p.layout1 && p.own.is_none(), "{p:?}");
+        assert!(p.previous && p.own.is_none(), "{p:?}");
         // Longer than any test takes; ended when it is done.
         let to_b = BackgroundPing::start(&pods[0].0, ipv4(&pods[1].1), 100_000).unwrap();
         let to_c = BackgroundPing::start(&pods[0].0, ipv4(&pods[2].1), 100_000).unwrap();
@@ -261,7 +263,7 @@ impl Scene {
         let node = &self.node;
         let p = Pinned::read(node.pins.path()).unwrap();
         assert!(
-            p.ready() && !p.layout1 && p.unknown.is_empty(),
+            p.ready() && !p.previous && p.unknown.is_empty(),
             "{what}: {p:?}"
         );
         assert_eq!(p.own.unwrap().layout, abi::LAYOUT, "{what}");
@@ -314,45 +316,56 @@ impl Scene {
     }
 }
 
-/// Layout 1's names are aliases of this layout's maps and programs, and
-/// nothing else is pinned.
+/// The previous layout's names are aliases of this layout's maps and
+/// programs, layout 1's names (which the previous release keeps as aliases
+/// of its own) are gone, and nothing else is pinned.
 fn assert_aliases(node: &UpgradeNode, what: &str) {
     let dir = node.pins.path();
     let layout = layout_dir(dir);
-    let mut left: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    left.sort();
-    let mut want: Vec<String> = LAYOUT1_MAPS.iter().map(|s| s.to_string()).collect();
-    want.extend([
+    let previous = previous_layout_dir(dir);
+    let names = |d: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut want = vec![
         format!("layout-{}", abi::LAYOUT),
+        format!("layout-{PREVIOUS_LAYOUT}"),
         "links".into(),
-        "progs".into(),
-    ]);
+    ];
     want.sort();
-    assert_eq!(left, want, "{what}");
-    for m in LAYOUT1_MAPS {
+    assert_eq!(names(dir), want, "{what}");
+    let mut want: Vec<String> = PREVIOUS_MAPS.iter().map(|s| s.to_string()).collect();
+    want.push("progs".into());
+    want.sort();
+    assert_eq!(names(&previous), want, "{what}");
+    for m in PREVIOUS_MAPS {
         assert_eq!(
-            objects::pinned_id(&dir.join(m)).unwrap(),
+            objects::pinned_id(&previous.join(m)).unwrap(),
             objects::pinned_id(&layout.join(m)).unwrap(),
             "{what}: {m} is not an alias"
         );
     }
     for p in [
         FROM_POD_PROGRAM,
+        xdpcni_ebpf::TC_FROM_POD_PROGRAM,
         xdpcni_ebpf::CPUMAP_PROGRAM,
         xdpcni_ebpf::HOLD_PROGRAM,
     ] {
         assert_eq!(
-            objects::pinned_id(&dir.join("progs").join(p)).unwrap(),
+            objects::pinned_id(&previous.join("progs").join(p)).unwrap(),
             objects::pinned_id(&layout.join("progs").join(p)).unwrap(),
             "{what}: progs/{p} is not an alias"
         );
     }
 }
 
-const LAYOUT1_MAPS: [&str; 10] = [
+/// The previous layout's maps: this layout's less the endpoint cache.
+const PREVIOUS_MAPS: [&str; 11] = [
+    "meta",
     "endpoints4",
     "endpoints6",
     "tx_ports",
@@ -386,7 +399,7 @@ fn assert_freed(ids: &(BTreeSet<u32>, BTreeSet<u32>), what: &str) {
         }
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "{what}: layout 1 still loaded: maps {maps:?}, programs {progs:?}"
+            "{what}: the previous layout still loaded: maps {maps:?}, programs {progs:?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -408,26 +421,27 @@ fn migrate_killed_at_each_step_the_next_agent_finishes_without_a_lost_ping_or_a_
         let what = format!("killed at {step}");
         let (scene, old) = Scene::new();
         let node = &scene.node;
-        let old_ids = node.layout1_ids();
-        let before = scene.b_forwarded(&Maps::open_layout1(node.pins.path()).unwrap());
-        assert!(before > 0, "{what}: layout 1 forwarded nothing");
+        let old_ids = node.previous_ids();
+        let before = scene.b_forwarded(&Maps::open_previous(node.pins.path()).unwrap());
+        assert!(before > 0, "{what}: the previous layout forwarded nothing");
         assert_eq!(old.stop(libc::SIGTERM).unwrap(), Some(0));
 
         node.kill_at(step, "killed.log");
         let p = Pinned::read(node.pins.path()).unwrap();
         let state = p.own.map(|m| m.state);
-        let layout2 = layout_dir(node.pins.path());
+        let ours = layout_dir(node.pins.path());
+        let previous = previous_layout_dir(node.pins.path());
         match step {
             "migrate:complete" => assert!(
-                p.layout1 && state == Some(abi::META_COMPLETE),
+                p.previous && state == Some(abi::META_COMPLETE),
                 "{what}: {p:?}"
             ),
             "migrate:removed" => assert!(
-                !p.layout1 && state == Some(abi::META_COMPLETE),
+                !p.previous && state == Some(abi::META_COMPLETE),
                 "{what}: {p:?}"
             ),
             _ => assert!(
-                p.layout1 && state == Some(abi::META_FILLING),
+                p.previous && state == Some(abi::META_FILLING),
                 "{what}: {p:?}"
             ),
         }
@@ -437,7 +451,7 @@ fn migrate_killed_at_each_step_the_next_agent_finishes_without_a_lost_ping_or_a_
         );
         if step == "migrate:filled" {
             // The policy gate came over as it was (its generation too).
-            let gate1 = Maps::open_layout1(node.pins.path())
+            let gate1 = Maps::open_previous(node.pins.path())
                 .unwrap()
                 .policy_gate()
                 .unwrap();
@@ -452,19 +466,19 @@ fn migrate_killed_at_each_step_the_next_agent_finishes_without_a_lost_ping_or_a_
             step,
             "migrate:swapped" | "migrate:complete" | "migrate:removed"
         ) {
-            node.wait_on(&layout2, &scene.hosts, &what, "killed.log");
+            node.wait_on(&ours, &scene.hosts, &what, "killed.log");
         } else if step == "migrate:swapping" {
             // One pod moved, the others not yet: each on a whole datapath.
             let (one, two) = (
-                Some(UpgradeNode::from_pod_id(node.pins.path())),
-                Some(UpgradeNode::from_pod_id(&layout2)),
+                Some(UpgradeNode::from_pod_id(&previous)),
+                Some(UpgradeNode::from_pod_id(&ours)),
             );
             let progs = node.programs(&scene.hosts);
             let moved = progs.iter().filter(|p| **p == two).count();
             let left = progs.iter().filter(|p| **p == one).count();
             assert_eq!((moved, left), (1, 2), "{what}: {progs:?}");
         } else {
-            node.wait_on(node.pins.path(), &scene.hosts, &what, "killed.log");
+            node.wait_on(&previous, &scene.hosts, &what, "killed.log");
         }
         // Killed mid-way: traffic flows, on one layout or the other.
         ping(&scene.pods[0].0, ipv4(&scene.pods[1].1), 3)
@@ -493,7 +507,7 @@ fn migrate_killed_at_each_step_the_next_agent_finishes_without_a_lost_ping_or_a_
             node.del(["a", "b", "c"][i], pod);
         }
         eprintln!(
-            "{what}: converged, 0 pings lost, {} maps and {} programs of layout 1 freed",
+            "{what}: converged, 0 pings lost, {} maps and {} programs of the previous layout freed",
             old_ids.0.len(),
             old_ids.1.len()
         );
@@ -506,7 +520,7 @@ fn migrate_then_roll_back_to_the_previous_release_and_forward_again_without_a_lo
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let (mut scene, old) = Scene::new();
-    let old_ids = scene.node.layout1_ids();
+    let old_ids = scene.node.previous_ids();
     assert_eq!(old.stop(libc::SIGTERM).unwrap(), Some(0));
     let new = scene.node.start(Build::This, "this0.log");
     scene.assert_converged("upgraded", "this0.log");
@@ -517,9 +531,10 @@ fn migrate_then_roll_back_to_the_previous_release_and_forward_again_without_a_lo
     // The rollback: the previous release's agent runs on the aliases.
     let old = scene.node.start(Build::Previous, "previous1.log");
     let root = scene.node.pins.path().to_path_buf();
+    let previous = previous_layout_dir(&root);
     scene
         .node
-        .wait_on(&root, &scene.hosts, "rolled back", "previous1.log");
+        .wait_on(&previous, &scene.hosts, "rolled back", "previous1.log");
     tcp_transfer(
         &scene.pods[0].0,
         &scene.pods[1].0,
@@ -539,7 +554,7 @@ fn migrate_then_roll_back_to_the_previous_release_and_forward_again_without_a_lo
     let mut hosts = scene.hosts.clone();
     hosts.push(hd.clone());
     scene.node.wait_on(
-        &root,
+        &previous,
         &hosts,
         "the previous release attached d",
         "previous1.log",
@@ -582,7 +597,7 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
         "default/d": { "xdpcni.io/xdp-mode": "generic" },
         "default/e": { "xdpcni.io/xdp-mode": "generic" },
     }));
-    let layout2 = layout_dir(node.pins.path());
+    let ours = layout_dir(node.pins.path());
     let old = node.start(Build::Previous, "previous.log");
     let (pa, ra) = node.add(Build::Previous, "default", "a");
     assert_eq!(old.stop(libc::SIGTERM).unwrap(), Some(0));
@@ -597,7 +612,7 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
     );
     ping(&pa, ipv4(&rd), 3).unwrap();
     {
-        let mut maps = Maps::open_layout1(node.pins.path()).unwrap();
+        let mut maps = Maps::open_previous(node.pins.path()).unwrap();
         let gate: std::collections::BTreeMap<String, u32> =
             [("guarded".to_string(), 1)].into_iter().collect();
         maps.raw_write_policy_gate(&gate).unwrap();
@@ -616,7 +631,7 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
     let new = node.start(Build::This, "this.log");
     let hosts = vec![host(&ra), host(&rd)];
     node.wait_on(
-        &layout2,
+        &ours,
         &hosts,
         "this build's agent attached a and d",
         "this.log",
@@ -631,15 +646,14 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
     assert_eq!(new.stop(libc::SIGTERM).unwrap(), Some(0));
 
     // A rollback, first half: the previous release's plugin is back before
-    // its agent; it works on this layout through layout 1's names.
+    // its agent; it works on this layout through the previous layout's names.
     let pe = Netns::new("xp").unwrap();
     let (code, re) = node.try_add(Build::Previous, "default", "e", &pe);
     assert_eq!(code, 0, "{re}");
     ping(&pa, ipv4(&re), 3).unwrap();
     let old = node.start(Build::Previous, "previous-again.log");
-    let root = node.pins.path().to_path_buf();
     node.wait_on(
-        &root,
+        &previous_layout_dir(node.pins.path()),
         &[host(&ra), host(&rd), host(&re)],
         "the previous agent attached",
         "previous-again.log",

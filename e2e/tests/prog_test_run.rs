@@ -13,12 +13,15 @@ use anyhow::Result;
 use xdpcni_e2e::{
     in_netns,
     packet::{self, *},
-    testrun::{xdp_run, Run, XDP_DROP, XDP_PASS, XDP_REDIRECT},
+    testrun::{tc_run, xdp_run, Run, XDP_DROP, XDP_PASS, XDP_REDIRECT},
     topo::{Pod, WiredNode},
     PinDir,
 };
 use xdpcni_ebpf::{
-    abi::{RedirectPolicy, Verdict, EP_KERNEL_ONLY, EP_NO_NAT_PORTS, MAX_SLOTS},
+    abi::{
+        EndpointInfo, RedirectPolicy, Verdict, EPCACHE_SLOTS, EP_KERNEL_ONLY, EP_NO_NAT_PORTS,
+        MAX_SLOTS,
+    },
     Datapath, L4Proto, Maps,
 };
 
@@ -119,6 +122,76 @@ fn ipv4_redirect_via_devmap_rewrites_macs_and_ttl() {
         // falls back to the kernel and leaves the frame as it was.
         assert!(dp.raw_maps().raw_remove_tx_port(b.host_ifindex)?);
         expect_unchanged(dp, a, &frame, XDP_PASS, Verdict::PassNoTarget);
+        Ok(())
+    });
+}
+
+/// The endpoint cache (xdpcni.h): the programs read an address's record
+/// from its slot, and from the hash behind it when the slot holds another
+/// address; the verbs keep the two in step, and a refresh repairs a slot
+/// that a writer of the previous layout (hash only) left stale.
+#[test]
+fn epcache_the_programs_read_the_slot_then_the_hash_and_the_verbs_keep_them_in_step() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let udp64 = (IPPROTO_UDP, udp(4000, 53, b"x"));
+        for ip in [IpAddr::V4(b.ipv4), IpAddr::V6(b.ipv6)] {
+            let record = dp.maps().endpoint(ip)?.expect("b's record");
+            assert_eq!(dp.maps().cached(ip)?, Some((ip, record)), "{ip} cached");
+        }
+        let b4 = IpAddr::V4(b.ipv4);
+        let frame = v4_frame(a, a.ipv4, b.ipv4, 64, udp64.clone());
+        // A hash-only change (what the previous layout's writers make): the
+        // programs still read the slot...
+        let record = dp.maps().endpoint(b4)?.expect("b's record");
+        let moved = EndpointInfo {
+            pod_mac: [2, 0, 0, 0, 0, 0x99],
+            ..record
+        };
+        dp.raw_maps().raw_write_hash_only(b4, &moved)?;
+        let r = run(dp, a, &frame);
+        assert_eq!(r.action, XDP_REDIRECT);
+        assert_eq!(&r.frame[0..6], &b.pod_mac, "the slot's record was read");
+        let r = tc_run(dp.tc_from_pod_program(), a.host_ifindex, &frame, 1).expect("tc run");
+        assert_eq!(&r.frame[0..6], &b.pod_mac, "tc: the slot's record was read");
+        // ... until the refresh every agent start makes.
+        assert_eq!(dp.raw_maps().raw_refresh_cache()?, 1, "one slot repaired");
+        assert_eq!(dp.maps().cached(b4)?, Some((b4, moved)));
+        assert_eq!(&run(dp, a, &frame).frame[0..6], &moved.pod_mac);
+
+        // An address of b's slot (the same low bits): b keeps the slot, c's
+        // record is read from the hash.
+        let c = Ipv4Addr::from(u32::from(b.ipv4) ^ EPCACHE_SLOTS);
+        let c4 = IpAddr::V4(c);
+        let c_rec = EndpointInfo {
+            pod_mac: [2, 0, 0, 0, 0, 0x77],
+            ..record
+        };
+        dp.raw_maps().raw_upsert_endpoint(c4, &c_rec)?;
+        assert_eq!(dp.maps().cached(c4)?.map(|h| h.0), Some(b4), "b keeps it");
+        let to_c = v4_frame(a, a.ipv4, c, 64, udp64.clone());
+        let r = run(dp, a, &to_c);
+        assert_eq!(r.action, XDP_REDIRECT);
+        assert_eq!(&r.frame[0..6], &c_rec.pod_mac, "c read from the hash");
+        // A verb's change reaches the slot at once: kernel-only.
+        dp.flag_kernel_only(&[b4])?;
+        assert!(dp
+            .maps()
+            .cached(b4)?
+            .is_some_and(|h| h.1.flags & EP_KERNEL_ONLY != 0));
+        let r = run(dp, a, &frame);
+        assert_eq!(r.action, XDP_PASS, "b is kernel-only");
+        // b goes: c takes the slot; b is no endpoint any more.
+        assert!(dp.raw_maps().raw_remove_endpoint(b4)?);
+        assert_eq!(dp.maps().cached(c4)?.map(|h| h.0), Some(c4), "c takes it");
+        assert_eq!(&run(dp, a, &to_c).frame[0..6], &c_rec.pod_mac);
+        let before = count(dp, a, Verdict::PassNoEndpoint);
+        assert_eq!(run(dp, a, &frame).action, XDP_PASS);
+        assert_eq!(count(dp, a, Verdict::PassNoEndpoint), before + 1);
+        // c goes: the slot is empty.
+        assert!(dp.raw_maps().raw_remove_endpoint(c4)?);
+        assert_eq!(dp.maps().cached(c4)?, None);
+        assert_eq!(dp.raw_maps().raw_refresh_cache()?, 0, "nothing to repair");
         Ok(())
     });
 }

@@ -19,9 +19,9 @@ pub mod abi;
 pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::Migration;
 pub use datapath::{
-    is_held, layout_dir, AttachMode, Attachment, Collected, Counters, Datapath, Filled, HoldHook,
-    L4Proto, MapFill, Maps, NatSync, CPUMAP_PROGRAM, CPUMAP_QUEUE, DEFAULT_PIN_DIR,
-    FROM_POD_PROGRAM, HOLD_PROGRAM, TC_FROM_POD_PROGRAM,
+    is_held, layout_dir, previous_layout_dir, AttachMode, Attachment, Collected, Counters,
+    Datapath, Filled, HoldHook, L4Proto, MapFill, Maps, NatSync, CPUMAP_PROGRAM, CPUMAP_QUEUE,
+    DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM, PREVIOUS_LAYOUT, TC_FROM_POD_PROGRAM,
 };
 pub use error::{Error, Result};
 pub use migrate::Pinned;
@@ -105,6 +105,11 @@ pub mod testing {
             &mut self,
             want: &std::collections::BTreeMap<String, u32>,
         ) -> Result<()>;
+        /// The hash record of `addr` written as given and its cache slot left
+        /// alone: what a writer of the previous layout does.
+        fn raw_write_hash_only(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()>;
+        /// `Maps::refresh_cache`.
+        fn raw_refresh_cache(&mut self) -> Result<usize>;
     }
 
     impl RawMaps for Maps {
@@ -140,6 +145,12 @@ pub mod testing {
             want: &std::collections::BTreeMap<String, u32>,
         ) -> Result<()> {
             self.write_policy_gate(want)
+        }
+        fn raw_write_hash_only(&mut self, addr: IpAddr, info: &EndpointInfo) -> Result<()> {
+            self.put_endpoint(addr, info, "writing")
+        }
+        fn raw_refresh_cache(&mut self) -> Result<usize> {
+            self.refresh_cache()
         }
     }
 

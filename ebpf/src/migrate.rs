@@ -2,35 +2,40 @@
 //! losing a packet, and finishing a move that an earlier agent began.
 //!
 //! Each layout pins its maps and programs in a directory of its own
-//! ([`crate::layout_dir`]); layout 1 pinned them in the pin directory itself.
-//! The links (`links/`) are shared: a link moves from one layout's program to
-//! the next one's atomically (`BPF_LINK_UPDATE`), so a pod is always on one
-//! complete datapath or the other. The steps, each a crash point
-//! ([`crate::Datapath::open_with`]):
+//! ([`crate::layout_dir`]); this build migrates from the previous release's,
+//! layout [`PREVIOUS_LAYOUT`] (layout 3 adds the endpoint cache to layout 2's
+//! maps, which are otherwise the same). The links (`links/`) are shared: a
+//! link moves from one layout's program to the next one's atomically
+//! (`BPF_LINK_UPDATE`), so a pod is always on one complete datapath or the
+//! other. The steps, each a crash point ([`crate::Datapath::open_with`]):
 //!
 //! 1. `migrate:started`: this layout's maps and programs are loaded beside
 //!    the older ones and its meta says *filling* (the CNI plugin does not use
 //!    it);
 //! 2. `migrate:filled`: every map filled from the older layout (endpoints,
 //!    redirect targets, cpumap CPUs with this layout's second stage, NAT'd
-//!    ports, counter slots and every value, the policy gate);
+//!    ports, counter slots and every value, the policy gate), then the
+//!    endpoint cache from the endpoints;
 //! 3. `migrate:swapping` (after the first link), `migrate:swapped`: every
 //!    live link on this layout's programs (XDP and holds);
 //! 4. `migrate:complete`: the meta says *complete* (the CNI plugin uses it);
-//! 5. `migrate:removed`: layout 1's names pinned again as aliases of this
-//!    layout's maps and programs ([`pin_aliases`]); its own objects go with
-//!    their last reference.
+//! 5. `migrate:removed`: the previous layout's names pinned again as aliases
+//!    of this layout's maps and programs ([`pin_aliases`]), and layout 1's
+//!    names (which layout 2 kept as aliases of its own) removed; the older
+//!    objects go with their last reference.
 //!
-//! An agent that starts with a layout 1 of its own still pinned repeats from
-//! 1 unless this layout is complete and no link runs another program (killed
-//! between 4 and 5): then only 5 is left. Steps 1-3 can be repeated: the fill
+//! An agent that starts with a previous layout of its own still pinned
+//! repeats from 1 unless this layout is complete and no link runs another
+//! program (killed between 4 and 5): then only 5 is left. Steps 1-3 can be repeated: the fill
 //! first clears what an abandoned one left, and a link already moved is left
 //! alone. Packets counted by the older programs between the fill and their
 //! link's move are not carried over (microseconds per link).
 //!
 //! A rollback (the previous release's agent) runs on the aliases, so when
-//! this build comes back there is nothing to migrate: links running other
-//! programs are moved back, the aliases pinned again.
+//! this build comes back there is nothing to migrate: the endpoint cache is
+//! rebuilt from the endpoints (the previous release's binaries wrote those
+//! alone), then links running other programs are moved back, the aliases
+//! pinned again.
 
 use std::{fs, os::fd::AsFd as _, path::Path, time::Instant};
 
@@ -41,7 +46,9 @@ use crate::{
     datapath::{
         links::{link_pins, LinkKind},
         maps::{MapName, Maps},
+        previous_layout_dir,
         types::Migration,
+        PREVIOUS_LAYOUT,
     },
     sys, Datapath, Error, Result,
 };
@@ -53,9 +60,9 @@ use crate::{
 pub struct Pinned {
     /// The meta of this build's layout, if it is pinned.
     pub own: Option<DatapathMeta>,
-    /// Whether a layout 1 of its own is pinned (maps in the pin directory
-    /// itself that are not aliases of this layout's).
-    pub layout1: bool,
+    /// Whether a previous layout of its own is pinned (maps in its
+    /// directory that are not aliases of this layout's).
+    pub previous: bool,
     /// Other `layout-<N>` directories: layouts this build does not know.
     pub unknown: Vec<u32>,
 }
@@ -64,7 +71,7 @@ impl Pinned {
     /// Reads what is pinned under `pin_dir` (nothing, if it does not exist).
     pub fn read(pin_dir: &Path) -> Result<Self> {
         let mut p = Self {
-            layout1: !separate_layout1(pin_dir, &crate::layout_dir(pin_dir)).is_empty(),
+            previous: !separate_previous(pin_dir, &crate::layout_dir(pin_dir)).is_empty(),
             ..Self::default()
         };
         let entries = match fs::read_dir(pin_dir) {
@@ -82,7 +89,7 @@ impl Pinned {
             else {
                 continue;
             };
-            if n != crate::abi::LAYOUT {
+            if n != crate::abi::LAYOUT && n != PREVIOUS_LAYOUT {
                 p.unknown.push(n);
             }
         }
@@ -103,12 +110,13 @@ impl Pinned {
     }
 
     /// Whether this build's layout is pinned, complete and the only one an
-    /// agent maintains: the CNI plugin may use it. While layout 1 is pinned
-    /// too, this layout is being filled, or finished but for removing layout
-    /// 1, or stale (a previous release's agent came back and maintains
-    /// layout 1 again): layout 1's policy gate is the one in force.
+    /// agent maintains: the CNI plugin may use it. While a previous layout
+    /// of its own is pinned too, this layout is being filled, or finished but
+    /// for aliasing the previous one, or stale (a previous release's agent
+    /// came back and maintains its own layout again): the previous layout's
+    /// policy gate is the one in force.
     pub fn ready(&self) -> bool {
-        !self.layout1 && self.own.is_some_and(|m| m.state == META_COMPLETE)
+        !self.previous && self.own.is_some_and(|m| m.state == META_COMPLETE)
     }
 
     /// What is there, for a message.
@@ -123,8 +131,8 @@ impl Pinned {
             Some(_) => parts.push(format!("layout {} (being filled)", crate::abi::LAYOUT)),
             None => {}
         }
-        if self.layout1 {
-            parts.push("layout 1".into());
+        if self.previous {
+            parts.push(format!("layout {PREVIOUS_LAYOUT}"));
         }
         for n in &self.unknown {
             parts.push(format!("layout {n} (unknown to this build)"));
@@ -137,58 +145,96 @@ impl Pinned {
     }
 }
 
-/// The maps of layout 1 pinned under `pin_dir` (in the pin directory
-/// itself) that are other objects than this layout's maps of the same name
-/// (pinned in `layout`): a layout 1 of its own. Layout 1's names that
+/// The maps of the previous layout pinned under `pin_dir` (in its own
+/// directory) that are other objects than this layout's maps of the same
+/// name (pinned in `layout`): a previous layout of its own. Its names that
 /// are aliases of this layout's maps ([`pin_aliases`]) are not in it.
-pub(crate) fn separate_layout1(pin_dir: &Path, layout: &Path) -> Vec<&'static str> {
-    MapName::layout1()
+pub(crate) fn separate_previous(pin_dir: &Path, layout: &Path) -> Vec<&'static str> {
+    let previous = previous_layout_dir(pin_dir);
+    MapName::previous()
         .filter(|m| {
-            let old = pin_dir.join(m);
+            let old = previous.join(m);
             old.exists() && sys::pinned_id(&old).ok() != sys::pinned_id(&layout.join(m)).ok()
         })
         .collect()
 }
 
-/// The names under which layout 1 pinned its programs in `<pin_dir>/progs`.
+/// The programs the previous layout pinned in its `progs/`.
+const PREVIOUS_PROGRAMS: [&str; 4] = [
+    crate::FROM_POD_PROGRAM,
+    crate::TC_FROM_POD_PROGRAM,
+    crate::CPUMAP_PROGRAM,
+    crate::HOLD_PROGRAM,
+];
+
+/// The programs layout 1 pinned in `<pin_dir>/progs`.
 const LAYOUT1_PROGRAMS: [&str; 3] = [
     crate::FROM_POD_PROGRAM,
     crate::CPUMAP_PROGRAM,
     crate::HOLD_PROGRAM,
 ];
 
-/// Pins this layout's maps and programs (in `layout`) under layout 1's names
-/// too, replacing whatever is there: layout 1's maps have the same
-/// definitions as this layout's (less `meta`), so a previous release's agent
-/// or CNI plugin that takes the node back (a rollback) opens *these* maps,
-/// filled and in use, and its programs run on them, counters included. An
-/// agent of the previous release that finds programs of another tag there
-/// pins its own and moves every link to them at start; one that finds the
-/// same tag keeps them. Kept for one version: a layout whose maps differ
-/// from layout 1's cannot alias them.
+/// Pins this layout's maps and programs (in `layout`) under the previous
+/// layout's names too, replacing whatever is there: its maps have the same
+/// definitions as this layout's (less the endpoint cache, which only this
+/// layout's programs read), so a previous release's agent or CNI plugin
+/// that takes the node back (a rollback) opens *these* maps, filled and in
+/// use, and its programs run on them, counters included. An agent of the
+/// previous release that finds programs of another tag there pins its own
+/// and moves every link to them at start; one that finds the same tag keeps
+/// them. Then layout 1's names in the pin directory (layout 2's aliases of
+/// its own objects) go: a previous release's binary that found them naming
+/// other objects than its layout would take them for a layout 1 of its own,
+/// and its agent pins them again. Kept for one version.
 pub(crate) fn pin_aliases(pin_dir: &Path, layout: &Path) -> Result<()> {
-    let pairs = MapName::layout1()
-        .map(|m| (layout.join(m), pin_dir.join(m)))
+    let previous = previous_layout_dir(pin_dir);
+    let pairs = MapName::previous()
+        .map(|m| (layout.join(m), previous.join(m)))
         .chain(
-            LAYOUT1_PROGRAMS
+            PREVIOUS_PROGRAMS
                 .iter()
-                .map(|p| (layout.join("progs").join(p), pin_dir.join("progs").join(p))),
+                .map(|p| (layout.join("progs").join(p), previous.join("progs").join(p))),
         );
-    let progs = pin_dir.join("progs");
+    let progs = previous.join("progs");
     fs::create_dir_all(&progs).map_err(|e| Error::io("creating", &progs, e))?;
     for (own, alias) in pairs {
         let id = sys::pinned_id(&own).map_err(|e| Error::io("reading", &own, e))?;
         if sys::pinned_id(&alias).ok() == Some(id) {
             continue;
         }
-        match fs::remove_file(&alias) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("unpinning", &alias, e)),
-        }
+        unpin(&alias)?;
         sys::pin_again(&own, &alias).map_err(|e| Error::io("pinning an alias at", &alias, e))?;
     }
-    Ok(())
+    let layout1 = MapName::layout1().map(|m| pin_dir.join(m)).chain(
+        LAYOUT1_PROGRAMS
+            .iter()
+            .map(|p| pin_dir.join("progs").join(p)),
+    );
+    for old in layout1 {
+        unpin(&old)?;
+    }
+    let progs1 = pin_dir.join("progs");
+    match fs::remove_dir(&progs1) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+            ) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(Error::io("removing", &progs1, e)),
+    }
+}
+
+/// Removes a pin; nothing if there is none.
+fn unpin(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("unpinning", path, e)),
+    }
 }
 
 /// Live links under `pin_dir` whose program is not one of `ours`.
@@ -229,8 +275,10 @@ fn swap_foreign(dp: &mut Datapath, ours: &[u32], step: &mut dyn FnMut(&str)) -> 
 }
 
 /// Brings `dp` (this layout, just loaded) to a complete datapath that every
-/// link uses, migrating from a layout 1 of its own if one is pinned, and
-/// leaves layout 1's names as aliases of this layout's objects.
+/// link uses, migrating from a previous layout of its own if one is pinned,
+/// and leaves the previous layout's names as aliases of this layout's
+/// objects. The endpoint cache is rebuilt from the endpoints before any link
+/// moves to this layout's programs, the only ones that read it.
 pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<Option<Migration>> {
     let pin_dir = dp.pin_dir.clone();
     let layout = crate::layout_dir(&pin_dir);
@@ -242,7 +290,7 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
         dp.tc_from_pod_program_id()?,
         dp.hold_program_id()?,
     ];
-    let separate = separate_layout1(&pin_dir, &layout);
+    let separate = separate_previous(&pin_dir, &layout);
     if separate.is_empty()
         || (meta.state == META_COMPLETE && foreign_links(&pin_dir, &ours)?.is_empty())
     {
@@ -250,6 +298,7 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
         // release's agent may have run on the aliases and moved links to
         // its programs: they run on these maps, and come back), or a
         // migration killed after completing, before its aliases.
+        dp.maps.refresh_cache()?;
         swap_foreign(dp, &ours, &mut |_| {})?;
         pin_aliases(&pin_dir, &layout)?;
         if meta != complete {
@@ -258,17 +307,19 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
         return Ok(None);
     }
     let t0 = Instant::now();
-    info!(from = 1, to = crate::abi::LAYOUT, maps = ?separate, "migrating the pinned datapath");
+    info!(from = PREVIOUS_LAYOUT, to = crate::abi::LAYOUT, maps = ?separate, "migrating the pinned datapath");
     dp.maps.set_meta(DatapathMeta::new(META_FILLING, &build))?;
     step("migrate:started");
 
-    let src = Maps::open_dir(&pin_dir, false).map_err(|e| Error::Migration {
-        from: 1,
+    let previous = previous_layout_dir(&pin_dir);
+    let src = Maps::open_dir(&previous, false).map_err(|e| Error::Migration {
+        from: PREVIOUS_LAYOUT,
         why: format!(
-            "opening its maps: {e}: the pins in {} are not the previous release's layout 1, the \
-             only one this build migrates from (an older release's?); the pods keep forwarding on \
-             what is attached: upgrade through the previous release, or uninstall (docs/upgrades.md)",
-            pin_dir.display()
+            "opening its maps: {e}: the pins in {} are not the previous release's layout \
+             {PREVIOUS_LAYOUT}, the only one this build migrates from (an older release's?); the \
+             pods keep forwarding on what is attached: upgrade through the previous release, or \
+             uninstall (docs/upgrades.md)",
+            previous.display()
         ),
     })?;
     let filled = dp.maps.fill_from(&src, &separate)?;
@@ -282,18 +333,19 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
             }
         }
     }
+    dp.maps.refresh_cache()?;
     step("migrate:filled");
     let links = swap_foreign(dp, &ours, step)?;
     step("migrate:swapped");
     dp.maps.set_meta(complete)?;
     step("migrate:complete");
     drop(src);
-    // Layout 1's pins become aliases: its own objects go with their last
-    // reference.
+    // The previous layout's pins become aliases: its own objects go with
+    // their last reference.
     pin_aliases(&pin_dir, &layout)?;
     step("migrate:removed");
     let m = Migration {
-        from: 1,
+        from: PREVIOUS_LAYOUT,
         filled,
         links,
         duration: t0.elapsed(),

@@ -179,7 +179,7 @@ impl Add<'_> {
             .map_or("", String::as_str);
         let pinned = conf.pinned()?;
         if !pinned.ready() {
-            if pinned.layout1 {
+            if pinned.previous {
                 return self.gate_older(namespace, &pinned);
             }
             let what = if pinned == xdpcni_ebpf::Pinned::default() {
@@ -211,20 +211,21 @@ impl Add<'_> {
         Ok(())
     }
 
-    /// Step 3 on a node whose agent has not migrated the datapath from
-    /// layout 1 yet (an upgrade rolling out: this binary is installed
+    /// Step 3 on a node whose agent has not migrated the datapath from the
+    /// previous layout yet (an upgrade rolling out: this binary is installed
     /// before the new agent starts). This plugin never writes into a layout
-    /// that is not its own, so it cannot hold a pod: it reads layout 1's
-    /// policy gate, admits a pod no policy may select on kernel routing (the
+    /// that is not its own, so it cannot hold a pod: it reads the previous
+    /// layout's policy gate, admits a pod no policy may select on kernel routing (the
     /// agent attaches it once it has migrated), and refuses the others for
     /// the runtime to retry.
     fn gate_older(&mut self, namespace: &str, pinned: &xdpcni_ebpf::Pinned) -> Result<()> {
-        let older = xdpcni_ebpf::Maps::open_layout1(&self.conf.pin_dir).map_err(|e| {
+        let older = xdpcni_ebpf::Maps::open_previous(&self.conf.pin_dir).map_err(|e| {
             Error::TryAgain(format!(
-                "the datapath is {}, and its older maps are not the previous release's layout 1 \
+                "the datapath is {}, and its older maps are not the previous release's layout {} \
                  ({e}): this plugin cannot tell whether the pod must be held; the agent of this \
                  release cannot migrate them either (docs/upgrades.md)",
-                pinned.describe()
+                pinned.describe(),
+                xdpcni_ebpf::PREVIOUS_LAYOUT,
             ))
         })?;
         match gate::hold_reason(&older, namespace)? {

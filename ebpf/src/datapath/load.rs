@@ -61,8 +61,9 @@ impl Datapath {
         for dir in [
             pin_dir.to_path_buf(),
             pin_dir.join("links"),
-            // Layout 1's names for the programs (aliases: migrate.rs).
-            pin_dir.join("progs"),
+            // The previous layout's names (aliases: migrate.rs).
+            super::previous_layout_dir(pin_dir),
+            super::previous_layout_dir(pin_dir).join("progs"),
             layout.clone(),
             layout.join("progs"),
         ] {
@@ -97,10 +98,8 @@ impl Datapath {
             migration: None,
         };
         // An older layout first: its links move to this build's programs.
+        // (converge rebuilds the endpoint cache before it moves any link.)
         dp.migration = crate::migrate::converge(&mut dp, step)?;
-        // The endpoint cache from the records (a fill, or a writer killed
-        // half way, leaves slots empty or missing: never wrong, but slower).
-        dp.maps.refresh_cache()?;
         if dp.upgraded {
             dp.swap_all_links()?;
             dp.refresh_cpumap_programs()?;

@@ -60,6 +60,14 @@ pub fn layout_dir(pin_dir: &Path) -> PathBuf {
     pin_dir.join(format!("layout-{}", crate::abi::LAYOUT))
 }
 
+/// The layout this build migrates from: the previous release's.
+pub const PREVIOUS_LAYOUT: u32 = crate::abi::LAYOUT - 1;
+
+/// The directory of the previous release's layout under `pin_dir`.
+pub fn previous_layout_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join(format!("layout-{PREVIOUS_LAYOUT}"))
+}
+
 /// `e: its source: its source...`, since aya's errors put the errno in sources.
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

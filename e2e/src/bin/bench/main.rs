@@ -379,13 +379,14 @@ fn measure(o: &Opts) -> Result<Measured> {
         eprintln!("bench: datapath migration from the previous release...");
         let path = migration_bench(reps, pods_for_add, &mut push)?;
         extra.push(format!(
-            "migration: the previous release ({}) pinned layout 1 with {path}; each repetition a fresh node",
+            "migration: the previous release ({}) pinned layout {} with {path}; each repetition a fresh node",
             std::fs::read_to_string("e2e/k8s/PREVIOUS_RELEASE")
                 .unwrap_or_default()
                 .lines()
                 .filter(|l| !l.starts_with('#'))
                 .collect::<String>()
-                .trim()
+                .trim(),
+            xdpcni_ebpf::PREVIOUS_LAYOUT,
         ));
     }
     if o.full() || o.workload(W_XNODE_TCP) {

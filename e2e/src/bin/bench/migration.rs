@@ -4,8 +4,9 @@
 #[allow(clippy::wildcard_imports)]
 use super::*;
 
-/// The migration of a datapath the previous release pinned (layout 1)
-/// with `n` pods attached (generic devmap) to this build's layout: this
+/// The migration of a datapath the previous release pinned (its layout,
+/// [`xdpcni_ebpf::PREVIOUS_LAYOUT`]) with `n` pods attached (generic devmap,
+/// its node default set so) to this build's layout: this
 /// build's agent started over it; how long its migration took
 /// (`xdpcni_datapath_migration_seconds`) and its start to ready. Fresh
 /// node each repetition.
@@ -25,7 +26,7 @@ pub fn migration_bench(
             &previous.join("xdpcni-agent"),
             &net,
             pins.path(),
-            |_| {},
+            |c| c.xdp_mode = "generic".into(),
         )?;
         let pods: Vec<Netns> = (0..n).map(|_| Netns::new("xp")).collect::<Result<_>>()?;
         let mut hosts = Vec::new();

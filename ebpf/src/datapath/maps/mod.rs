@@ -93,14 +93,20 @@ impl MapName {
         }
     }
 
-    /// The maps of layout 1, pinned in the pin directory itself: the same
-    /// names, types, keys and values as this layout's, less `meta` and the
-    /// endpoint cache.
-    pub(crate) fn layout1() -> impl Iterator<Item = &'static str> {
+    /// The maps of the previous layout (2): the same names, types, keys
+    /// and values as this layout's, less the endpoint cache.
+    pub(crate) fn previous() -> impl Iterator<Item = &'static str> {
         Self::ALL
             .into_iter()
-            .filter(|m| !matches!(m, Self::Meta | Self::Epcache4 | Self::Epcache6))
+            .filter(|m| !matches!(m, Self::Epcache4 | Self::Epcache6))
             .map(Self::as_str)
+    }
+
+    /// The names layout 1 pinned in the pin directory itself, which layout
+    /// 2 kept as aliases of its own maps: the previous layout's, less
+    /// `meta`.
+    pub(crate) fn layout1() -> impl Iterator<Item = &'static str> {
+        Self::previous().filter(|m| *m != Self::Meta.as_str())
     }
 }
 
@@ -154,19 +160,17 @@ impl Maps {
         Self::open_dir(&layout_dir(pin_dir), true)
     }
 
-    /// Opens the maps pinned in `dir`: a layout directory (`with_meta`), or
-    /// the pin directory of layout 1, whose maps have this layout's
-    /// definitions but no `meta`.
-    /// Opens the maps of layout 1 (pinned in `pin_dir` itself), to read
-    /// them: the CNI plugin reads its policy gate while the agent has not
-    /// migrated it. Nothing but a migration writes into another layout.
-    pub fn open_layout1(pin_dir: &Path) -> Result<Self> {
-        Self::open_dir(pin_dir, false)
+    /// Opens the maps of the previous layout (pinned in its own directory),
+    /// to read them: the CNI plugin reads its policy gate while the agent has
+    /// not migrated it. Nothing but a migration writes into another layout.
+    pub fn open_previous(pin_dir: &Path) -> Result<Self> {
+        Self::open_dir(&super::previous_layout_dir(pin_dir), false)
     }
 
-    pub(crate) fn open_dir(dir: &Path, with_meta: bool) -> Result<Self> {
-        let own = with_meta.then(|| dir.to_path_buf());
-        Self::build(own, |name| {
+    /// Opens the maps pinned in `dir`: this build's layout (`own`: with its
+    /// endpoint cache) or the previous one's (the same maps, no cache).
+    pub(crate) fn open_dir(dir: &Path, own: bool) -> Result<Self> {
+        Self::build(dir, own, |name| {
             let data = MapData::from_pin(dir.join(name))
                 .map_err(|e| Error::map(format!("opening pinned map {name}"), e))?;
             Map::from_map_data(data)
@@ -177,32 +181,29 @@ impl Maps {
 
     /// The maps of `ebpf`, just loaded with its maps pinned in `layout`.
     pub(super) fn take(ebpf: &mut Ebpf, layout: &Path) -> Result<Self> {
-        Self::build(Some(layout.to_path_buf()), |name| Ok(ebpf.take_map(name)))
+        Self::build(layout, true, |name| Ok(ebpf.take_map(name)))
     }
 
-    /// The maps, each from `get` by its name (a pin or a loaded object):
-    /// this build's layout (pinned in `own`: with meta and endpoint cache),
-    /// or layout 1's (`None`).
+    /// The maps pinned in `dir`, each from `get` by its name (a pin or a
+    /// loaded object): this build's layout (`own`: with the endpoint
+    /// cache), or the previous one's.
     fn build(
-        own: Option<std::path::PathBuf>,
+        dir: &Path,
+        own: bool,
         mut get: impl FnMut(&'static str) -> Result<Option<Map>>,
     ) -> Result<Self> {
         let mut map = |m: MapName| -> Result<Option<Map>> { get(m.as_str()) };
-        let with_meta = own.is_some();
         Ok(Self {
-            epcache: match own {
-                Some(dir) => Some(cache::EpCache {
+            epcache: if own {
+                Some(cache::EpCache {
                     v4: typed(MapName::Epcache4, map(MapName::Epcache4)?)?,
                     v6: typed(MapName::Epcache6, map(MapName::Epcache6)?)?,
-                    dir,
-                }),
-                None => None,
-            },
-            meta: if with_meta {
-                Some(typed(MapName::Meta, map(MapName::Meta)?)?)
+                    dir: dir.to_path_buf(),
+                })
             } else {
                 None
             },
+            meta: Some(typed(MapName::Meta, map(MapName::Meta)?)?),
             endpoints4: typed(MapName::Endpoints4, map(MapName::Endpoints4)?)?,
             endpoints6: typed(MapName::Endpoints6, map(MapName::Endpoints6)?)?,
             tx_ports: typed(MapName::TxPorts, map(MapName::TxPorts)?)?,

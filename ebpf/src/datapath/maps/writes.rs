@@ -114,7 +114,12 @@ impl Maps {
     /// Writes a record as given, in the map of its family (callers go
     /// through [`Maps::change_record`], which keeps the cache in step);
     /// `doing` names the change in an error.
-    fn put_endpoint(&mut self, addr: IpAddr, info: &EndpointInfo, doing: &str) -> Result<()> {
+    pub(crate) fn put_endpoint(
+        &mut self,
+        addr: IpAddr,
+        info: &EndpointInfo,
+        doing: &str,
+    ) -> Result<()> {
         let r = match addr {
             IpAddr::V4(v4) => self.endpoints4.insert(ipv4_key(v4), info, 0),
             IpAddr::V6(v6) => self
