@@ -664,3 +664,29 @@ fn migrate_plugins_of_either_version_during_the_roll_give_pods_their_network() {
         node.del(name, pod);
     }
 }
+
+/// A node of a release older than the previous one (layout 1's maps in the
+/// pin directory itself, no layout 2): this build refuses to take it over,
+/// saying so, and its plugin does not use it. (A map pinned under one of
+/// layout 1's names stands for that release's datapath.)
+#[test]
+fn migrate_refuses_a_layout_older_than_the_previous_release_s() {
+    let pins = xdpcni_e2e::PinDir::new("xo").unwrap();
+    std::fs::create_dir_all(pins.path()).unwrap();
+    let older = aya::maps::HashMap::<aya::maps::MapData, u32, u32>::create(4, 0).unwrap();
+    older.pin(pins.path().join("endpoints4")).unwrap();
+    let err = match xdpcni_ebpf::Datapath::open(pins.path()) {
+        Ok(_) => panic!("a layout 1 datapath was taken over"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("layout 1") && err.contains("upgrade through the previous release"),
+        "{err}"
+    );
+    assert!(
+        pins.path().join("endpoints4").exists(),
+        "its pins are left alone"
+    );
+    let p = Pinned::read(pins.path()).unwrap();
+    assert!(!p.ready() && !p.previous, "{p:?}");
+}

@@ -16,12 +16,12 @@
  * The layout of the pinned datapath: the names, types, keys, values and
  * capacities of its maps. Any change to one of them bumps it. Each layout pins
  * its maps and programs in a directory of its own, layout-<N> under the pin
- * directory (layout 1, before this number existed, pinned them in the pin
- * directory itself), so binaries of two layouts never open each other's maps.
+ * directory, so binaries of two layouts never open each other's maps.
  * The links directory is shared: a pod's link moves from one layout's program
- * to the next one's (bpf_link_update). An agent that finds an older layout
- * fills its own from it, moves every link, then removes the older one
- * (docs/upgrades.md).
+ * to the next one's (bpf_link_update). An agent that finds the previous layout
+ * fills its own from it, moves every link, then pins its own objects under
+ * the previous layout's names (docs/upgrades.md). Layout 3 adds the endpoint
+ * cache (epcache4/6) to layout 2's maps.
  */
 #define XDPCNI_LAYOUT 3
 

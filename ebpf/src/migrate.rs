@@ -291,6 +291,27 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
         dp.hold_program_id()?,
     ];
     let separate = separate_previous(&pin_dir, &layout);
+    let layout1: Vec<&str> = MapName::layout1()
+        .filter(|m| {
+            let old = pin_dir.join(m);
+            old.exists() && sys::pinned_id(&old).ok() != sys::pinned_id(&layout.join(m)).ok()
+        })
+        .collect();
+    if separate.is_empty() && !layout1.is_empty() {
+        // Layout 1 of its own, no layout 2: a release older than the
+        // previous one. Its pods keep forwarding on what is attached.
+        return Err(Error::Migration {
+            from: 1,
+            why: format!(
+                "{} holds layout 1's maps ({}) and no layout {PREVIOUS_LAYOUT}: this build \
+                 migrates only from the previous release's layout {PREVIOUS_LAYOUT}; the pods \
+                 keep forwarding on what is attached: upgrade through the previous release, or \
+                 uninstall (docs/upgrades.md)",
+                pin_dir.display(),
+                layout1.join(", ")
+            ),
+        });
+    }
     if separate.is_empty()
         || (meta.state == META_COMPLETE && foreign_links(&pin_dir, &ours)?.is_empty())
     {

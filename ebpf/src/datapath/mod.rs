@@ -3,25 +3,29 @@
 //! Pin layout under a directory on bpffs (default `/sys/fs/bpf/xdpcni`):
 //!
 //! ```text
-//! layout-2/                                    this build's layout (XDPCNI_LAYOUT)
+//! layout-3/                                    this build's layout (XDPCNI_LAYOUT)
 //!   meta                                       layout, state (filling/complete), build
 //!   endpoints4 endpoints6 tx_ports cpu_map nat_ports   maps, pinned by name by aya
+//!   epcache4 epcache6                          the endpoint records again, by slot (cache.rs)
 //!   counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
 //!   policy_namespaces policy_gate                      what the CNI reads to hold a new pod
 //!   progs/xdpcni_from_pod progs/xdpcni_cpumap  the programs in use
 //!   progs/xdpcni_hold                          the tc program of a held pod
 //!   progs/xdpcni_tc_from_pod                   the datapath on the tc hook (mode tc)
+//! layout-2/                                    the previous release's names: aliases of
+//!                                              layout-3's maps (less the cache) and programs
 //! links/<ifindex>_native | _generic | _tc      one datapath bpf_link per host veth (XDP, or
 //!                                              tcx ingress), shared by every layout (bpffs
 //!                                              refuses names with dots); two mid-switch
 //! links/<ifindex>_hold_ingress | _hold_egress  the two tcx links of a held pod
 //! ```
 //!
-//! Layout 1 (before layouts had a number) pinned the maps and `progs/` in the
-//! pin directory itself. Each layout has its own directory so that binaries
-//! of two layouts never share a map: [`Datapath::open`] migrates an older
-//! layout it finds into its own (`crate::migrate`), and a binary that finds
-//! only a layout it does not know leaves it alone.
+//! Each layout has its own directory so that binaries of two layouts never
+//! share a map they do not both know: [`Datapath::open`] migrates the
+//! previous layout it finds into its own (`crate::migrate`), and a binary
+//! that finds only a layout it does not know leaves it alone. (Layout 1
+//! pinned its maps in the pin directory itself; layout 2 kept those names as
+//! aliases, which the migration to layout 3 removes.)
 //!
 //! Everything that carries traffic is pinned, so the process that loaded it
 //! can exit (or crash) without detaching anything, and the next one reopens
