@@ -191,3 +191,35 @@ pub fn map_delete_index(map: std::os::fd::BorrowedFd<'_>, key: u32) -> io::Resul
         Err(e) => Err(e),
     }
 }
+
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// Sets `keys[i]` to `values[i]` in the map `map` in one call
+/// (BPF_MAP_UPDATE_BATCH): for an array of maps, `values` are inner map
+/// descriptors, and the kernel waits for one grace period for the whole
+/// batch instead of one per element.
+pub fn map_update_batch(
+    map: std::os::fd::BorrowedFd<'_>,
+    keys: &[u32],
+    values: &[u32],
+) -> io::Result<()> {
+    if keys.len() != values.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "as many keys as values",
+        ));
+    }
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let count =
+        u32::try_from(keys.len()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // struct { u64 in_batch, out_batch, keys, values; u32 count, map_fd; u64 elem_flags, flags; }
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[16..24].copy_from_slice(&(keys.as_ptr() as u64).to_ne_bytes());
+    attr[24..32].copy_from_slice(&(values.as_ptr() as u64).to_ne_bytes());
+    attr[32..36].copy_from_slice(&count.to_ne_bytes());
+    attr[36..40].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&map) as u32).to_ne_bytes());
+    bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
+    Ok(())
+}

@@ -5,16 +5,23 @@
 //! inner map (one pointer, under RCU), never written in place, so a program
 //! reads the old record or the new one, never half of each.
 //!
-//! The hash maps stay the truth and the cache never says more than they do:
-//! every change of a record ([`Maps::change_record`]) empties its address's
-//! slot first, changes the hash, then fills the slot from the hash, all
-//! under an exclusive `flock` of the layout directory, so that two writers
-//! (the CNI plugin and the agent are separate processes) never cache what
-//! the other has just changed. A writer killed half way leaves a slot empty
-//! (the programs then read the hash), never stale; [`Maps::refresh_cache`],
-//! run by every agent start, rebuilds every slot from the hash. Two
+//! The hash maps stay the truth, which every reader but the programs
+//! reads. Every change of a record ([`Maps::change_record`]) writes its slot
+//! first (the record the writer has decided, or the slot emptied), then the
+//! hash, under an exclusive `flock` of the layout directory, so that two
+//! writers (the CNI plugin and the agent are separate processes) never
+//! interleave. Slot first: a writer killed between the two leaves the
+//! programs on its decision (a kernel-only flag or a cleared no-NAT flag in
+//! force at once), never on the record it was replacing; a failed hash
+//! write puts the slot back. [`Maps::refresh_cache`], run by every agent
+//! start before it moves a link, rebuilds every slot from the hash. Two
 //! addresses of the same slot: the first keeps it, the other is read from
 //! the hash, and takes the slot when the first goes.
+//!
+//! A slot's change costs a grace period (the kernel's `synchronize_rcu`
+//! after an update of a map of maps): one per address added, changed or
+//! removed, none for a write that changes nothing; a refresh changes its
+//! slots in one batch per family.
 
 use std::{
     collections::BTreeMap,
@@ -24,7 +31,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::maps::{Array, ArrayOfMaps, MapData, MapError};
+use aya::maps::{Array, ArrayOfMaps, IterableMap, MapData, MapError};
 
 use super::Maps;
 use crate::{
@@ -101,15 +108,40 @@ impl EpCache {
         map.set(slot, &inner, 0).map_err(|e| Error::map(op(), e))
     }
 
-    /// Empties slot `slot` of a family's cache (through the pin: aya 0.14's
-    /// `ArrayOfMaps` has no delete and does not lend its descriptor).
-    fn clear(&mut self, v6: bool, slot: u32) -> Result<()> {
-        let name = if v6 {
+    /// Makes each slot of `entries` hold its record, in one batch (one
+    /// grace period for all).
+    fn put_all(&mut self, v6: bool, entries: &[(u32, EndpointCached)]) -> Result<()> {
+        let mut inners = Vec::with_capacity(entries.len());
+        for (slot, c) in entries {
+            let op = || format!("caching an endpoint in slot {slot}");
+            let mut inner =
+                Array::<MapData, EndpointCached>::create(1, 0).map_err(|e| Error::map(op(), e))?;
+            inner.set(0, *c, 0).map_err(|e| Error::map(op(), e))?;
+            inners.push(inner);
+        }
+        let keys: Vec<u32> = entries.iter().map(|(slot, _)| *slot).collect();
+        let fds: Vec<u32> = inners
+            .iter()
+            .map(|i| IterableMap::map(i).fd().as_fd().as_raw_fd() as u32)
+            .collect();
+        let pin = self.dir.join(Self::name(v6).as_str());
+        let fd = sys::open_pin(&pin).map_err(|e| Error::io("opening", &pin, e))?;
+        sys::map_update_batch(fd.as_fd(), &keys, &fds)
+            .map_err(|e| Error::io("filling the endpoint cache", &pin, e))
+    }
+
+    fn name(v6: bool) -> super::MapName {
+        if v6 {
             super::MapName::Epcache6
         } else {
             super::MapName::Epcache4
-        };
-        let pin = self.dir.join(name.as_str());
+        }
+    }
+
+    /// Empties slot `slot` of a family's cache (through the pin: aya 0.14's
+    /// `ArrayOfMaps` has no delete and does not lend its descriptor).
+    fn clear(&mut self, v6: bool, slot: u32) -> Result<()> {
+        let pin = self.dir.join(Self::name(v6).as_str());
         let fd = sys::open_pin(&pin).map_err(|e| Error::io("opening", &pin, e))?;
         sys::map_delete_index(fd.as_fd(), slot)
             .map(|_| ())
@@ -123,69 +155,115 @@ fn cached_ip(v6: bool, c: &EndpointCached) -> Option<IpAddr> {
 }
 
 impl Maps {
-    /// Changes the hash record of `ip` with `change` and keeps its cache
-    /// slot in step (module doc): slot emptied if it holds `ip`, `change`,
-    /// slot filled from the hash (or, if `ip` is gone, given to another
-    /// address of the same slot). Without a cache (an older layout opened
-    /// for a migration) it is `change` alone.
+    /// Writes the record of `ip` (`want`: the record it will have; `None`:
+    /// it goes) with `write`, the hash map's change, keeping its cache slot
+    /// in step (module doc): the slot first, then the hash, under the lock.
+    /// Replacing or emptying a slot costs the kernel a grace period
+    /// (`synchronize_rcu` for maps of maps, ~14 ms on this VM), so a slot
+    /// that already says `want` is not touched. If `write` fails the slot is
+    /// made to say what the hash says again. Without a cache (the previous
+    /// layout's maps, opened for a migration) it is `write` alone.
     pub(super) fn change_record<T>(
         &mut self,
         ip: IpAddr,
-        change: impl FnOnce(&mut Self) -> Result<T>,
+        want: Option<&EndpointInfo>,
+        write: impl FnOnce(&mut Self) -> Result<T>,
     ) -> Result<T> {
         let Some(dir) = self.epcache.as_ref().map(|c| c.dir.clone()) else {
-            return change(self);
+            return write(self);
         };
         let _lock = CacheLock::take(&dir)?;
-        self.uncache(ip)?;
-        let out = change(self)?;
-        self.cache(ip)?;
-        Ok(out)
+        let emptied = self.cache_ahead(ip, want)?;
+        match write(self) {
+            Ok(out) => {
+                if emptied {
+                    self.give_slot(ip)?;
+                }
+                Ok(out)
+            }
+            Err(e) => {
+                // Best effort: the slot back to the hash's word; the error
+                // that matters is the write's.
+                let _ = self.sync_slot(ip);
+                Err(e)
+            }
+        }
     }
 
-    fn uncache(&mut self, ip: IpAddr) -> Result<()> {
-        let Some(cache) = self.epcache.as_mut() else {
-            return Ok(());
-        };
+    /// Makes `ip`'s slot say `want` ahead of the hash: written if the slot
+    /// is free, `ip`'s, or held by an address the hash no longer has;
+    /// emptied if `ip` goes and holds it. Whether it was emptied.
+    fn cache_ahead(&mut self, ip: IpAddr, want: Option<&EndpointInfo>) -> Result<bool> {
         let (v6, slot) = (ip.is_ipv6(), epcache_slot(ip));
-        if cache
-            .get(v6, slot)?
-            .is_some_and(|c| cached_ip(v6, &c) == Some(ip))
-        {
-            cache.clear(v6, slot)?;
+        let Some(cache) = self.epcache.as_ref() else {
+            return Ok(false);
+        };
+        let have = cache.get(v6, slot)?;
+        let holder = have.as_ref().and_then(|c| cached_ip(v6, c));
+        match want {
+            None => {
+                if holder == Some(ip) {
+                    self.cache_mut()?.clear(v6, slot)?;
+                    return Ok(true);
+                }
+                Ok(false)
+            }
+            Some(info) => {
+                let entry = EndpointCached::new(ip, *info);
+                if have == Some(entry) {
+                    return Ok(false);
+                }
+                let free = match holder {
+                    None => true,
+                    Some(other) => other == ip || self.endpoint(other)?.is_none(),
+                };
+                if free {
+                    self.cache_mut()?.put(ip, info)?;
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// After `ip` left its slot: the slot to another address of the hash
+    /// with the same slot, if there is one (two addresses of one slot are
+    /// rare; the scan is of the family's records).
+    fn give_slot(&mut self, ip: IpAddr) -> Result<()> {
+        let (v6, slot) = (ip.is_ipv6(), epcache_slot(ip));
+        let next = self
+            .endpoints()?
+            .into_iter()
+            .find(|(a, _)| a.is_ipv6() == v6 && epcache_slot(*a) == slot);
+        if let Some((a, info)) = next {
+            self.cache_mut()?.put(a, &info)?;
         }
         Ok(())
     }
 
-    /// Fills `ip`'s slot from the hash: with `ip`'s record if the slot is
-    /// free or holds an address the hash no longer has; with another
-    /// address of the slot if `ip` has no record.
-    fn cache(&mut self, ip: IpAddr) -> Result<()> {
+    /// Makes `ip`'s slot say what the hash says of `ip` (or of the
+    /// address holding it).
+    fn sync_slot(&mut self, ip: IpAddr) -> Result<()> {
         let (v6, slot) = (ip.is_ipv6(), epcache_slot(ip));
         let Some(cache) = self.epcache.as_ref() else {
             return Ok(());
         };
         let holder = cache.get(v6, slot)?.and_then(|c| cached_ip(v6, &c));
-        if let Some(other) = holder {
-            if other != ip && self.endpoint(other)?.is_some() {
-                return Ok(());
+        match (holder, self.endpoint(ip)?) {
+            (Some(h), _) if h != ip => Ok(()),
+            (_, Some(info)) => self.cache_mut()?.put(ip, &info),
+            (Some(_), None) => {
+                self.cache_mut()?.clear(v6, slot)?;
+                self.give_slot(ip)
             }
+            (None, None) => Ok(()),
         }
-        let record = match self.endpoint(ip)? {
-            Some(info) => Some((ip, info)),
-            None => self
-                .endpoints()?
-                .into_iter()
-                .find(|(a, _)| a.is_ipv6() == v6 && epcache_slot(*a) == slot),
-        };
-        let Some(cache) = self.epcache.as_mut() else {
-            return Ok(());
-        };
-        match record {
-            Some((a, info)) => cache.put(a, &info),
-            None if holder.is_some() => cache.clear(v6, slot),
-            None => Ok(()),
-        }
+    }
+
+    fn cache_mut(&mut self) -> Result<&mut EpCache> {
+        self.epcache.as_mut().ok_or(Error::Invalid {
+            what: "endpoint cache",
+            why: "these maps have none".into(),
+        })
     }
 
     /// Rebuilds every slot of both caches from the hash maps (an agent
@@ -230,16 +308,12 @@ impl Maps {
                     changed += 1;
                 }
             }
-            for (slot, c) in &want {
-                if have.get(slot) != Some(c) {
-                    let ip = cached_ip(v6, c).ok_or(Error::Invalid {
-                        what: "endpoint cache",
-                        why: format!("slot {slot}: no address"),
-                    })?;
-                    cache.put(ip, &c.info)?;
-                    changed += 1;
-                }
-            }
+            let put: Vec<(u32, EndpointCached)> = want
+                .into_iter()
+                .filter(|(slot, c)| have.get(slot) != Some(c))
+                .collect();
+            changed += put.len();
+            cache.put_all(v6, &put)?;
         }
         Ok(changed)
     }

@@ -108,7 +108,9 @@ impl Maps {
         if !self.has_nat_port(addr)? {
             info.flags |= EP_NO_NAT_PORTS;
         }
-        self.change_record(addr, |m| m.put_endpoint(addr, &info, "inserting"))
+        self.change_record(addr, Some(&info), |m| {
+            m.put_endpoint(addr, &info, "inserting")
+        })
     }
 
     /// Writes a record as given, in the map of its family (callers go
@@ -153,7 +155,7 @@ impl Maps {
             return Ok(true);
         }
         info.flags |= crate::abi::EP_KERNEL_ONLY;
-        self.change_record(addr, |m| {
+        self.change_record(addr, Some(&info), |m| {
             m.put_endpoint(addr, &info, "flagging kernel-only")
         })?;
         Ok(true)
@@ -173,7 +175,9 @@ impl Maps {
             return Ok(());
         }
         info.flags = flags;
-        self.change_record(addr, |m| m.put_endpoint(addr, &info, "flagging"))
+        self.change_record(addr, Some(&info), |m| {
+            m.put_endpoint(addr, &info, "flagging")
+        })
     }
 
     /// Makes every endpoint's [`EP_NO_NAT_PORTS`] agree with `nat_ports`:
@@ -248,7 +252,7 @@ impl Maps {
 
     /// Removes the endpoint record of `addr`; `Ok(false)` if there was none.
     pub(crate) fn remove_endpoint(&mut self, addr: IpAddr) -> Result<bool> {
-        self.change_record(addr, |m| {
+        self.change_record(addr, None, |m| {
             let r = match addr {
                 IpAddr::V4(v4) => m.endpoints4.remove(&ipv4_key(v4)),
                 IpAddr::V6(v6) => m.endpoints6.remove(&Endpoint6Key { addr: v6.octets() }),
