@@ -35,7 +35,9 @@ use aya::maps::{Array, ArrayOfMaps, IterableMap, MapData, MapError};
 
 use super::Maps;
 use crate::{
-    abi::{epcache_slot, ip_of, EndpointCached, EndpointInfo, EPCACHE_SLOTS, FAMILY_IPV4},
+    abi::{
+        epcache_slot, ip_of, EndpointCached, EndpointInfo, EPCACHE_SLOTS, FAMILY_IPV4, FAMILY_IPV6,
+    },
     sys, Error, Result,
 };
 
@@ -91,21 +93,10 @@ impl EpCache {
             .map_err(|e| Error::map(format!("reading endpoint cache slot {slot}"), e))
     }
 
-    /// Makes slot `slot` hold `ip`'s record `info`: a new inner map, swapped in.
+    /// Makes `ip`'s slot hold its record `info`: a batch of one.
     fn put(&mut self, ip: IpAddr, info: &EndpointInfo) -> Result<()> {
-        let slot = epcache_slot(ip);
-        let op = || format!("caching endpoint {ip} in slot {slot}");
-        let mut inner =
-            Array::<MapData, EndpointCached>::create(1, 0).map_err(|e| Error::map(op(), e))?;
-        inner
-            .set(0, EndpointCached::new(ip, *info), 0)
-            .map_err(|e| Error::map(op(), e))?;
-        let map = if ip.is_ipv6() {
-            &mut self.v6
-        } else {
-            &mut self.v4
-        };
-        map.set(slot, &inner, 0).map_err(|e| Error::map(op(), e))
+        let entry = (epcache_slot(ip), EndpointCached::new(ip, *info));
+        self.put_all(ip.is_ipv6(), &[entry])
     }
 
     /// Makes each slot of `entries` hold its record, in one batch (one
@@ -151,7 +142,7 @@ impl EpCache {
 
 /// The address a slot holds, as an `IpAddr` of the family.
 fn cached_ip(v6: bool, c: &EndpointCached) -> Option<IpAddr> {
-    ip_of(if v6 { 6 } else { FAMILY_IPV4 }, c.addr)
+    ip_of(if v6 { FAMILY_IPV6 } else { FAMILY_IPV4 }, c.addr)
 }
 
 impl Maps {
