@@ -246,6 +246,19 @@ impl Node {
         })
     }
 
+    /// [`Node::pair`], then waits until the agent has attached both pods in
+    /// `mode` (as [`crate::agent::mode_of`] names it). Each pod's first
+    /// endpoint write waits a grace period of its own, so a test that looks
+    /// at the node after seeing only `a` attached can see `b` arrive.
+    pub fn pair_attached(&self, mode: &str, within: Duration) -> Result<PodPair> {
+        let pair = self.pair()?;
+        for host in [&pair.ha, &pair.hb] {
+            crate::agent::wait_mode(&self.net.node, host, mode, within)
+                .with_context(|| format!("agent log: {}", self.log("agent.log")))?;
+        }
+        Ok(pair)
+    }
+
     /// Everything of the node an outsider could change, as text to compare
     /// before and after: the datapath's maps and link pins, the XDP attached
     /// to each of `hosts`, the CNI's records.

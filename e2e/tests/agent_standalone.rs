@@ -45,20 +45,11 @@ fn new_node() -> Node {
 
 /// What these tests do on their node, failing the test on an error.
 trait Standalone {
-    fn pair_attached(&self) -> Pair;
     fn wait_mode(&self, host: &str, want: &str, within: Duration) -> Duration;
     fn ready(&self) -> PathBuf;
 }
 
 impl Standalone for Node {
-    /// Pods a and b through the CNI, both attached in the node default.
-    fn pair_attached(&self) -> Pair {
-        let pair = Node::pair(self).unwrap();
-        self.wait_mode(&pair.ha, "xdp", Duration::from_secs(2));
-        self.wait_mode(&pair.hb, "xdp", Duration::from_secs(2));
-        pair
-    }
-
     /// Waits until `host` shows `want` (`xdp`, `xdpgeneric`, `tc` or `none`).
     fn wait_mode(&self, host: &str, want: &str, within: Duration) -> Duration {
         let start = Instant::now();
@@ -233,7 +224,7 @@ fn metrics_count_n_frames_sent_as_n_in_every_family() {
         hb,
         b_ip,
         ..
-    } = node.pair_attached();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     node.wait_mode(&hb, "xdp", Duration::from_secs(2));
     let a_ip = ipv4_of(&ra);
     let (IpAddr::V4(a4), IpAddr::V4(b4)) = (a_ip, b_ip) else {
@@ -385,7 +376,7 @@ fn pods_file_policies_switch_modes_without_losing_packets() {
         ha,
         b_ip,
         ..
-    } = node.pair_attached();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     ping(&pa, b_ip, 2).unwrap();
 
     // Switch a: generic, tc, off, tc, native, tc, generic, native, while a
@@ -561,7 +552,7 @@ fn a_killed_agent_leaves_traffic_flowing_and_comes_back_unchanged() {
         hb,
         b_ip,
         ..
-    } = node.pair_attached();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     let ids = |h: &str| node.net.node.xdp_attached(h).unwrap().unwrap().1;
     let before = (ids(&ha), ids(&hb));
 
@@ -918,7 +909,7 @@ fn vanish_pins_removed_by_hand_are_recreated_without_stopping_traffic() {
         hb,
         b_ip,
         ..
-    } = node.pair_attached();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     let pinger = BackgroundPing::start(&pa, b_ip, 300).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     // Someone cleans up /sys/fs/bpf.
@@ -1065,7 +1056,7 @@ fn vanish_an_unreadable_record_is_reported_and_kept() {
         ha,
         b_ip,
         ..
-    } = node.pair_attached();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     let bad = node.net.dir.path().join("state").join("broken_eth0.json");
     std::fs::write(&bad, b"{\"containerId\": \"broken\", truncated").unwrap();
     let status = || -> Value {

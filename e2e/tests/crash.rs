@@ -230,8 +230,7 @@ fn crash_mid_switch_agent_restart_converges_without_losing_pings() {
         ha,
         b_ip,
         ..
-    } = node.pair().unwrap();
-    wait_mode(&node.net.node, &ha, "xdp", Duration::from_secs(2)).unwrap();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     assert_eq!(first.stop(libc::SIGTERM).unwrap(), Some(0));
     // 40 s of pings at 10 ms: longer than the eight rounds take.
     let pinger = BackgroundPing::start(&pa, b_ip, 4000).unwrap();

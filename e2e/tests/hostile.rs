@@ -16,7 +16,7 @@ use std::{
 
 use serde_json::{json, Value};
 use xdpcni_e2e::{
-    agent::{wait_mode, StandaloneAgent, LISTEN},
+    agent::{StandaloneAgent, LISTEN},
     cni::{http_get, http_raw, result_ips, Call, Network},
     netns::Netns,
     node::{Node, PodPair},
@@ -249,8 +249,7 @@ fn hostile_http_requests_change_nothing_and_the_agent_listens_on_loopback() {
         hb,
         b_ip,
         ..
-    } = node.pair().unwrap();
-    wait_mode(&node.net.node, &ha, "xdp", Duration::from_secs(2)).unwrap();
+    } = node.pair_attached("xdp", Duration::from_secs(2)).unwrap();
     // No `listen` in the config: the node's loopback alone.
     let listening = node.net.node.exec(&["ss", "-Hltn"]).unwrap();
     let addrs: Vec<&str> = listening
