@@ -92,6 +92,25 @@ fn main() -> Result<()> {
             ),
             ("UDP to a non-pod, pass", measure(&dp, &away_f, XDP_PASS)?),
         ];
+        // The cpumap path's first program: the same frame, b on the cpumap
+        // over both CPUs (a flow hash picks one), then back on the devmap.
+        for cpu in 0..2 {
+            dp.raw_enable_cpu(cpu, 256)?;
+        }
+        let cpumap = |dp: &mut Datapath, policy, mask| -> Result<()> {
+            let mut info = b.endpoint(policy, mask);
+            info.pod_mac = a.host_mac; // as above
+            for addr in b.addrs() {
+                dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
+            }
+            Ok(())
+        };
+        cpumap(&mut dp, RedirectPolicy::Cpumap, 0b11)?;
+        rows.push((
+            "UDP, redirect via the cpumap (2 CPUs allowed)",
+            measure(&dp, &udp_f, XDP_REDIRECT)?,
+        ));
+        cpumap(&mut dp, RedirectPolicy::Devmap, 0)?;
         for i in 0..50_000u32 {
             let ip = IpAddr::V4(Ipv4Addr::from(0x0a63_0000 + i));
             dp.raw_maps().raw_add_nat_port(ip, L4Proto::Tcp, 80)?;
@@ -134,7 +153,7 @@ fn main() -> Result<()> {
     }
     println!(
         "\nNAT check cost (pods with NAT'd ports - pods without, 50k entries): {:.1} ns/packet",
-        rows[4].1 - rows[3].1
+        rows[5].1 - rows[4].1
     );
     Ok(())
 }
