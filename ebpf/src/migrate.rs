@@ -283,7 +283,7 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
     let pin_dir = dp.pin_dir.clone();
     let layout = crate::layout_dir(&pin_dir);
     let build = dp.build()?;
-    let meta = dp.maps.meta()?.unwrap_or_default();
+    let meta = dp.maps.meta()?;
     let complete = DatapathMeta::new(META_COMPLETE, &build);
     let ours = [
         dp.from_pod_program_id()?,

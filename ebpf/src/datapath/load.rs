@@ -113,7 +113,7 @@ impl Datapath {
     /// pinned there or not complete ([`crate::Pinned::ready`]).
     pub fn open_existing(pin_dir: &Path) -> Result<Self> {
         let maps = Maps::open_pinned(pin_dir)?;
-        let meta = maps.meta()?.unwrap_or_default();
+        let meta = maps.meta()?;
         if meta.state != crate::abi::META_COMPLETE {
             return Err(Error::NotReady(format!(
                 "{} is being filled (from an older layout, or by an agent starting)",

@@ -132,7 +132,7 @@ fn is_full(e: &MapError) -> bool {
 /// The pinned maps alone: what a short-lived process (the CNI plugin) needs to
 /// register endpoints without loading programs.
 pub struct Maps {
-    meta: Option<Array<MapData, DatapathMeta>>,
+    meta: Array<MapData, DatapathMeta>,
     endpoints4: HashMap<MapData, u32, EndpointInfo>,
     endpoints6: HashMap<MapData, Endpoint6Key, EndpointInfo>,
     tx_ports: DevMapHash<MapData>,
@@ -203,7 +203,7 @@ impl Maps {
             } else {
                 None
             },
-            meta: Some(typed(MapName::Meta, map(MapName::Meta)?)?),
+            meta: typed(MapName::Meta, map(MapName::Meta)?)?,
             endpoints4: typed(MapName::Endpoints4, map(MapName::Endpoints4)?)?,
             endpoints6: typed(MapName::Endpoints6, map(MapName::Endpoints6)?)?,
             tx_ports: typed(MapName::TxPorts, map(MapName::TxPorts)?)?,
@@ -217,16 +217,11 @@ impl Maps {
         })
     }
 
-    /// What this datapath is (layout, state, build); `None` for layout 1,
-    /// which has no `meta`.
-    pub fn meta(&self) -> Result<Option<DatapathMeta>> {
-        match &self.meta {
-            Some(m) => m
-                .get(&0, 0)
-                .map(Some)
-                .map_err(|e| Error::map("reading the datapath's meta", e)),
-            None => Ok(None),
-        }
+    /// What this datapath is (layout, state, build).
+    pub fn meta(&self) -> Result<DatapathMeta> {
+        self.meta
+            .get(&0, 0)
+            .map_err(|e| Error::map("reading the datapath's meta", e))
     }
 
     /// The policy gate: whether `policy_namespaces` is complete.

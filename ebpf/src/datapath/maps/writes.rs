@@ -20,15 +20,9 @@ use crate::{
 
 impl Maps {
     pub(crate) fn set_meta(&mut self, meta: DatapathMeta) -> Result<()> {
-        match &mut self.meta {
-            Some(m) => m
-                .set(0, meta, 0)
-                .map_err(|e| Error::map("writing the datapath's meta", e)),
-            None => Err(Error::Invalid {
-                what: "datapath",
-                why: "layout 1 has no meta".into(),
-            }),
-        }
+        self.meta
+            .set(0, meta, 0)
+            .map_err(|e| Error::map("writing the datapath's meta", e))
     }
 
     /// Makes `policy_namespaces` list exactly `want` (namespace -> number of
