@@ -27,8 +27,9 @@
 //! An agent that starts with a previous layout of its own still pinned
 //! repeats from 1 unless this layout is complete and no link runs another
 //! program (killed between 4 and 5): then only 5 is left. Steps 1-3 can be repeated: the fill
-//! first clears what an abandoned one left, and a link already moved is left
-//! alone. Packets counted by the older programs between the fill and their
+//! writes the older layout's entries over what an abandoned one left, then
+//! removes what the older layout lacks (never emptying a map that a link
+//! already moved reads), and a link already moved is left alone. Packets counted by the older programs between the fill and their
 //! link's move are not carried over (microseconds per link).
 //!
 //! A rollback (the previous release's agent) runs on the aliases, so when

@@ -10,8 +10,13 @@ impl Maps {
     /// same definitions) says, for the maps named in `only` (those of `src`
     /// that are other objects than these: a map pinned under both names is
     /// left alone). Every entry of each, but `cpu_map`'s (whose entries carry
-    /// a program: `migrate::converge` writes them). Entries of an earlier,
-    /// abandoned fill go first, so the call can be repeated after a crash.
+    /// a program: `migrate::converge` writes them). The call can be repeated
+    /// after a crash, when links may already run this layout's programs: so
+    /// it never empties a map first (that was a window in which a moved link
+    /// found no redirect target, and the cpumap stage drops what it cannot
+    /// send): it writes `src`'s entries over these, then removes the entries
+    /// `src` lacks, redirect targets added before the endpoint records and
+    /// removed after them, as the writer verbs order them.
     pub(crate) fn fill_from(&mut self, src: &Maps, only: &[&str]) -> Result<Filled> {
         let copy = |name: MapName| only.contains(&name.as_str());
         let mut filled = Filled::default();
@@ -37,17 +42,25 @@ impl Maps {
         }
         replace!(slot_owners, MapName::SlotOwners);
         replace!(port_slots, MapName::PortSlots);
-        filled.nat_ports = replace!(nat_ports, MapName::NatPorts);
-        filled.endpoints = replace!(endpoints4, MapName::Endpoints4);
-        filled.endpoints += replace!(endpoints6, MapName::Endpoints6);
-        if copy(MapName::TxPorts) {
-            for ifindex in self.tx_port_list()? {
-                self.remove_tx_port(ifindex)?;
-            }
-            for ifindex in src.tx_port_list()? {
+        let tx = copy(MapName::TxPorts);
+        let stale_tx: Vec<u32> = if tx {
+            let want = src.tx_port_list()?;
+            for &ifindex in &want {
                 self.add_tx_port(ifindex)?;
                 filled.tx_ports += 1;
             }
+            self.tx_port_list()?
+                .into_iter()
+                .filter(|i| !want.contains(i))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        filled.nat_ports = replace!(nat_ports, MapName::NatPorts);
+        filled.endpoints = replace!(endpoints4, MapName::Endpoints4);
+        filled.endpoints += replace!(endpoints6, MapName::Endpoints6);
+        for ifindex in stale_tx {
+            self.remove_tx_port(ifindex)?;
         }
         Ok(filled)
     }
@@ -88,14 +101,14 @@ impl Maps {
     }
 }
 
-/// Makes hash map `dst` (named `what`) hold exactly the entries of `src`;
-/// how many.
+/// Makes hash map `dst` (named `what`) hold exactly the entries of `src`,
+/// without a moment in which it holds fewer of them: `src`'s entries written
+/// over `dst`'s, then those `src` lacks removed; how many.
 fn replace_all<K: aya::Pod, V: aya::Pod>(
     dst: &mut HashMap<MapData, K, V>,
     src: &HashMap<MapData, K, V>,
     what: &str,
 ) -> Result<usize> {
-    drain(dst, what)?;
     let mut n = 0;
     for kv in src.iter() {
         let (k, v) = kv.map_err(|e| Error::map(format!("migrating {what}"), e))?;
@@ -103,17 +116,18 @@ fn replace_all<K: aya::Pod, V: aya::Pod>(
             .map_err(|e| Error::map(format!("migrating an entry of {what}"), e))?;
         n += 1;
     }
-    Ok(n)
-}
-
-/// Empties hash map `m` (named `what`).
-fn drain<K: aya::Pod, V: aya::Pod>(m: &mut HashMap<MapData, K, V>, what: &str) -> Result<()> {
-    let keys: Vec<K> = m
+    let keys: Vec<K> = dst
         .keys()
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| Error::map(format!("listing {what}"), e))?;
     for k in keys {
-        removed(m.remove(&k), || format!("clearing {what}"))?;
+        match src.get(&k, 0) {
+            Ok(_) => {}
+            Err(aya::maps::MapError::KeyNotFound) => {
+                removed(dst.remove(&k), || format!("clearing {what}"))?;
+            }
+            Err(e) => return Err(Error::map(format!("reading {what}"), e)),
+        }
     }
-    Ok(())
+    Ok(n)
 }
