@@ -341,6 +341,19 @@ impl Datapath {
                 why: format!("{cpu} is beyond the cpumap ({})", self.maps.cpu_map.len()),
             });
         }
+        // An entry that already says this is left alone: replacing it tears
+        // down the CPU's queue under the frames in flight (a migration
+        // repeated after a crash runs this on entries links already use).
+        let prog = self
+            .cpumap
+            .info()
+            .map_err(|e| Error::program("cpumap program info", e))?
+            .id();
+        if let Ok(have) = self.maps.cpu_map.get(cpu, 0) {
+            if have.queue_size == queue_size && have.prog_id.map(|p| p.get()) == Some(prog) {
+                return Ok(());
+            }
+        }
         let fd = self
             .cpumap
             .fd()
