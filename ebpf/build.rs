@@ -34,6 +34,7 @@ fn main() -> Result<()> {
         "src/xdpcni.bpf.c",
         "src/maps.bpf.h",
         "src/parse.bpf.h",
+        "src/cpu.bpf.h",
         "src/bench.bpf.c",
         "build/layout.c",
     ] {

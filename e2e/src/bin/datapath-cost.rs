@@ -97,7 +97,7 @@ fn main() -> Result<()> {
         for cpu in 0..2 {
             dp.raw_enable_cpu(cpu, 256)?;
         }
-        let cpumap = |dp: &mut Datapath, policy, mask| -> Result<()> {
+        let register_b = |dp: &mut Datapath, policy, mask| -> Result<()> {
             let mut info = b.endpoint(policy, mask);
             info.pod_mac = a.host_mac; // as above
             for addr in b.addrs() {
@@ -105,12 +105,12 @@ fn main() -> Result<()> {
             }
             Ok(())
         };
-        cpumap(&mut dp, RedirectPolicy::Cpumap, 0b11)?;
+        register_b(&mut dp, RedirectPolicy::Cpumap, 0b11)?;
         rows.push((
             "UDP, redirect via the cpumap (2 CPUs allowed)",
             measure(&dp, &udp_f, XDP_REDIRECT)?,
         ));
-        cpumap(&mut dp, RedirectPolicy::Devmap, 0)?;
+        register_b(&mut dp, RedirectPolicy::Devmap, 0)?;
         for i in 0..50_000u32 {
             let ip = IpAddr::V4(Ipv4Addr::from(0x0a63_0000 + i));
             dp.raw_maps().raw_add_nat_port(ip, L4Proto::Tcp, 80)?;

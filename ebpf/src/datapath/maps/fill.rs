@@ -6,8 +6,8 @@ use super::{removed, MapName, Maps};
 use crate::{abi::StatsValue, datapath::types::Filled, Error, Result};
 
 impl Maps {
-    /// Makes these maps (a layout being filled) say what `src` (layout 1,
-    /// same definitions) says, for the maps named in `only` (those of `src`
+    /// Makes these maps (a layout being filled) say what `src` (the previous
+    /// layout, same definitions) says, for the maps named in `only` (those of `src`
     /// that are other objects than these: a map pinned under both names is
     /// left alone). Every entry of each, but `cpu_map`'s (whose entries carry
     /// a program: `migrate::converge` writes them). The call can be repeated
