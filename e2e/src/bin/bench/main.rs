@@ -109,9 +109,10 @@ struct Opts {
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
     /// Only workloads whose name contains this (e.g. "Pinned", "TCP 1
-    /// stream"): for profiling one of them; the report is partial.
+    /// stream"; repeat it for several): for profiling one of them or
+    /// comparing two paths at length; the report is partial.
     #[arg(long)]
-    only: Option<String>,
+    only: Vec<String>,
     /// Only paths whose label contains this (e.g. "generic devmap").
     #[arg(long)]
     path: Option<String>,
@@ -119,7 +120,7 @@ struct Opts {
 
 impl Opts {
     fn workload(&self, w: &str) -> bool {
-        self.only.as_deref().is_none_or(|o| w.contains(o))
+        self.only.is_empty() || self.only.iter().any(|o| w.contains(o.as_str()))
     }
     fn path_on(&self, b: &Bench) -> bool {
         self.path
@@ -127,7 +128,7 @@ impl Opts {
             .is_none_or(|p| b.spec.label.contains(p))
     }
     fn full(&self) -> bool {
-        self.only.is_none() && self.path.is_none()
+        self.only.is_empty() && self.path.is_none()
     }
 }
 
@@ -210,10 +211,8 @@ fn measure(o: &Opts) -> Result<Measured> {
     // e2e/bench/profile.sh starts perf on this line.
     eprintln!("bench: nodes ready, measuring");
     for rep in 0..reps {
-        // Interleaved: every path once per repetition and workload, starting
-        // from a different path each repetition so none always goes first.
-        let order: Vec<&Bench> = (0..benches.len())
-            .map(|i| &benches[(i + rep) % benches.len()])
+        let order: Vec<&Bench> = rep_order(&benches, rep)
+            .into_iter()
             .filter(|b| o.path_on(b))
             .collect();
         // The floor rows: the socket-to-socket workloads with no forwarding.
@@ -287,8 +286,7 @@ fn measure(o: &Opts) -> Result<Measured> {
         }
         if o.workload(W_PINNED) {
             let pinned: Vec<&Bench> = pinned.iter().copied().filter(|b| o.path_on(b)).collect();
-            for i in 0..pinned.len() {
-                let b = pinned[(i + rep) % pinned.len()];
+            for b in rep_order(&pinned, rep).into_iter().copied() {
                 let r = fwd(b, Sink::RawTable, &[Some(0)], dur)?;
                 push(W_PINNED, b.spec.label, rep, r.rate / 1e6);
                 // CPU 1's busy time per delivered frame: where the receive
@@ -566,5 +564,49 @@ fn with_ranges(targets: &mut [Target], samples: &[Sample], reps: usize) {
         if !v.is_empty() {
             t.what += &format!(" (per repetition {lo:.2}-{hi:.2}, {} repetitions)", v.len());
         }
+    }
+}
+
+/// The order of the paths in one repetition: every path once, starting from
+/// a different one each repetition so none always goes first, and backwards
+/// in every other repetition so that no path always runs just before the
+/// same neighbour (a path measured right after another can inherit its
+/// leftovers: the paired ratios would carry that bias).
+fn rep_order<T>(paths: &[T], rep: usize) -> Vec<&T> {
+    let n = paths.len();
+    let mut order: Vec<&T> = (0..n).map(|i| &paths[(i + rep / 2) % n]).collect();
+    if rep % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rep_order;
+
+    #[test]
+    fn every_path_runs_once_per_repetition_and_each_pair_in_both_orders() {
+        let paths = [0, 1, 2, 3, 4];
+        let mut before = [[0usize; 5]; 5];
+        for rep in 0..10 {
+            let order: Vec<usize> = rep_order(&paths, rep).into_iter().copied().collect();
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, paths, "repetition {rep}: {order:?}");
+            for w in order.windows(2) {
+                before[w[0]][w[1]] += 1;
+            }
+        }
+        for (a, row) in before.iter().enumerate() {
+            for (b, n) in row.iter().enumerate() {
+                assert_eq!(
+                    *n, before[b][a],
+                    "{a} just before {b} as often as {b} just before {a}"
+                );
+            }
+        }
+        // The first path differs between consecutive pairs of repetitions.
+        assert_ne!(rep_order(&paths, 0)[0], rep_order(&paths, 2)[0]);
     }
 }
