@@ -3,7 +3,9 @@
 # filtered to them (--only/--path, one long repetition) under `perf record -a`
 # and prints the top kernel symbols of each CPU. Root; perf from Debian.
 #   e2e/bench/profile.sh "Pinned sender" "generic cpumap" [SECS [SYMBOL_REGEX]]
-# With SYMBOL_REGEX, also the total share of the symbols matching it.
+# With SYMBOL_REGEX, also the total share of the symbols matching it. With
+# XDPCNI_PROFILE_PROG=NAME (e.g. xdpcni_tc_from_pod), also where that BPF
+# program's own samples fall by source line (e2e/bench/prog-lines.py).
 set -Eeuo pipefail
 workload=${1:?usage: profile.sh WORKLOAD PATH [SECS]}
 path=${2:?usage: profile.sh WORKLOAD PATH [SECS]}
@@ -23,6 +25,11 @@ for _ in $(seq 600); do
     sleep 0.1
 done
 sleep 1
+prog=${XDPCNI_PROFILE_PROG:-}
+if [[ -n $prog ]]; then
+    e2e/bench/prog-lines.py snapshot "$prog" "$out/progs" ||
+        { echo "profile.sh: could not read program $prog" >&2; kill -INT "$pid"; wait "$pid" || true; exit 1; }
+fi
 perf record -a -o "$out/perf.data" -- sleep $((secs - 3)) 2>"$out/perf.err" >/dev/null
 wait "$pid"
 grep -E "^\| " "$out/bench.out" | grep -v "^| workload\|^| ---" || true
@@ -36,4 +43,9 @@ if [[ -n $syms ]]; then
     perf report -i "$out/perf.data" --stdio --sort sym 2>&1 | grep -E "^ +[0-9]" |
         grep -E "$syms" | awk '{ s += $1; print } END { printf "   total %.2f%%\n", s }'
 fi
+rc=0
+if [[ -n $prog ]]; then
+    e2e/bench/prog-lines.py report "$out/perf.data" "$out/progs" "$prog" || rc=$?
+fi
 rm -rf "$out"
+exit "$rc"
