@@ -36,6 +36,7 @@ fn main() -> Result<()> {
         "src/parse.bpf.h",
         "src/cpu.bpf.h",
         "src/bench.bpf.c",
+        "src/services.bpf.c",
         "build/layout.c",
     ] {
         println!("cargo:rerun-if-changed={}", manifest.join(rel).display());
@@ -59,6 +60,7 @@ fn main() -> Result<()> {
             Some("-DXDPCNI_UPGRADE_TEST".to_string()),
         ),
         ("bench.bpf.o".into(), "src/bench.bpf.c", None),
+        ("services.bpf.o".into(), "src/services.bpf.c", None),
     ];
     for n in 0..STAGE_BUILDS {
         builds.push((

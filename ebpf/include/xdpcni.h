@@ -258,4 +258,74 @@ struct stats_value {
 
 #define XDPCNI_STATS_ROWS (XDPCNI_MAX_SLOTS * XDPCNI_V_MAX)
 
+/*
+ * Services translated at the socket (services.bpf.c, cgroup sock_addr
+ * hooks): a layout of their own, pinned beside the datapath's under
+ * svc-layout-<N>, so that they change without migrating the pods' maps.
+ * The agent writes them from the API; a program only reads them, but for
+ * the per-socket records (revnat, svc_sticky, affinity) it keeps itself.
+ */
+#define XDPCNI_SVC_LAYOUT	1
+#define XDPCNI_MAX_SERVICES	65536  /* frontends: (address, port, protocol) */
+#define XDPCNI_MAX_SVC_BACKENDS 262144 /* (service, backend) pairs */
+#define XDPCNI_MAX_SVC_NETNS	16384  /* pod network namespaces translated */
+#define XDPCNI_MAX_SVC_SOCKETS	262144 /* LRU: sockets' reverse and sticky records */
+#define XDPCNI_MAX_SVC_AFFINITY 65536  /* LRU: ClientIP affinity records */
+#define XDPCNI_SVC_MAX_CHOICES	1024   /* backends a service chooses among */
+
+/* An address with its port: a Service frontend or a backend. */
+struct svc_addr {
+	__u8 addr[16]; /* IPv4: the first 4 bytes, the rest 0 */
+	__u16 port;    /* network order */
+	__u8 family;   /* XDPCNI_FAMILY_* */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
+};
+
+/* svc_value.flags */
+#define XDPCNI_SVC_AFFINITY (1U << 0) /* sessionAffinity: ClientIP */
+
+/* services: a frontend (struct svc_addr) -> what a connect to it chooses. */
+struct svc_value {
+	__u32 id;		/* its backends: svc_slots[(id, 0 .. count-1)] */
+	__u32 count;		/* ready backends to choose among; 0: the kernel decides */
+	__u32 flags;		/* XDPCNI_SVC_* */
+	__u32 affinity_timeout; /* seconds, with XDPCNI_SVC_AFFINITY */
+};
+
+/* svc_slots: (service id, index) -> backend id. */
+struct svc_slot_key {
+	__u32 id;
+	__u32 index;
+};
+
+/*
+ * svc_backends: backend id -> the backend (struct svc_addr). An id names one
+ * (service, backend) pair and is never reused while a record may name it.
+ */
+
+/* svc_revnat (LRU): what a socket connected or sent to, shown back as the Service. */
+struct svc_revnat_key {
+	__u64 cookie;	    /* the socket's cookie */
+	struct svc_addr to; /* the backend it was translated to */
+	__u32 pad;
+};
+
+/*
+ * svc_sticky (LRU): an unconnected UDP socket's backend per service, so its
+ * datagrams to one frontend go to one backend, as conntrack keeps them on
+ * the kernel path. svc_affinity (LRU): ClientIP affinity, by the client's
+ * network namespace (one pod: one client address).
+ */
+struct svc_choice_key {
+	__u64 cookie; /* socket cookie (svc_sticky) or netns cookie (svc_affinity) */
+	__u32 id;     /* service id */
+	__u32 pad;
+};
+
+struct svc_choice {
+	__u64 last_ns; /* bpf_ktime_get_ns() of its last use (affinity) */
+	__u32 backend; /* backend id */
+	__u32 pad;
+};
+
 #endif /* XDPCNI_H */

@@ -112,6 +112,9 @@ pub mod c_layout {
 
 pub use c_layout::Verdict;
 
+mod services;
+pub use services::*;
+
 /// `struct endpoint6_key`: an IPv6 pod address, key of `endpoints6`. IPv4
 /// pod addresses are keyed by a `u32` holding the address in network byte
 /// order (see [`ipv4_key`]).

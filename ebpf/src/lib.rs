@@ -12,6 +12,7 @@ mod bpffs;
 mod datapath;
 mod error;
 mod migrate;
+mod svc;
 mod sys;
 
 pub mod abi;
@@ -25,6 +26,7 @@ pub use datapath::{
 };
 pub use error::{Error, Result};
 pub use migrate::Pinned;
+pub use svc::{svc_layout_dir, ServiceEntry, Services, SERVICES_OBJECT, SOCK_PROGRAMS};
 pub use sys::LinkState;
 
 /// What the kernel holds, by id: how the tests show that a migration left

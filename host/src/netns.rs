@@ -24,3 +24,38 @@ pub fn in_netns<T: Send, E: Send + From<io::Error>>(
         .unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked").into()))
     })
 }
+
+/// `SO_NETNS_COOKIE` (linux/socket.h; not in every libc release).
+const SO_NETNS_COOKIE: libc::c_int = 71;
+
+/// The cookie of the network namespace at `path`: what
+/// `bpf_get_netns_cookie()` gives a program for a socket of that namespace,
+/// stable while the namespace lives and never reused.
+pub fn netns_cookie(path: &Path) -> io::Result<u64> {
+    in_netns(path, || {
+        // SAFETY: plain socket(2); the fd is closed below on every path.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut cookie: u64 = 0;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: `cookie` and `len` are valid for the getsockopt's writes.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_NETNS_COOKIE,
+                (&mut cookie as *mut u64).cast(),
+                &mut len,
+            )
+        };
+        let err = io::Error::last_os_error();
+        // SAFETY: fd is ours and open.
+        unsafe { libc::close(fd) };
+        if r != 0 {
+            return Err(err);
+        }
+        Ok(cookie)
+    })
+}

@@ -6,9 +6,12 @@
 //! podtool serve PORT...              on each PORT (IPv4 and IPv6), TCP: greets every
 //!                                    connection with the pod's name ($PODTOOL_NAME, else
 //!                                    /etc/hostname), then discards what it is sent; UDP: echoes
-//! podtool greet ADDR PORT N          N TCP connections in a row, each must get a greeting;
-//!                                    prints each distinct greeting with its count
-//! podtool echo ADDR PORT N           N UDP datagrams, each must be echoed within 1 s
+//! podtool greet ADDR PORT N          N TCP connections in a row, each must get a greeting
+//!                                    and show ADDR PORT as its peer (getpeername: what a
+//!                                    translated Service must still show); prints each
+//!                                    distinct greeting with its count
+//! podtool echo ADDR PORT N           N UDP datagrams from one unconnected socket, each must be
+//!                                    echoed within 1 s from ADDR PORT itself
 //! podtool stream ADDR PORT SECS      one TCP stream for SECS seconds, or until SIGINT or
 //!                                    SIGTERM; prints Gbit/s and the longest time no byte
 //!                                    could be sent
@@ -124,6 +127,11 @@ fn greet(to: SocketAddr, n: u32) -> Result<()> {
     for i in 0..n {
         let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(2))
             .with_context(|| format!("connection {i} of {n} to {to}"))?;
+        let peer = c.peer_addr()?;
+        ensure!(
+            peer == to,
+            "connection {i} of {n} to {to}: its peer shows as {peer}"
+        );
         c.set_read_timeout(Some(Duration::from_secs(2)))?;
         let mut line = Vec::new();
         let mut byte = [0u8; 1];
@@ -149,16 +157,21 @@ fn greet(to: SocketAddr, n: u32) -> Result<()> {
 }
 
 fn echo(to: SocketAddr, n: u32) -> Result<()> {
-    let sock = UdpSocket::bind(("0.0.0.0", 0))?;
+    let any: SocketAddr = match to {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let sock = UdpSocket::bind(any)?;
     sock.set_read_timeout(Some(Duration::from_secs(1)))?;
     let mut buf = vec![0u8; 2048];
     for i in 0..n {
         let msg = format!("xdpcni echo {i}");
         sock.send_to(msg.as_bytes(), to)?;
-        let (len, _) = sock
+        let (len, from) = sock
             .recv_from(&mut buf)
             .with_context(|| format!("no echo for datagram {i} of {n} from {to}"))?;
         ensure!(&buf[..len] == msg.as_bytes(), "echo {i} differs");
+        ensure!(from == to, "echo {i} of {n} to {to} came from {from}");
     }
     println!("{n} echoed");
     Ok(())

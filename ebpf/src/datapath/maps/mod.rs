@@ -114,7 +114,10 @@ impl MapName {
 const NOEXIST: u64 = 1;
 /// `Ok(true)` if a map delete removed something, `Ok(false)` if the key was
 /// not there (aya reports that as KeyNotFound or as ENOENT).
-fn removed(result: std::result::Result<(), MapError>, op: impl FnOnce() -> String) -> Result<bool> {
+pub(crate) fn removed(
+    result: std::result::Result<(), MapError>,
+    op: impl FnOnce() -> String,
+) -> Result<bool> {
     match result {
         Ok(()) => Ok(true),
         Err(MapError::KeyNotFound) => Ok(false),
@@ -125,7 +128,7 @@ fn removed(result: std::result::Result<(), MapError>, op: impl FnOnce() -> Strin
     }
 }
 
-fn is_full(e: &MapError) -> bool {
+pub(crate) fn is_full(e: &MapError) -> bool {
     matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
 }
 

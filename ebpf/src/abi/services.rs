@@ -1,0 +1,119 @@
+//! The `#[repr(C)]` twins of the Service structs of `include/xdpcni.h`
+//! (services.bpf.c's maps), with their compile-time layout checks.
+
+use std::net::{IpAddr, SocketAddr};
+
+use super::{c_layout, FAMILY_IPV4, FAMILY_IPV6};
+
+/// The Service maps' layout: their pin directory is `svc-layout-<N>`.
+pub const SVC_LAYOUT: u32 = c_layout::XDPCNI_SVC_LAYOUT;
+/// Capacity of `services` (frontends).
+pub const MAX_SERVICES: u32 = c_layout::XDPCNI_MAX_SERVICES;
+/// Capacity of `svc_slots` and `svc_backends` ((service, backend) pairs).
+pub const MAX_SVC_BACKENDS: u32 = c_layout::XDPCNI_MAX_SVC_BACKENDS;
+/// Capacity of `svc_netns` (pod network namespaces translated).
+pub const MAX_SVC_NETNS: u32 = c_layout::XDPCNI_MAX_SVC_NETNS;
+/// Backends one service chooses among, at most.
+pub const SVC_MAX_CHOICES: u32 = c_layout::XDPCNI_SVC_MAX_CHOICES;
+/// `svc_value.flags`: sessionAffinity ClientIP.
+pub const SVC_AFFINITY: u32 = c_layout::XDPCNI_SVC_AFFINITY;
+
+/// `struct svc_addr`: a frontend or a backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SvcAddr {
+    /// IPv4 in the first 4 bytes, the rest 0.
+    pub addr: [u8; 16],
+    /// Network byte order.
+    pub port: u16,
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    pub family: u8,
+    /// `IPPROTO_TCP` (6) or `IPPROTO_UDP` (17).
+    pub proto: u8,
+}
+
+impl SvcAddr {
+    /// `to` as the programs key it, for protocol number `proto`.
+    pub fn new(to: SocketAddr, proto: u8) -> Self {
+        let mut addr = [0u8; 16];
+        let family = match to.ip() {
+            IpAddr::V4(a) => {
+                addr[..4].copy_from_slice(&a.octets());
+                FAMILY_IPV4
+            }
+            IpAddr::V6(a) => {
+                addr.copy_from_slice(&a.octets());
+                FAMILY_IPV6
+            }
+        };
+        Self {
+            addr,
+            port: to.port().to_be(),
+            family,
+            proto,
+        }
+    }
+}
+
+/// `struct svc_value`: what a connect to a frontend chooses among.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SvcValue {
+    /// The service's id: its backends are `svc_slots[(id, 0..count)]`.
+    pub id: u32,
+    /// Ready backends; 0 leaves the call to the kernel path.
+    pub count: u32,
+    /// [`SVC_AFFINITY`].
+    pub flags: u32,
+    /// Seconds, with [`SVC_AFFINITY`].
+    pub affinity_timeout: u32,
+}
+
+/// `struct svc_slot_key`: (service id, index) -> backend id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SvcSlotKey {
+    /// Service id.
+    pub id: u32,
+    /// 0 .. count.
+    pub index: u32,
+}
+
+// SAFETY: #[repr(C)], only integer fields and arrays of them, no implicit
+// padding (the layout checks below hold the sizes to the fields' sum).
+unsafe impl aya::Pod for SvcAddr {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcSlotKey {}
+
+mod layout_checks {
+    use super::{c_layout as c, *};
+    use std::mem::{offset_of, size_of};
+
+    const _: () = assert!(size_of::<SvcAddr>() == c::SIZEOF_svc_addr);
+    const _: () = assert!(size_of::<SvcAddr>() == 16 + 2 + 1 + 1);
+    const _: () = assert!(offset_of!(SvcAddr, addr) == c::OFFSETOF_svc_addr_addr);
+    const _: () = assert!(offset_of!(SvcAddr, port) == c::OFFSETOF_svc_addr_port);
+    const _: () = assert!(offset_of!(SvcAddr, family) == c::OFFSETOF_svc_addr_family);
+    const _: () = assert!(offset_of!(SvcAddr, proto) == c::OFFSETOF_svc_addr_proto);
+
+    const _: () = assert!(size_of::<SvcValue>() == c::SIZEOF_svc_value);
+    const _: () = assert!(offset_of!(SvcValue, id) == c::OFFSETOF_svc_value_id);
+    const _: () = assert!(offset_of!(SvcValue, count) == c::OFFSETOF_svc_value_count);
+    const _: () = assert!(offset_of!(SvcValue, flags) == c::OFFSETOF_svc_value_flags);
+    const _: () =
+        assert!(offset_of!(SvcValue, affinity_timeout) == c::OFFSETOF_svc_value_affinity_timeout);
+
+    const _: () = assert!(size_of::<SvcSlotKey>() == c::SIZEOF_svc_slot_key);
+    const _: () = assert!(offset_of!(SvcSlotKey, id) == c::OFFSETOF_svc_slot_key_id);
+    const _: () = assert!(offset_of!(SvcSlotKey, index) == c::OFFSETOF_svc_slot_key_index);
+
+    // The per-socket records are the programs' own (userspace only counts
+    // and clears them): their sizes still must not drift unseen.
+    const _: () = assert!(c::SIZEOF_svc_revnat_key == 8 + c::SIZEOF_svc_addr + 4);
+    const _: () = assert!(c::OFFSETOF_svc_revnat_key_to == 8);
+    const _: () = assert!(c::OFFSETOF_svc_revnat_key_pad == 8 + c::SIZEOF_svc_addr);
+    const _: () = assert!(c::SIZEOF_svc_choice_key == 16);
+    const _: () = assert!(c::SIZEOF_svc_choice == 16);
+}

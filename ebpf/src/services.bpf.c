@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: GPL-2.0-only
+/*
+ * Services at the socket: the cgroup sock_addr hooks translate a connect or
+ * send to a Service frontend into one to a backend before there is a
+ * packet, and show the frontend again where the application reads the peer
+ * (recvmsg, getpeername). The packet then leaves the pod addressed to the
+ * backend pod: no DNAT, no conntrack state, and the datapath's fast path
+ * carries it like any pod-to-pod packet.
+ *
+ * Scope: only sockets of a network namespace in svc_netns (the node's pods,
+ * written by the agent): never the host's own sockets, nor another node's
+ * pods on the same machine. Anything not translated here (no ready backend,
+ * another protocol, an IPv4-mapped address) goes on unchanged, and
+ * kube-proxy's rules on the kernel path decide it, as for every client the
+ * agent does not serve.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "xdpcni.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* A sock_addr program lets the call go on with 1 (0 would refuse it: EPERM). */
+#define SOCK_GO_ON 1
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_NETNS);
+	__type(key, __u64);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_netns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SERVICES);
+	__type(key, struct svc_addr);
+	__type(value, struct svc_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_BACKENDS);
+	__type(key, struct svc_slot_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct svc_addr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_SOCKETS);
+	__type(key, struct svc_revnat_key);
+	__type(value, struct svc_addr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_SOCKETS);
+	__type(key, struct svc_choice_key);
+	__type(value, struct svc_choice);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_sticky SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_AFFINITY);
+	__type(key, struct svc_choice_key);
+	__type(value, struct svc_choice);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_affinity SEC(".maps");
+
+static __always_inline int in_scope(struct bpf_sock_addr *ctx)
+{
+	__u64 ns = bpf_get_netns_cookie(ctx);
+
+	return bpf_map_lookup_elem(&svc_netns, &ns) != 0;
+}
+
+/* The address the call names (the destination, or the peer for recvmsg/getpeername). */
+static __always_inline void read_addr(struct bpf_sock_addr *ctx, struct svc_addr *a, int v6)
+{
+	__u32 *w = (__u32 *)a->addr;
+
+	__builtin_memset(a, 0, sizeof(*a));
+	if (v6) {
+		w[0] = ctx->user_ip6[0];
+		w[1] = ctx->user_ip6[1];
+		w[2] = ctx->user_ip6[2];
+		w[3] = ctx->user_ip6[3];
+		a->family = XDPCNI_FAMILY_IPV6;
+	} else {
+		w[0] = ctx->user_ip4;
+		a->family = XDPCNI_FAMILY_IPV4;
+	}
+	a->port = (__u16)ctx->user_port;
+	a->proto = ctx->protocol;
+}
+
+static __always_inline void write_addr(struct bpf_sock_addr *ctx, const struct svc_addr *a, int v6)
+{
+	const __u32 *w = (const __u32 *)a->addr;
+
+	if (v6) {
+		ctx->user_ip6[0] = w[0];
+		ctx->user_ip6[1] = w[1];
+		ctx->user_ip6[2] = w[2];
+		ctx->user_ip6[3] = w[3];
+	} else {
+		ctx->user_ip4 = w[0];
+	}
+	ctx->user_port = a->port;
+}
+
+/* A recorded choice, if its backend still serves (a removed one never is chosen). */
+static __always_inline struct svc_addr *recorded(void *map, const struct svc_choice_key *k,
+						 __u64 max_age_ns, __u64 now, __u32 *id)
+{
+	struct svc_choice *c = bpf_map_lookup_elem(map, k);
+	struct svc_addr *b;
+
+	if (!c || (max_age_ns && now - c->last_ns > max_age_ns))
+		return 0;
+	b = bpf_map_lookup_elem(&svc_backends, &c->backend);
+	if (!b)
+		return 0;
+	c->last_ns = now;
+	*id = c->backend;
+	return b;
+}
+
+static __always_inline void record(void *map, const struct svc_choice_key *k, __u32 id, __u64 now)
+{
+	struct svc_choice c = {.last_ns = now, .backend = id};
+
+	bpf_map_update_elem(map, k, &c, BPF_ANY);
+}
+
+/*
+ * The backend for a call to frontend `fe` from this socket: the client's
+ * ClientIP affinity if the service has one and it has not expired, else
+ * (unconnected UDP) the socket's earlier choice, else one of the ready
+ * backends at random. NULL when the kernel path should decide.
+ */
+static __always_inline struct svc_addr *choose(struct bpf_sock_addr *ctx,
+					       const struct svc_value *svc, int sticky)
+{
+	struct svc_choice_key ak = {.cookie = bpf_get_netns_cookie(ctx), .id = svc->id};
+	struct svc_choice_key sk = {.cookie = bpf_get_socket_cookie(ctx), .id = svc->id};
+	__u64 now = bpf_ktime_get_ns();
+	struct svc_slot_key slot = {.id = svc->id};
+	struct svc_addr *b = 0;
+	__u32 id = 0, *pid;
+
+	if (svc->flags & XDPCNI_SVC_AFFINITY)
+		b = recorded(&svc_affinity, &ak, (__u64)svc->affinity_timeout * 1000000000ULL, now,
+			     &id);
+	if (!b && sticky)
+		b = recorded(&svc_sticky, &sk, 0, now, &id);
+	if (!b) {
+		if (!svc->count || svc->count > XDPCNI_SVC_MAX_CHOICES)
+			return 0;
+		slot.index = bpf_get_prandom_u32() % svc->count;
+		pid = bpf_map_lookup_elem(&svc_slots, &slot);
+		if (!pid)
+			return 0;
+		id = *pid;
+		b = bpf_map_lookup_elem(&svc_backends, &id);
+		if (!b)
+			return 0;
+	}
+	if (svc->flags & XDPCNI_SVC_AFFINITY)
+		record(&svc_affinity, &ak, id, now);
+	if (sticky)
+		record(&svc_sticky, &sk, id, now);
+	return b;
+}
+
+/* connect() and unconnected sendmsg(): frontend -> backend, remembered per socket. */
+static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int sticky)
+{
+	struct svc_revnat_key rk = {};
+	struct svc_value *svc;
+	struct svc_addr fe, *b;
+
+	if (!in_scope(ctx))
+		return SOCK_GO_ON;
+	read_addr(ctx, &fe, v6);
+	if (fe.proto != IPPROTO_TCP && fe.proto != IPPROTO_UDP)
+		return SOCK_GO_ON;
+	svc = bpf_map_lookup_elem(&services, &fe);
+	if (!svc)
+		return SOCK_GO_ON;
+	b = choose(ctx, svc, sticky);
+	if (!b || b->family != fe.family)
+		return SOCK_GO_ON;
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	rk.to = *b;
+	rk.to.proto = fe.proto;
+	bpf_map_update_elem(&svc_revnat, &rk, &fe, BPF_ANY);
+	write_addr(ctx, b, v6);
+	return SOCK_GO_ON;
+}
+
+/* recvmsg() and getpeername(): a backend this socket was sent to shown as its frontend. */
+static __always_inline int reverse(struct bpf_sock_addr *ctx, int v6)
+{
+	struct svc_revnat_key rk = {};
+	struct svc_addr *fe;
+
+	if (!in_scope(ctx))
+		return SOCK_GO_ON;
+	read_addr(ctx, &rk.to, v6);
+	rk.cookie = bpf_get_socket_cookie(ctx);
+	fe = bpf_map_lookup_elem(&svc_revnat, &rk);
+	if (fe)
+		write_addr(ctx, fe, v6);
+	return SOCK_GO_ON;
+}
+
+SEC("cgroup/connect4")
+int xdpcni_connect4(struct bpf_sock_addr *ctx)
+{
+	return translate(ctx, 0, 0);
+}
+
+SEC("cgroup/connect6")
+int xdpcni_connect6(struct bpf_sock_addr *ctx)
+{
+	return translate(ctx, 1, 0);
+}
+
+SEC("cgroup/sendmsg4")
+int xdpcni_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return translate(ctx, 0, 1);
+}
+
+SEC("cgroup/sendmsg6")
+int xdpcni_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return translate(ctx, 1, 1);
+}
+
+SEC("cgroup/recvmsg4")
+int xdpcni_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return reverse(ctx, 0);
+}
+
+SEC("cgroup/recvmsg6")
+int xdpcni_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return reverse(ctx, 1);
+}
+
+SEC("cgroup/getpeername4")
+int xdpcni_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return reverse(ctx, 0);
+}
+
+SEC("cgroup/getpeername6")
+int xdpcni_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return reverse(ctx, 1);
+}
