@@ -129,16 +129,24 @@ impl Scene {
 
     fn wait_for_servers(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
+        // Each backend over both families, straight: the topology is ready
+        // (IPv6 neighbours too) before any translation is tried.
         for (_, port) in PORTS {
-            while self
-                .run_client(false, &["greet", SERVER4, &port.to_string(), "1"])
-                .is_err()
-            {
-                ensure!(
-                    Instant::now() < deadline,
-                    "podtool serve {port} never answered"
-                );
-                std::thread::sleep(Duration::from_millis(50));
+            for server in [SERVER4, SERVER6] {
+                let port = port.to_string();
+                while self
+                    .run_client(false, &["greet", server, &port, "1"])
+                    .is_err()
+                    || self
+                        .run_client(false, &["echo", server, &port, "1"])
+                        .is_err()
+                {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "podtool serve {server} {port} never answered"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
         }
         Ok(())

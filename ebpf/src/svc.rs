@@ -90,16 +90,17 @@ impl Services {
     }
 
     /// Attaches every program to the cgroup v2 directory `cgroup`, beside
-    /// any program already there (multi-attach). They stay attached while
-    /// `self` lives.
+    /// any program already there. They stay attached while `self` lives.
+    /// (aya attaches through a bpf_link on this kernel, and a cgroup link is
+    /// always attached as one of many: the mode must be `Single`, flags 0;
+    /// `AllowMultiple` makes link_create fail with EINVAL.)
     pub fn attach(&mut self, cgroup: &Path) -> Result<()> {
         let dir = fs::File::open(cgroup).map_err(|e| Error::io("opening", cgroup, e))?;
         for name in SOCK_PROGRAMS {
             let prog: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
-            prog.attach(&dir, CgroupAttachMode::AllowMultiple)
-                .map_err(|e| {
-                    Error::program(format!("attaching {name} to {}", cgroup.display()), e)
-                })?;
+            prog.attach(&dir, CgroupAttachMode::Single).map_err(|e| {
+                Error::program(format!("attaching {name} to {}", cgroup.display()), e)
+            })?;
         }
         Ok(())
     }
