@@ -34,6 +34,7 @@ pub mod prepare;
 pub mod reconciler;
 pub mod records;
 pub mod routes;
+pub mod services;
 pub mod standalone;
 pub mod status;
 pub mod wish;

@@ -1,0 +1,394 @@
+//! What the Services of the cluster mean for this node's clients: for each
+//! ClusterIP frontend (each cluster IP of a Service, each TCP or UDP port),
+//! the backends a connect may be translated to, read as kube-proxy reads
+//! them. The two sources of backends (EndpointSlices, and Endpoints on
+//! servers without `discovery.k8s.io/v1`) become the same [`Group`]s first,
+//! so one reading of a Service serves both.
+//!
+//! Only ready endpoints are chosen. A frontend with none (no ready endpoint,
+//! or none on this node under `internalTrafficPolicy: Local`) keeps an empty
+//! backend list: the programs leave its connects to the kernel path, where
+//! kube-proxy refuses or drops them as it always did.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+};
+
+use k8s_openapi::api::{
+    core::v1::{Endpoints, Service},
+    discovery::v1::EndpointSlice,
+};
+use xdpcni_ebpf::L4Proto;
+
+/// kube-proxy's default ClientIP affinity timeout (3 hours).
+pub const DEFAULT_AFFINITY_SECS: u32 = 10800;
+
+/// One endpoint address of a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EpAddr {
+    /// Its address.
+    pub ip: IpAddr,
+    /// Ready (EndpointSlice `conditions.ready` unset or true; an Endpoints
+    /// `addresses` entry, not `notReadyAddresses`).
+    pub ready: bool,
+    /// The node it runs on, if the source says.
+    pub node: Option<String>,
+}
+
+/// Endpoint addresses that share their ports: an EndpointSlice, or one
+/// subset of an Endpoints object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Group {
+    /// (port name, protocol, number): the name is the Service port's.
+    pub ports: Vec<(String, L4Proto, u16)>,
+    /// The addresses.
+    pub addrs: Vec<EpAddr>,
+}
+
+/// A frontend and what a connect to it chooses among.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Frontend {
+    /// Cluster IP and Service port.
+    pub addr: SocketAddr,
+    /// Protocol.
+    pub proto: L4Proto,
+    /// sessionAffinity ClientIP: its timeout in seconds.
+    pub affinity: Option<u32>,
+    /// Ready backends, sorted; empty leaves the frontend to the kernel path.
+    pub backends: Vec<SocketAddr>,
+    /// "namespace/name" of the Service.
+    pub service: String,
+}
+
+fn proto(p: Option<&str>) -> Option<L4Proto> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Some(L4Proto::Tcp),
+        "UDP" => Some(L4Proto::Udp),
+        _ => None, // SCTP: kube-proxy's alone
+    }
+}
+
+/// The groups of a Service's EndpointSlices (those whose address type is
+/// IPv4 or IPv6; FQDN slices carry no address to translate to).
+pub fn groups_from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> Vec<Group> {
+    slices
+        .into_iter()
+        .filter(|s| matches!(s.address_type.as_str(), "IPv4" | "IPv6"))
+        .map(|s| Group {
+            ports: s
+                .ports
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    let port = u16::try_from(p.port?).ok()?;
+                    Some((
+                        p.name.clone().unwrap_or_default(),
+                        proto(p.protocol.as_deref())?,
+                        port,
+                    ))
+                })
+                .collect(),
+            addrs: s
+                .endpoints
+                .iter()
+                .flat_map(|e| {
+                    let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                    e.addresses.iter().filter_map(move |a| {
+                        Some(EpAddr {
+                            ip: a.parse().ok()?,
+                            ready,
+                            node: e.node_name.clone(),
+                        })
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The groups of an Endpoints object: one per subset.
+pub fn groups_from_endpoints(ep: &Endpoints) -> Vec<Group> {
+    ep.subsets
+        .iter()
+        .flatten()
+        .map(|s| {
+            let addrs = |list: &Option<Vec<_>>, ready: bool| -> Vec<EpAddr> {
+                list.iter()
+                    .flatten()
+                    .filter_map(|a: &k8s_openapi::api::core::v1::EndpointAddress| {
+                        Some(EpAddr {
+                            ip: a.ip.parse().ok()?,
+                            ready,
+                            node: a.node_name.clone(),
+                        })
+                    })
+                    .collect()
+            };
+            let mut all = addrs(&s.addresses, true);
+            all.extend(addrs(&s.not_ready_addresses, false));
+            Group {
+                ports: s
+                    .ports
+                    .iter()
+                    .flatten()
+                    .filter_map(|p| {
+                        let port = u16::try_from(p.port).ok()?;
+                        Some((
+                            p.name.clone().unwrap_or_default(),
+                            proto(p.protocol.as_deref())?,
+                            port,
+                        ))
+                    })
+                    .collect(),
+                addrs: all,
+            }
+        })
+        .collect()
+}
+
+/// The frontends of `svc` on node `node`, given its endpoint groups. None
+/// for a Service without a cluster IP (headless, ExternalName).
+pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
+    let Some(spec) = &svc.spec else {
+        return Vec::new();
+    };
+    let name = format!(
+        "{}/{}",
+        svc.metadata.namespace.as_deref().unwrap_or_default(),
+        svc.metadata.name.as_deref().unwrap_or_default()
+    );
+    let ips: Vec<IpAddr> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips.iter().filter_map(|i| i.parse().ok()).collect(),
+        _ => spec
+            .cluster_ip
+            .iter()
+            .filter_map(|i| i.parse().ok())
+            .collect(),
+    };
+    let affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .and_then(|t| u32::try_from(t).ok())
+            .unwrap_or(DEFAULT_AFFINITY_SECS)
+    });
+    let local_only = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let mut out = Vec::new();
+    for port in spec.ports.iter().flatten() {
+        let (Some(p), Ok(number)) = (proto(port.protocol.as_deref()), u16::try_from(port.port))
+        else {
+            continue;
+        };
+        let port_name = port.name.clone().unwrap_or_default();
+        // Per backend address, the number its group gives this port's name.
+        let mut by_ip: BTreeMap<IpAddr, u16> = BTreeMap::new();
+        for g in groups {
+            let Some(&(_, _, target)) = g
+                .ports
+                .iter()
+                .find(|(n, gp, _)| *n == port_name && *gp == p)
+            else {
+                continue;
+            };
+            for a in &g.addrs {
+                if a.ready && (!local_only || a.node.as_deref() == Some(node)) {
+                    by_ip.insert(a.ip, target);
+                }
+            }
+        }
+        for ip in &ips {
+            let backends = by_ip
+                .iter()
+                .filter(|(b, _)| b.is_ipv4() == ip.is_ipv4())
+                .map(|(b, t)| SocketAddr::new(*b, *t))
+                .collect();
+            out.push(Frontend {
+                addr: SocketAddr::new(*ip, number),
+                proto: p,
+                affinity,
+                backends,
+                service: name.clone(),
+            });
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn svc(v: serde_json::Value) -> Service {
+        serde_json::from_value(v).expect("a Service")
+    }
+
+    fn web(extra: serde_json::Value) -> Service {
+        let mut v = json!({
+            "metadata": {"namespace": "ns", "name": "web"},
+            "spec": {
+                "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd96::10"],
+                "ports": [
+                    {"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP"},
+                    {"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
+                    {"name": "sctp", "port": 99, "protocol": "SCTP"}
+                ]
+            }
+        });
+        if let (Some(spec), Some(more)) = (v["spec"].as_object_mut(), extra.as_object()) {
+            spec.extend(more.clone());
+        }
+        svc(v)
+    }
+
+    /// Two slices (as the controller makes them for a named targetPort that
+    /// two pods resolve differently), one IPv6 slice, one not-ready endpoint.
+    fn slices() -> Vec<EndpointSlice> {
+        let slice = |family: &str, http: u16, eps: serde_json::Value| -> EndpointSlice {
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "ns", "name": format!("web-{family}-{http}")},
+                "addressType": family,
+                "ports": [
+                    {"name": "http", "port": http, "protocol": "TCP"},
+                    {"name": "dns", "port": 5353, "protocol": "UDP"}
+                ],
+                "endpoints": eps
+            }))
+            .expect("an EndpointSlice")
+        };
+        vec![
+            slice(
+                "IPv4",
+                8080,
+                json!([
+                    {"addresses": ["10.244.0.5"], "conditions": {"ready": true}, "nodeName": "n1"},
+                    {"addresses": ["10.244.0.6"], "conditions": {"ready": false}, "nodeName": "n1"}
+                ]),
+            ),
+            slice(
+                "IPv4",
+                9090,
+                json!([{"addresses": ["10.244.1.7"], "nodeName": "n2"}]),
+            ),
+            slice(
+                "IPv6",
+                8080,
+                json!([{"addresses": ["fd00::5"], "conditions": {"ready": true}, "nodeName": "n1"}]),
+            ),
+        ]
+    }
+
+    fn find<'a>(f: &'a [Frontend], addr: &str, p: L4Proto) -> &'a Frontend {
+        let addr: SocketAddr = addr.parse().expect("an address");
+        f.iter()
+            .find(|x| x.addr == addr && x.proto == p)
+            .unwrap_or_else(|| panic!("no frontend {addr} in {f:?}"))
+    }
+
+    fn addrs(v: &[&str]) -> Vec<SocketAddr> {
+        v.iter().map(|a| a.parse().expect("an address")).collect()
+    }
+
+    #[test]
+    fn every_cluster_ip_and_tcp_udp_port_with_its_ready_backends_by_port_name() {
+        let f = frontends(&web(json!({})), &groups_from_slices(&slices()), "n1");
+        // 2 cluster IPs x (TCP 80, UDP 53); SCTP stays kube-proxy's.
+        assert_eq!(f.len(), 4, "{f:?}");
+        assert_eq!(
+            find(&f, "10.96.0.10:80", L4Proto::Tcp).backends,
+            addrs(&["10.244.0.5:8080", "10.244.1.7:9090"]),
+            "each backend on the number its slice gives the port name; not-ready left out"
+        );
+        assert_eq!(
+            find(&f, "[fd96::10]:80", L4Proto::Tcp).backends,
+            addrs(&["[fd00::5]:8080"])
+        );
+        assert_eq!(
+            find(&f, "10.96.0.10:53", L4Proto::Udp).backends,
+            addrs(&["10.244.0.5:5353", "10.244.1.7:5353"])
+        );
+        assert!(f
+            .iter()
+            .all(|x| x.affinity.is_none() && x.service == "ns/web"));
+    }
+
+    #[test]
+    fn internal_traffic_policy_local_keeps_this_nodes_backends_only() {
+        let f = frontends(
+            &web(json!({"internalTrafficPolicy": "Local"})),
+            &groups_from_slices(&slices()),
+            "n2",
+        );
+        assert_eq!(
+            find(&f, "10.96.0.10:80", L4Proto::Tcp).backends,
+            addrs(&["10.244.1.7:9090"])
+        );
+        assert!(find(&f, "[fd96::10]:80", L4Proto::Tcp).backends.is_empty());
+    }
+
+    #[test]
+    fn client_ip_affinity_with_its_timeout_or_kube_proxys_default() {
+        let f = frontends(
+            &web(json!({"sessionAffinity": "ClientIP"})),
+            &groups_from_slices(&slices()),
+            "n1",
+        );
+        assert!(f.iter().all(|x| x.affinity == Some(DEFAULT_AFFINITY_SECS)));
+        let f = frontends(
+            &web(json!({"sessionAffinity": "ClientIP",
+                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}})),
+            &groups_from_slices(&slices()),
+            "n1",
+        );
+        assert!(f.iter().all(|x| x.affinity == Some(60)));
+    }
+
+    #[test]
+    fn endpoints_and_endpoint_slices_give_the_same_frontends() {
+        let ep: Endpoints = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "web"},
+            "subsets": [
+                {"addresses": [{"ip": "10.244.0.5", "nodeName": "n1"}],
+                 "notReadyAddresses": [{"ip": "10.244.0.6", "nodeName": "n1"}],
+                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP"},
+                           {"name": "dns", "port": 5353, "protocol": "UDP"}]},
+                {"addresses": [{"ip": "10.244.1.7", "nodeName": "n2"}],
+                 "ports": [{"name": "http", "port": 9090, "protocol": "TCP"},
+                           {"name": "dns", "port": 5353, "protocol": "UDP"}]},
+                {"addresses": [{"ip": "fd00::5", "nodeName": "n1"}],
+                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP"},
+                           {"name": "dns", "port": 5353, "protocol": "UDP"}]}
+            ]
+        }))
+        .expect("an Endpoints");
+        for node in ["n1", "n2"] {
+            for extra in [json!({}), json!({"internalTrafficPolicy": "Local"})] {
+                let s = web(extra);
+                assert_eq!(
+                    frontends(&s, &groups_from_endpoints(&ep), node),
+                    frontends(&s, &groups_from_slices(&slices()), node),
+                    "node {node}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn headless_and_external_name_services_have_no_frontend_and_no_ready_endpoint_none_chosen() {
+        let headless = svc(json!({"metadata": {"namespace": "ns", "name": "h"},
+            "spec": {"clusterIP": "None", "ports": [{"port": 80}]}}));
+        assert!(frontends(&headless, &groups_from_slices(&slices()), "n1").is_empty());
+        let external = svc(json!({"metadata": {"namespace": "ns", "name": "e"},
+            "spec": {"type": "ExternalName", "externalName": "example.org"}}));
+        assert!(frontends(&external, &[], "n1").is_empty());
+        let f = frontends(&web(json!({})), &[], "n1");
+        assert_eq!(f.len(), 4);
+        assert!(
+            f.iter().all(|x| x.backends.is_empty()),
+            "no endpoints: the kernel path decides"
+        );
+    }
+}
