@@ -87,7 +87,7 @@ struct Scene {
     cgroup: TestCgroup,
     client: Netns,
     _server: Netns,
-    _pins: PinDir,
+    pins: PinDir,
 }
 
 const CLIENT4: &str = "10.97.0.1";
@@ -121,7 +121,7 @@ impl Scene {
             cgroup,
             client,
             _server: server,
-            _pins: pins,
+            pins: pins,
         };
         scene.wait_for_servers()?;
         Ok(scene)
@@ -342,5 +342,51 @@ fn service_without_ready_backends_is_left_to_the_kernel_path() -> Result<()> {
         s.greet("10.96.0.13:80".parse()?, 3)?.get("backend-a"),
         Some(&3)
     );
+    Ok(())
+}
+
+#[test]
+fn service_sync_writes_only_changes_and_a_reopened_writer_keeps_every_id() -> Result<()> {
+    use xdpcni_ebpf::ServiceWant;
+    let mut s = Scene::new()?;
+    s.svc.add_netns(s.client_cookie()?)?;
+    let fe = svc_addr("10.96.0.14", 80, TCP)?;
+    let want = |which: &[usize]| -> Result<std::collections::BTreeMap<_, _>> {
+        Ok(std::collections::BTreeMap::from([(
+            fe,
+            ServiceWant {
+                backends: which
+                    .iter()
+                    .map(|&i| svc_addr(SERVER4, PORTS[i].1, TCP))
+                    .collect::<Result<_>>()?,
+                ..ServiceWant::default()
+            },
+        )]))
+    };
+    assert_eq!(s.svc.sync(&want(&[0, 1])?)?, 1);
+    assert_eq!(
+        s.svc.sync(&want(&[0, 1])?)?,
+        0,
+        "nothing changed, nothing written"
+    );
+    let before = s.svc.written()?;
+    // A new writer over the same pins (an agent restart) reads the same
+    // state back, ids included, and continues from it.
+    drop(std::mem::replace(
+        &mut s.svc,
+        Services::open(s.pins.path())?,
+    ));
+    s.svc.attach(&s.cgroup.path)?;
+    assert_eq!(s.svc.written()?, before);
+    assert_eq!(s.svc.sync(&want(&[1])?)?, 1);
+    let after = s.svc.written()?;
+    assert_eq!(after[&fe].id, before[&fe].id);
+    assert_eq!(after[&fe].backends, vec![before[&fe].backends[1]]);
+    assert_eq!(
+        s.greet("10.96.0.14:80".parse()?, 10)?.get("backend-b"),
+        Some(&10)
+    );
+    assert_eq!(s.svc.sync(&std::collections::BTreeMap::new())?, 1);
+    assert!(s.svc.written()?.is_empty());
     Ok(())
 }

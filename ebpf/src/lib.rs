@@ -26,7 +26,10 @@ pub use datapath::{
 };
 pub use error::{Error, Result};
 pub use migrate::Pinned;
-pub use svc::{svc_layout_dir, ServiceEntry, Services, SERVICES_OBJECT, SOCK_PROGRAMS};
+pub use svc::{
+    plan as plan_services, svc_layout_dir, Ids as ServiceIds, Op as ServiceOp, ServiceEntry,
+    Services, Want as ServiceWant, SERVICES_OBJECT, SOCK_PROGRAMS,
+};
 pub use sys::LinkState;
 
 /// What the kernel holds, by id: how the tests show that a migration left

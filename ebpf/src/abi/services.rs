@@ -20,7 +20,7 @@ pub const SVC_AFFINITY: u32 = c_layout::XDPCNI_SVC_AFFINITY;
 
 /// `struct svc_addr`: a frontend or a backend.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SvcAddr {
     /// IPv4 in the first 4 bytes, the rest 0.
     pub addr: [u8; 16],

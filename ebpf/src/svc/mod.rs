@@ -7,7 +7,12 @@
 //! count that makes the new slots choosable); a shrunk or removed one loses
 //! its frontend's count first, then the slots and backends past it.
 
+mod plan;
+
+pub use plan::{plan, Ids, Op, Want};
+
 use std::{
+    collections::BTreeMap,
     fs,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
@@ -189,6 +194,109 @@ impl Services {
         Ok(())
     }
 
+    /// What the maps hold, read back (an agent that restarts keeps every
+    /// id: the sockets' records name them). Only a frontend's first `count`
+    /// slots count; anything else is an orphan [`Services::sync`] removes.
+    pub fn written(&mut self) -> Result<BTreeMap<SvcAddr, ServiceEntry>> {
+        let fronts: Vec<(SvcAddr, SvcValue)> = {
+            let m: HashMap<&mut MapData, SvcAddr, SvcValue> = map(&mut self.ebpf, "services")?;
+            m.iter()
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| Error::map("reading services", e))?
+        };
+        let slots: HashMap<&MapData, SvcSlotKey, u32> = map_ref(&self.ebpf, "svc_slots")?;
+        let backends: HashMap<&MapData, u32, SvcAddr> = map_ref(&self.ebpf, "svc_backends")?;
+        let mut out = BTreeMap::new();
+        for (frontend, v) in fronts {
+            let mut list = Vec::new();
+            for index in 0..v.count {
+                // A slot or backend missing (a writer stopped half-way) ends
+                // the list: the entry then differs from any want, and the
+                // next sync writes it whole.
+                let key = SvcSlotKey { id: v.id, index };
+                let Some(bid) = found(slots.get(&key, 0), || {
+                    format!("reading slot {index} of {}", v.id)
+                })?
+                else {
+                    break;
+                };
+                let Some(b) = found(backends.get(&bid, 0), || format!("reading backend {bid}"))?
+                else {
+                    break;
+                };
+                list.push((bid, b));
+            }
+            out.insert(
+                frontend,
+                ServiceEntry {
+                    frontend,
+                    id: v.id,
+                    flags: v.flags,
+                    affinity_timeout: v.affinity_timeout,
+                    backends: list,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Makes the maps hold `want` (frontend -> what it chooses among): the
+    /// writes [`plan`] gives, then the slots and backends nothing names
+    /// (left by a writer that stopped half-way). Returns the number of
+    /// writes.
+    pub fn sync(&mut self, want: &BTreeMap<SvcAddr, Want>) -> Result<usize> {
+        let written = self.written()?;
+        let mut ids = Ids::after(&written);
+        let ops = plan(&written, want, &mut ids).ok_or(Error::Invalid {
+            what: "service ids",
+            why: "all 2^32 ids used: restart the agent with empty Service maps".into(),
+        })?;
+        for op in &ops {
+            match op {
+                Op::Set { entry, old } => self.set_service(entry, old.as_ref())?,
+                Op::Remove(e) => self.remove_service(e)?,
+            }
+        }
+        let now = self.written()?;
+        self.remove_orphans(&now)?;
+        Ok(ops.len())
+    }
+
+    fn remove_orphans(&mut self, now: &BTreeMap<SvcAddr, ServiceEntry>) -> Result<()> {
+        let counts: BTreeMap<u32, u32> = now
+            .values()
+            .map(|e| (e.id, u32::try_from(e.backends.len()).unwrap_or(u32::MAX)))
+            .collect();
+        let named: std::collections::BTreeSet<u32> = now
+            .values()
+            .flat_map(|e| e.backends.iter().map(|b| b.0))
+            .collect();
+        let mut slots: HashMap<&mut MapData, SvcSlotKey, u32> = map(&mut self.ebpf, "svc_slots")?;
+        let stray: Vec<SvcSlotKey> = slots
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| counts.get(&k.id).is_none_or(|c| k.index >= *c))
+            .collect();
+        for k in stray {
+            removed(slots.remove(&k), || {
+                format!("removing stray slot {}/{}", k.id, k.index)
+            })?;
+        }
+        let mut backends: HashMap<&mut MapData, u32, SvcAddr> =
+            map(&mut self.ebpf, "svc_backends")?;
+        let stray: Vec<u32> = backends
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| !named.contains(k))
+            .collect();
+        for k in stray {
+            removed(backends.remove(&k), || {
+                format!("removing stray backend {k}")
+            })?;
+        }
+        Ok(())
+    }
+
     /// Removes a service: its frontend first, then its slots and backends.
     pub fn remove_service(&mut self, s: &ServiceEntry) -> Result<()> {
         {
@@ -255,6 +363,26 @@ fn map<'a, K: aya::Pod, V: aya::Pod>(
     let m = ebpf
         .map_mut(name)
         .ok_or(Error::Missing { kind: "map", name })?;
+    HashMap::try_from(m).map_err(|e| Error::map(format!("opening {name}"), e))
+}
+
+/// A lookup's value, `None` if the key is absent.
+fn found<V>(
+    r: std::result::Result<V, aya::maps::MapError>,
+    op: impl FnOnce() -> String,
+) -> Result<Option<V>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+        Err(e) => Err(Error::map(op(), e)),
+    }
+}
+
+fn map_ref<'a, K: aya::Pod, V: aya::Pod>(
+    ebpf: &'a Ebpf,
+    name: &'static str,
+) -> Result<HashMap<&'a MapData, K, V>> {
+    let m = ebpf.map(name).ok_or(Error::Missing { kind: "map", name })?;
     HashMap::try_from(m).map_err(|e| Error::map(format!("opening {name}"), e))
 }
 
