@@ -121,7 +121,7 @@ impl Scene {
             cgroup,
             client,
             _server: server,
-            pins: pins,
+            pins,
         };
         scene.wait_for_servers()?;
         Ok(scene)
