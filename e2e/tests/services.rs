@@ -390,3 +390,48 @@ fn service_sync_writes_only_changes_and_a_reopened_writer_keeps_every_id() -> Re
     assert!(s.svc.written()?.is_empty());
     Ok(())
 }
+
+#[test]
+fn service_links_pinned_outlive_their_writer_and_move_to_a_new_one() -> Result<()> {
+    let mut s = Scene::new()?;
+    // Another cgroup for the pinned links, so Scene's own attach does not
+    // also translate: the client runs in this one.
+    let pinned = TestCgroup::new()?;
+    let fe = svc_addr("10.96.0.15", 80, TCP)?;
+    s.svc
+        .set_service(&entry(8, fe, SERVER4, TCP, &[0])?, None)?;
+    s.svc.add_netns(s.client_cookie()?)?;
+    let greet = |cg: &TestCgroup| -> Result<String> {
+        let script = format!(
+            "echo $$ > {} && exec ip netns exec {} {} greet 10.96.0.15 80 2",
+            cg.path.join("cgroup.procs").display(),
+            s.client.name(),
+            env!("CARGO_BIN_EXE_podtool")
+        );
+        let out = Command::new("sh").args(["-c", &script]).output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    {
+        let mut writer = Services::open(s.pins.path())?;
+        writer.attach_pinned(s.pins.path(), &pinned.path)?;
+    }
+    // The writer is gone; its links and the maps stay.
+    assert_eq!(greet(&pinned)?.trim(), "backend-a 2");
+    // A new writer moves the pinned links to its programs.
+    let mut again = Services::open(s.pins.path())?;
+    again.attach_pinned(s.pins.path(), &pinned.path)?;
+    drop(again);
+    assert_eq!(greet(&pinned)?.trim(), "backend-a 2");
+    assert!(Services::detach_pinned(s.pins.path())?);
+    assert!(
+        greet(&pinned).is_err(),
+        "detached: the frontend itself, unrouted"
+    );
+    assert!(!Services::detach_pinned(s.pins.path())?);
+    Ok(())
+}

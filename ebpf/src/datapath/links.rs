@@ -70,7 +70,7 @@ impl LinkKind {
 /// Pins an attached program's `link` at `pin` as a bpf_link, so that the
 /// attachment outlives this process; `no_fd` is the error's wording when
 /// the kernel cannot make it an fd link.
-fn pin_link<L>(link: L, pin: &Path, no_fd: &'static str) -> Result<()>
+pub(crate) fn pin_link<L>(link: L, pin: &Path, no_fd: &'static str) -> Result<()>
 where
     FdLink: TryFrom<L>,
     <FdLink as TryFrom<L>>::Error: std::error::Error,

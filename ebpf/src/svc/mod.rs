@@ -14,6 +14,7 @@ pub use plan::{plan, Ids, Op, Want};
 use std::{
     collections::BTreeMap,
     fs,
+    os::fd::AsFd,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
 };
@@ -108,6 +109,54 @@ impl Services {
             })?;
         }
         Ok(())
+    }
+
+    /// Attaches every program to `cgroup` through links pinned under
+    /// `svc-layout-<N>/links`, so that translation goes on while no agent
+    /// runs; where a link is pinned already (an agent restart, an upgrade)
+    /// it is moved to this build's program at once (BPF_LINK_UPDATE), with
+    /// no moment without a program.
+    pub fn attach_pinned(&mut self, pin_dir: &Path, cgroup: &Path) -> Result<()> {
+        let links = svc_layout_dir(pin_dir).join("links");
+        fs::create_dir_all(&links).map_err(|e| Error::io("creating", &links, e))?;
+        let dir = fs::File::open(cgroup).map_err(|e| Error::io("opening", cgroup, e))?;
+        for name in SOCK_PROGRAMS {
+            let pin = links.join(name);
+            let prog: &mut CgroupSockAddr = program(&mut self.ebpf, name)?;
+            if pin.exists() {
+                let fd = prog
+                    .fd()
+                    .map_err(|e| Error::program(format!("the fd of {name}"), e))?;
+                crate::sys::update_pinned_link(&pin, fd.as_fd())
+                    .map_err(|e| Error::io("moving the link", &pin, e))?;
+                continue;
+            }
+            let id = prog.attach(&dir, CgroupAttachMode::Single).map_err(|e| {
+                Error::program(format!("attaching {name} to {}", cgroup.display()), e)
+            })?;
+            let link = prog
+                .take_link(id)
+                .map_err(|e| Error::program(format!("taking the link of {name}"), e))?;
+            crate::datapath::links::pin_link(link, &pin, "making a cgroup link pinnable")?;
+        }
+        Ok(())
+    }
+
+    /// Detaches the pinned links (uninstall): no socket is translated from
+    /// then on. True if any was there.
+    pub fn detach_pinned(pin_dir: &Path) -> Result<bool> {
+        let links = svc_layout_dir(pin_dir).join("links");
+        let mut any = false;
+        for name in SOCK_PROGRAMS {
+            let pin = links.join(name);
+            if pin.exists() {
+                crate::sys::detach_pinned_link(&pin)
+                    .map_err(|e| Error::io("detaching the link", &pin, e))?;
+                fs::remove_file(&pin).map_err(|e| Error::io("unpinning", &pin, e))?;
+                any = true;
+            }
+        }
+        Ok(any)
     }
 
     /// Translates the sockets of the network namespace with this cookie
