@@ -99,6 +99,7 @@ pub(crate) fn test_record(ns: &str, name: &str, id: &str, ips: Vec<std::net::IpA
         headroom_effective: None,
         pod_namespace: ns.into(),
         pod_name: name.into(),
+        netns_cookie: None,
         deleting: false,
     }
 }

@@ -246,6 +246,19 @@ fn add_leaves_the_pod_on_kernel_routing() {
             assert_eq!(pod.offload("eth0", feature).unwrap(), "on", "{feature}");
         }
     }
+    // Each record carries its pod namespace's cookie, as the Service
+    // programs see it (bpf_get_netns_cookie): distinct pods, distinct cookies.
+    let cookies: Vec<u64> = [("ka", &pa), ("kb", &pb)]
+        .iter()
+        .map(|(id, pod)| {
+            let path = net.dir.path().join("state").join(format!("{id}_eth0.json"));
+            let rec: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let want = xdpcni_host::netns::netns_cookie(&pod.path()).unwrap();
+            assert_eq!(rec["netnsCookie"].as_u64(), Some(want), "{id}: {rec}");
+            want
+        })
+        .collect();
+    assert_ne!(cookies[0], cookies[1]);
     assert_eq!(net.node.sysctl_get("net.ipv4.ip_forward").unwrap(), "1");
     let ips_b = result_ips(&b.json);
     ping(&pa, v4(&ips_b), 2).unwrap();

@@ -77,6 +77,11 @@ pub struct Record {
     /// K8S_POD_NAME, when the runtime gave it.
     #[serde(default)]
     pub pod_name: String,
+    /// The pod network namespace's cookie (`SO_NETNS_COOKIE`), read at ADD:
+    /// how the Service programs know this pod's sockets. None in records of
+    /// releases before it (the agent then reads it from `netns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_cookie: Option<u64>,
     /// Set by DEL before it removes anything: the pod is going, and a veth
     /// found missing is its DEL's doing, not a deletion behind the CNI's
     /// back (the agent reports only the latter).

@@ -45,6 +45,7 @@ fn record() -> impl Strategy<Value = Record> {
                 headroom_effective: he,
                 pod_namespace: ns,
                 pod_name: name,
+                netns_cookie: (index % 3 == 0).then_some(u64::from(index)),
                 deleting: index % 2 == 0,
             },
         )

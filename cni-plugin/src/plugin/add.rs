@@ -350,6 +350,9 @@ impl Add<'_> {
                 .cloned()
                 .unwrap_or_default(),
             pod_name: env.args.get("K8S_POD_NAME").cloned().unwrap_or_default(),
+            // Only the Service translation needs it, and the agent reads it
+            // from `netns` where a record lacks it: no reason to fail an ADD.
+            netns_cookie: xdpcni_host::netns::netns_cookie(self.netns).ok(),
             deleting: false,
         };
         state::save(&conf.state_dir, &rec)?;
