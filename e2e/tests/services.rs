@@ -323,6 +323,19 @@ fn service_translates_only_the_namespaces_it_names() -> Result<()> {
         .is_err());
     assert!(s.svc.remove_netns(cookie)?);
     assert!(s.greet("10.96.0.12:80".parse()?, 1).is_err());
+    // The writer's sync: exactly the node's pods, added then removed.
+    let only = std::collections::BTreeSet::from([cookie]);
+    assert_eq!(s.svc.sync_netns(&only)?, (1, 0));
+    assert_eq!(s.svc.sync_netns(&only)?, (0, 0));
+    assert_eq!(
+        s.greet("10.96.0.12:80".parse()?, 2)?.values().sum::<u32>(),
+        2
+    );
+    assert_eq!(
+        s.svc.sync_netns(&std::collections::BTreeSet::new())?,
+        (0, 1)
+    );
+    assert!(s.greet("10.96.0.12:80".parse()?, 1).is_err());
     Ok(())
 }
 

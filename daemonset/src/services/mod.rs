@@ -1,5 +1,95 @@
 //! Services translated at the socket for this node's pods (issue 34; see
 //! ebpf/src/services.bpf.c): what the cluster's Services mean for this
-//! node ([`model`]).
+//! node ([`model`]), as the Service maps' writer wants it ([`wants`]), and
+//! which network namespaces are this node's pods ([`pod_netns`]).
 
 pub mod model;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, L4Proto, ServiceWant};
+use xdpcni_host::state::Record;
+
+use self::model::Frontend;
+
+fn proto_number(p: L4Proto) -> u8 {
+    match p {
+        L4Proto::Tcp => 6,
+        L4Proto::Udp => 17,
+    }
+}
+
+/// The writer's wants: each frontend with its backends keyed as the
+/// programs read them. A frontend in two Services (never, for cluster IPs)
+/// keeps the first.
+pub fn wants(frontends: &[Frontend]) -> BTreeMap<SvcAddr, ServiceWant> {
+    let mut out = BTreeMap::new();
+    for f in frontends {
+        let p = proto_number(f.proto);
+        out.entry(SvcAddr::new(f.addr, p))
+            .or_insert_with(|| ServiceWant {
+                flags: if f.affinity.is_some() {
+                    SVC_AFFINITY
+                } else {
+                    0
+                },
+                affinity_timeout: f.affinity.unwrap_or(0),
+                backends: f.backends.iter().map(|b| SvcAddr::new(*b, p)).collect(),
+            });
+    }
+    out
+}
+
+/// The network namespace cookies of this node's live pods: from each
+/// record, or read from its namespace where an older plugin wrote none
+/// (skipped when that namespace is gone: its pod is going).
+pub fn pod_netns(records: &[Record]) -> BTreeSet<u64> {
+    records
+        .iter()
+        .filter(|r| !r.deleting)
+        .filter_map(|r| {
+            r.netns_cookie
+                .or_else(|| xdpcni_host::netns::netns_cookie(Path::new(&r.netns)).ok())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::test_record;
+
+    #[test]
+    fn wants_key_frontends_and_backends_with_the_protocol_and_affinity() {
+        let f = Frontend {
+            addr: "10.96.0.10:53".parse().unwrap(),
+            proto: L4Proto::Udp,
+            affinity: Some(60),
+            backends: vec!["10.244.0.5:5353".parse().unwrap()],
+            service: "ns/dns".into(),
+        };
+        let w = wants(&[f]);
+        let (fe, want) = w.iter().next().unwrap();
+        assert_eq!(fe.proto, 17);
+        assert_eq!(fe.port, 53u16.to_be());
+        assert_eq!((want.flags, want.affinity_timeout), (SVC_AFFINITY, 60));
+        assert_eq!(want.backends[0].proto, 17);
+        assert_eq!(want.backends[0].port, 5353u16.to_be());
+    }
+
+    #[test]
+    fn pod_netns_takes_recorded_cookies_and_skips_pods_being_deleted() {
+        let mut a = test_record("ns", "a", "ca", vec![]);
+        a.netns_cookie = Some(7);
+        let mut b = test_record("ns", "b", "cb", vec![]);
+        b.netns_cookie = Some(8);
+        b.deleting = true;
+        // No cookie and a namespace path that does not exist: skipped.
+        let mut c = test_record("ns", "c", "cc", vec![]);
+        c.netns = "/nonexistent/netns".into();
+        assert_eq!(pod_netns(&[a, b, c]), BTreeSet::from([7]));
+    }
+}

@@ -173,6 +173,27 @@ impl Services {
         })
     }
 
+    /// Makes `svc_netns` hold exactly `want` (the node's pods' namespaces):
+    /// the new ones added first, then the gone ones removed. Returns
+    /// (added, removed).
+    pub fn sync_netns(&mut self, want: &std::collections::BTreeSet<u64>) -> Result<(usize, usize)> {
+        let have: std::collections::BTreeSet<u64> = {
+            let m: HashMap<&MapData, u64, u32> = map_ref(&self.ebpf, "svc_netns")?;
+            m.keys().filter_map(|k| k.ok()).collect()
+        };
+        let mut counts = (0, 0);
+        for c in want.difference(&have) {
+            self.add_netns(*c)?;
+            counts.0 += 1;
+        }
+        for c in have.difference(want) {
+            if self.remove_netns(*c)? {
+                counts.1 += 1;
+            }
+        }
+        Ok(counts)
+    }
+
     /// Stops translating that namespace's sockets.
     pub fn remove_netns(&mut self, cookie: u64) -> Result<bool> {
         let mut m: HashMap<&mut MapData, u64, u32> = map(&mut self.ebpf, "svc_netns")?;
