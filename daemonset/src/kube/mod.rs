@@ -80,11 +80,7 @@ pub fn nat_ports(
     pods: &[Arc<Pod>],
 ) -> BTreeSet<(IpAddr, L4Proto, u16)> {
     let local: HashSet<IpAddr> = records.iter().flat_map(|r| r.ips.iter().copied()).collect();
-    let proto = |p: Option<&str>| match p.unwrap_or("TCP") {
-        "TCP" => Some(L4Proto::Tcp),
-        "UDP" => Some(L4Proto::Udp),
-        _ => None,
-    };
+    let proto = crate::services::model::proto;
     let mut out = BTreeSet::new();
     for ep in endpoints {
         for subset in ep.subsets.iter().flatten() {

@@ -10,17 +10,10 @@ use std::{
     path::Path,
 };
 
-use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, L4Proto, ServiceWant};
+use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, ServiceWant};
 use xdpcni_host::state::Record;
 
 use self::model::Frontend;
-
-fn proto_number(p: L4Proto) -> u8 {
-    match p {
-        L4Proto::Tcp => 6,
-        L4Proto::Udp => 17,
-    }
-}
 
 /// The writer's wants: each frontend with its backends keyed as the
 /// programs read them. A frontend in two Services (never, for cluster IPs)
@@ -28,7 +21,7 @@ fn proto_number(p: L4Proto) -> u8 {
 pub fn wants(frontends: &[Frontend]) -> BTreeMap<SvcAddr, ServiceWant> {
     let mut out = BTreeMap::new();
     for f in frontends {
-        let p = proto_number(f.proto);
+        let p = f.proto.number();
         out.entry(SvcAddr::new(f.addr, p))
             .or_insert_with(|| ServiceWant {
                 flags: if f.affinity.is_some() {
@@ -61,6 +54,7 @@ pub fn pod_netns(records: &[Record]) -> BTreeSet<u64> {
 mod tests {
     use super::*;
     use crate::records::test_record;
+    use xdpcni_ebpf::L4Proto;
 
     #[test]
     fn wants_key_frontends_and_backends_with_the_protocol_and_affinity() {

@@ -61,7 +61,9 @@ pub struct Frontend {
     pub service: String,
 }
 
-fn proto(p: Option<&str>) -> Option<L4Proto> {
+/// The protocol of a Service, EndpointSlice or Endpoints port (TCP when
+/// unset), if it is one the datapath handles.
+pub(crate) fn proto(p: Option<&str>) -> Option<L4Proto> {
     match p.unwrap_or("TCP") {
         "TCP" => Some(L4Proto::Tcp),
         "UDP" => Some(L4Proto::Udp),

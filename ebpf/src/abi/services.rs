@@ -1,9 +1,9 @@
 //! The `#[repr(C)]` twins of the Service structs of `include/xdpcni.h`
 //! (services.bpf.c's maps), with their compile-time layout checks.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
-use super::{c_layout, FAMILY_IPV4, FAMILY_IPV6};
+use super::{c_layout, family_addr};
 
 /// The Service maps' layout: their pin directory is `svc-layout-<N>`.
 pub const SVC_LAYOUT: u32 = c_layout::XDPCNI_SVC_LAYOUT;
@@ -35,17 +35,7 @@ pub struct SvcAddr {
 impl SvcAddr {
     /// `to` as the programs key it, for protocol number `proto`.
     pub fn new(to: SocketAddr, proto: u8) -> Self {
-        let mut addr = [0u8; 16];
-        let family = match to.ip() {
-            IpAddr::V4(a) => {
-                addr[..4].copy_from_slice(&a.octets());
-                FAMILY_IPV4
-            }
-            IpAddr::V6(a) => {
-                addr.copy_from_slice(&a.octets());
-                FAMILY_IPV6
-            }
-        };
+        let (family, addr) = family_addr(to.ip());
         Self {
             addr,
             port: to.port().to_be(),

@@ -177,7 +177,8 @@ pub enum L4Proto {
 }
 
 impl L4Proto {
-    pub(super) const fn number(self) -> u8 {
+    /// Its IP protocol number (`IPPROTO_TCP`, `IPPROTO_UDP`).
+    pub const fn number(self) -> u8 {
         match self {
             Self::Tcp => 6,
             Self::Udp => 17,
