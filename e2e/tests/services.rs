@@ -86,7 +86,7 @@ struct Scene {
     svc: Services,
     cgroup: TestCgroup,
     client: Netns,
-    _server: Netns,
+    server: Netns,
     pins: PinDir,
 }
 
@@ -120,7 +120,7 @@ impl Scene {
             svc,
             cgroup,
             client,
-            _server: server,
+            server,
             pins,
         };
         scene.wait_for_servers()?;
@@ -253,16 +253,58 @@ fn service_connect_reaches_every_backend_and_shows_the_frontend_ipv4_and_ipv6() 
 fn service_udp_unconnected_sends_stay_on_one_backend_and_replies_show_the_frontend() -> Result<()> {
     let mut s = Scene::new()?;
     s.svc.add_netns(s.client_cookie()?)?;
-    for (id, vip, server) in [(3, "10.96.0.53", SERVER4), (4, "fd96::53", SERVER6)] {
+    // Each backend's datagrams counted where they arrive, per family.
+    s.server.exec(&["nft", "add", "table", "inet", "xsvc"])?;
+    s.server.exec(&[
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        "xsvc",
+        "in",
+        "{ type filter hook input priority 0 ; }",
+    ])?;
+    for family in ["ipv4", "ipv6"] {
+        for (_, port) in PORTS {
+            let rule = format!("meta nfproto {family} udp dport {port} counter");
+            s.server
+                .exec(&["nft", "add", "rule", "inet", "xsvc", "in", &rule])?;
+        }
+    }
+    let counts = |family: &str| -> Result<Vec<u64>> {
+        let listed = s
+            .server
+            .exec(&["nft", "list", "chain", "inet", "xsvc", "in"])?;
+        PORTS
+            .iter()
+            .map(|(_, port)| {
+                let line = listed
+                    .lines()
+                    .find(|l| l.contains(&format!("nfproto {family} udp dport {port} ")))
+                    .with_context(|| format!("no counter for {family} {port} in {listed}"))?;
+                let n = line
+                    .split_whitespace()
+                    .skip_while(|w| *w != "packets")
+                    .nth(1)
+                    .context("packets")?;
+                Ok(n.parse()?)
+            })
+            .collect()
+    };
+    for (id, vip, server, family) in [
+        (3, "10.96.0.53", SERVER4, "ipv4"),
+        (4, "fd96::53", SERVER6, "ipv6"),
+    ] {
         let fe = svc_addr(vip, 53, UDP)?;
         s.svc
             .set_service(&entry(id, fe, server, UDP, &[0, 1])?, None)?;
-        // 50 datagrams from one socket: each echoed, from the frontend
-        // (podtool checks the source), by one backend (a second backend
-        // would echo too, so this alone does not show stickiness: the next
-        // test's TCP greetings show the choice; here the reverse path).
+        // 50 datagrams from one socket: each echoed from the frontend
+        // (podtool checks the source), all by one of the two backends.
         let out = s.run_client(true, &["echo", vip, "53", "50"])?;
         assert_eq!(out.trim(), "50 echoed", "{vip}");
+        let mut got = counts(family)?;
+        got.sort();
+        assert_eq!(got, vec![0, 50], "{vip}: datagrams per backend");
     }
     Ok(())
 }
