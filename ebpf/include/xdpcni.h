@@ -328,4 +328,13 @@ struct svc_choice {
 	__u32 pad;
 };
 
+/*
+ * svc_stats (per-CPU array of __u64): what the programs did with a call
+ * (connect or unconnected sendmsg) of a pod to a frontend.
+ */
+#define XDPCNI_SVC_TRANSLATED 0 /* sent to a backend chosen here */
+#define XDPCNI_SVC_NO_BACKEND 1 /* no ready backend: left to kube-proxy, which refuses */
+#define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy for another reason (family, a full record) */
+#define XDPCNI_SVC_STATS      3
+
 #endif /* XDPCNI_H */

@@ -1,10 +1,12 @@
-//! The BPF filesystem the datapath is pinned on.
+//! The BPF filesystem the datapath is pinned on, and the cgroup v2
+//! filesystem the Service programs attach to.
 
 use std::{ffi::CString, os::unix::ffi::OsStrExt, path::Path};
 
 use crate::{Error, Result};
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 fn c_path(path: &Path) -> Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|e| Error::Invalid {
@@ -15,6 +17,16 @@ fn c_path(path: &Path) -> Result<CString> {
 
 /// Whether `path` lies on a bpffs.
 pub fn is_bpffs(path: &Path) -> Result<bool> {
+    Ok(fs_magic(path)? == BPF_FS_MAGIC)
+}
+
+/// Whether `path` lies on a cgroup v2 filesystem.
+pub fn is_cgroup2(path: &Path) -> Result<bool> {
+    Ok(fs_magic(path)? == CGROUP2_SUPER_MAGIC)
+}
+
+/// The type of the filesystem `path` lies on (statfs's `f_type`).
+fn fs_magic(path: &Path) -> Result<i64> {
     let c = c_path(path)?;
     // SAFETY: statfs is plain old data; zeroed is a valid initial value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
@@ -22,8 +34,9 @@ pub fn is_bpffs(path: &Path) -> Result<bool> {
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return Err(Error::io("statfs", path, std::io::Error::last_os_error()));
     }
+    // f_type's integer type differs between targets.
     #[allow(clippy::unnecessary_cast)]
-    Ok(st.f_type as i64 == BPF_FS_MAGIC)
+    Ok(st.f_type as i64)
 }
 
 /// Mounts a bpffs on `path` (created if missing) unless one is there.

@@ -27,8 +27,8 @@ pub use datapath::{
 pub use error::{Error, Result};
 pub use migrate::Pinned;
 pub use svc::{
-    plan as plan_services, svc_layout_dir, Ids as ServiceIds, Op as ServiceOp, ServiceEntry,
-    Services, Want as ServiceWant, SERVICES_OBJECT, SOCK_PROGRAMS,
+    cgroup2_root, plan as plan_services, svc_layout_dir, Ids as ServiceIds, Op as ServiceOp,
+    ServiceEntry, ServiceStats, Services, Want as ServiceWant, SERVICES_OBJECT, SOCK_PROGRAMS,
 };
 pub use sys::LinkState;
 

@@ -82,6 +82,22 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_affinity SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XDPCNI_SVC_STATS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_stats SEC(".maps");
+
+static __always_inline void count(__u32 what)
+{
+	__u64 *n = bpf_map_lookup_elem(&svc_stats, &what);
+
+	if (n)
+		*n += 1;
+}
+
 static __always_inline int in_scope(struct bpf_sock_addr *ctx)
 {
 	__u64 ns = bpf_get_netns_cookie(ctx);
@@ -203,14 +219,25 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int stic
 	svc = bpf_map_lookup_elem(&services, &fe);
 	if (!svc)
 		return SOCK_GO_ON;
-	b = choose(ctx, svc, sticky);
-	if (!b || b->family != fe.family)
+	if (!svc->count) {
+		count(XDPCNI_SVC_NO_BACKEND);
 		return SOCK_GO_ON;
+	}
+	b = choose(ctx, svc, sticky);
+	if (!b || b->family != fe.family) {
+		count(XDPCNI_SVC_LEFT);
+		return SOCK_GO_ON;
+	}
 	rk.cookie = bpf_get_socket_cookie(ctx);
 	rk.to = *b;
 	rk.to.proto = fe.proto;
-	bpf_map_update_elem(&svc_revnat, &rk, &fe, BPF_ANY);
+	/* Without its reverse record, replies would show the backend: leave it. */
+	if (bpf_map_update_elem(&svc_revnat, &rk, &fe, BPF_ANY)) {
+		count(XDPCNI_SVC_LEFT);
+		return SOCK_GO_ON;
+	}
 	write_addr(ctx, b, v6);
+	count(XDPCNI_SVC_TRANSLATED);
 	return SOCK_GO_ON;
 }
 

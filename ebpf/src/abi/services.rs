@@ -18,6 +18,16 @@ pub const SVC_MAX_CHOICES: u32 = c_layout::XDPCNI_SVC_MAX_CHOICES;
 /// `svc_value.flags`: sessionAffinity ClientIP.
 pub const SVC_AFFINITY: u32 = c_layout::XDPCNI_SVC_AFFINITY;
 
+/// `svc_stats` rows: calls translated to a backend chosen at the socket.
+pub const SVC_TRANSLATED: u32 = c_layout::XDPCNI_SVC_TRANSLATED;
+/// `svc_stats` rows: calls to a frontend with no ready backend (left to
+/// kube-proxy, which refuses them).
+pub const SVC_NO_BACKEND: u32 = c_layout::XDPCNI_SVC_NO_BACKEND;
+/// `svc_stats` rows: calls left to kube-proxy for another reason.
+pub const SVC_LEFT: u32 = c_layout::XDPCNI_SVC_LEFT;
+/// `svc_stats` rows.
+pub const SVC_STATS: u32 = c_layout::XDPCNI_SVC_STATS;
+
 /// `struct svc_addr`: a frontend or a backend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -403,7 +403,8 @@ impl Datapath {
     }
 
     /// Removes every pin under `pin_dir`, detaching the datapath (and every
-    /// hold) from every veth and freeing its maps once no process holds them.
+    /// hold) from every veth and the Service programs from their cgroup, and
+    /// freeing the maps once no process holds them.
     pub fn uninstall(pin_dir: &Path) -> Result<()> {
         if !pin_dir.exists() {
             return Ok(());
@@ -411,6 +412,7 @@ impl Datapath {
         for (_, _, pin) in link_pins(pin_dir)? {
             unpin_link(&pin)?;
         }
+        crate::svc::Services::detach_pinned(pin_dir)?;
         fs::remove_dir_all(pin_dir).map_err(|e| Error::io("removing", pin_dir, e))
     }
 }

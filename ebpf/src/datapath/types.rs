@@ -184,6 +184,14 @@ impl L4Proto {
             Self::Udp => 17,
         }
     }
+
+    /// Its name as Kubernetes writes it (`TCP`, `UDP`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+        }
+    }
 }
 
 /// What `Maps::fill_from` copied.
