@@ -121,6 +121,51 @@ pub struct Config {
     /// How this node reaches the other nodes' pods (Kubernetes mode).
     #[serde(default, skip_serializing_if = "RoutingConfig::is_default")]
     pub routing: RoutingConfig,
+    /// ClusterIP Services translated at the node's pods' sockets
+    /// (Kubernetes mode; docs/services.md).
+    #[serde(default, skip_serializing_if = "ServicesConfig::is_default")]
+    pub services: ServicesConfig,
+}
+
+/// Where the Service programs attach when no path is given: the host's
+/// cgroup mount (cgroup2 itself, or a v1 layout's `unified` beneath it).
+pub const DEFAULT_CGROUP: &str = "/sys/fs/cgroup";
+
+fn default_cgroup() -> PathBuf {
+    PathBuf::from(DEFAULT_CGROUP)
+}
+
+fn default_translate() -> bool {
+    true
+}
+
+/// The config's `services` object (the chart's `services`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServicesConfig {
+    /// Translate ClusterIP Services at the socket (default true); false
+    /// leaves every Service to kube-proxy.
+    #[serde(default = "default_translate")]
+    pub translate: bool,
+    /// The cgroup v2 root, or the directory it is mounted under as
+    /// `unified` (default [`DEFAULT_CGROUP`]).
+    #[serde(default = "default_cgroup")]
+    pub cgroup: PathBuf,
+}
+
+impl ServicesConfig {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl Default for ServicesConfig {
+    fn default() -> Self {
+        Self {
+            translate: default_translate(),
+            cgroup: default_cgroup(),
+        }
+    }
 }
 
 fn default_routing() -> String {
@@ -210,6 +255,7 @@ impl Config {
             interval_ms: default_interval(),
             forward_scan_ms: default_forward_scan(),
             routing: RoutingConfig::default(),
+            services: ServicesConfig::default(),
         }
     }
 

@@ -11,17 +11,18 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    path::PathBuf,
     sync::{mpsc, Arc},
 };
 
 use tokio::sync::oneshot;
 use tracing::Span;
-use xdpcni_ebpf::L4Proto;
+use xdpcni_ebpf::{abi::SvcAddr, L4Proto, ServiceWant};
 use xdpcni_host::state::Record;
 
 use crate::{
     apply::ApplyError,
-    reconciler::{PodInput, PodOutcome, Reconciler},
+    reconciler::{PodInput, PodOutcome, Reconciler, ServicesSynced},
 };
 
 /// The datapath owner did not answer: its thread is gone, or the command
@@ -52,6 +53,13 @@ enum Command {
         BTreeSet<(IpAddr, L4Proto, u16)>,
         Reply<DatapathResult<(usize, usize)>>,
     ),
+    /// Load and attach the Service programs (pin directory, cgroup).
+    OpenServices(Box<(PathBuf, PathBuf)>, Reply<DatapathResult<()>>),
+    /// Make the Service maps hold these frontends for these namespaces.
+    SyncServices(
+        Box<(BTreeMap<SvcAddr, ServiceWant>, BTreeSet<u64>)>,
+        Reply<DatapathResult<ServicesSynced>>,
+    ),
 }
 
 impl Command {
@@ -74,6 +82,12 @@ impl Command {
             }
             Self::SyncNatPorts(want, reply) => {
                 let _ = reply.send(r.sync_nat_ports(&want));
+            }
+            Self::OpenServices(at, reply) => {
+                let _ = reply.send(r.open_services(&at.0, &at.1));
+            }
+            Self::SyncServices(job, reply) => {
+                let _ = reply.send(r.sync_services(&job.0, &job.1));
             }
         }
     }
@@ -146,6 +160,26 @@ impl Owner {
         records: Arc<Vec<Record>>,
     ) -> Result<DatapathResult<usize>, OwnerGone> {
         self.ask(|r| Command::Collect(records, r)).await
+    }
+
+    /// [`Reconciler::open_services`].
+    pub async fn open_services(
+        &self,
+        pin_dir: PathBuf,
+        cgroup: PathBuf,
+    ) -> Result<DatapathResult<()>, OwnerGone> {
+        self.ask(|r| Command::OpenServices(Box::new((pin_dir, cgroup)), r))
+            .await
+    }
+
+    /// [`Reconciler::sync_services`].
+    pub async fn sync_services(
+        &self,
+        want: BTreeMap<SvcAddr, ServiceWant>,
+        netns: BTreeSet<u64>,
+    ) -> Result<DatapathResult<ServicesSynced>, OwnerGone> {
+        self.ask(|r| Command::SyncServices(Box::new((want, netns)), r))
+            .await
     }
 
     /// [`Reconciler::sync_nat_ports`].

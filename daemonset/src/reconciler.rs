@@ -11,7 +11,7 @@ use std::{
 };
 
 use tracing::{info, warn};
-use xdpcni_ebpf::{Datapath, L4Proto};
+use xdpcni_ebpf::{abi::SvcAddr, Datapath, L4Proto, ServiceWant, Services};
 use xdpcni_host::{pod::XdpMode, state::Record};
 
 use crate::{
@@ -230,6 +230,16 @@ pub struct Reconciler {
     online: u64,
     state_dir: std::path::PathBuf,
     reported: HashMap<PodKey, String>,
+    services: Option<Services>,
+}
+
+/// What one pass of the Service writer did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServicesSynced {
+    /// Frontends written or removed.
+    pub writes: usize,
+    /// Pod network namespaces added to and removed from translation.
+    pub netns: (usize, usize),
 }
 
 impl Reconciler {
@@ -243,7 +253,43 @@ impl Reconciler {
             online,
             state_dir,
             reported: HashMap::new(),
+            services: None,
         }
+    }
+
+    /// Loads the Service programs with their maps pinned under `pin_dir`
+    /// and attaches them to the cgroup v2 root `cgroup` through pinned
+    /// links (moved to this build's programs where an earlier agent left
+    /// them). From then on [`Reconciler::sync_services`] writes their maps.
+    pub fn open_services(
+        &mut self,
+        pin_dir: &std::path::Path,
+        cgroup: &std::path::Path,
+    ) -> Result<(), xdpcni_ebpf::Error> {
+        let mut s = Services::open(pin_dir)?;
+        s.attach_pinned(pin_dir, cgroup)?;
+        self.services = Some(s);
+        Ok(())
+    }
+
+    /// Makes the Service maps hold `want` (frontend -> backends) for the
+    /// sockets of the network namespaces `netns` (the node's pods): the
+    /// namespaces first, so a new pod is translated as soon as its Services
+    /// are, then the frontends in the writer's safe order.
+    pub fn sync_services(
+        &mut self,
+        want: &BTreeMap<SvcAddr, ServiceWant>,
+        netns: &BTreeSet<u64>,
+    ) -> Result<ServicesSynced, xdpcni_ebpf::Error> {
+        let Some(s) = self.services.as_mut() else {
+            return Err(xdpcni_ebpf::Error::Invalid {
+                what: "services",
+                why: "the Service programs are not loaded".into(),
+            });
+        };
+        let netns = s.sync_netns(netns)?;
+        let writes = s.sync(want)?;
+        Ok(ServicesSynced { writes, netns })
     }
 
     /// Applies the wish of `pod` (annotations over the node defaults) to

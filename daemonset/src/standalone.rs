@@ -37,6 +37,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     let interval = Duration::from_millis(cfg.interval_ms);
     let core = Core::open(cfg).await?;
     core.set_agent_mode("standalone", None);
+    core.services_off(Some("standalone mode: no API server to read Services from"));
     core.serve(shutdown.clone()).await?;
     // No NetworkPolicies without Kubernetes: no pod is isolated, every pod
     // is classified (a pod held at ADD, before the gate was written, is

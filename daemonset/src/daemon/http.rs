@@ -182,6 +182,13 @@ impl Core {
             .clone();
         let mut policies = view.book.policy();
         policies.known = self.policy_facts.borrow().is_some();
+        let mut services = view.book.services();
+        if services.cgroup.is_some() {
+            if let Ok(Some(st)) = xdpcni_ebpf::ServiceStats::read_pinned(&self.cfg.pin_dir) {
+                services.translated = st.translated;
+                services.no_backend = st.no_backend;
+            }
+        }
         Status {
             version: env!("CARGO_PKG_VERSION").into(),
             agent_mode: agent_mode.into(),
@@ -192,6 +199,7 @@ impl Core {
             datapath,
             defaults,
             policies,
+            services,
             unreadable_records: self.records.unreadable_count(),
             pods,
         }

@@ -27,6 +27,7 @@ use node_work::{ForwardScan, NodeMemo};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -48,7 +49,7 @@ use crate::{
     owner::{Owner, OwnerGone},
     reconciler::{Hold, KernelOnly, PodInput, PodOutcome, PolicyFacts, Reconciler},
     records::{pod_key, Annotations, PodKey},
-    status::{self, Book, PodStatus, PolicyStatus},
+    status::{self, Book, FrontendStatus, PodStatus, PolicyStatus, ServicesStatus},
 };
 
 /// How often a converged pod is reconciled again without a change to it (a
@@ -174,6 +175,14 @@ impl Core {
             Arc::clone(&maps),
             Arc::clone(&book),
             Box::new(|| Enforcer::counters().unwrap_or_default()),
+            {
+                let pin_dir = cfg.pin_dir.clone();
+                Box::new(move || {
+                    xdpcni_ebpf::ServiceStats::read_pinned(&pin_dir)
+                        .ok()
+                        .flatten()
+                })
+            },
         );
         metrics.set_datapath(xdpcni_ebpf::abi::LAYOUT, &build);
         let migration_seconds = dp.migration().map_or(0.0, |m| m.duration.as_secs_f64());
@@ -395,6 +404,97 @@ impl Core {
     /// Wakes each of `targets` when the CNI writes or removes a record.
     pub fn watch_records(&self, targets: Vec<Arc<tokio::sync::Notify>>) -> Result<()> {
         self.records.watch(targets)
+    }
+
+    /// Loads the Service programs and attaches them to the cgroup v2 root
+    /// under the config's `services.cgroup`: the cgroup on success, why
+    /// not otherwise (then kube-proxy keeps every Service; the status and
+    /// `xdpcni_reconcile_errors_total{stage="services"}` say so).
+    pub async fn open_services(&self) -> Option<PathBuf> {
+        let opened = match xdpcni_ebpf::cgroup2_root(&self.cfg.services.cgroup) {
+            Ok(root) => self
+                .owner
+                .open_services(self.cfg.pin_dir.clone(), root.clone())
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+                .map(|()| root),
+            Err(e) => Err(e.to_string()),
+        };
+        let mut status = self.view.book.services();
+        status.enabled = true;
+        match opened {
+            Ok(root) => {
+                info!(cgroup = %root.display(), "Service programs attached");
+                status.cgroup = Some(root.display().to_string());
+                status.error = None;
+                self.view.book.set_services(status);
+                Some(root)
+            }
+            Err(e) => {
+                warn!(error = %e, "Service translation off: every Service stays kube-proxy's");
+                self.metrics.error(Stage::Services);
+                status.error = Some(e);
+                self.view.book.set_services(status);
+                None
+            }
+        }
+    }
+
+    /// Says in the status that Service translation is off (the config, or
+    /// a mode without an API server), and why.
+    pub fn services_off(&self, why: Option<&str>) {
+        self.view.book.set_services(ServicesStatus {
+            enabled: self.cfg.services.translate,
+            error: why.map(Into::into),
+            ..ServicesStatus::default()
+        });
+    }
+
+    /// Writes `frontends` into the Service maps for the pod namespaces
+    /// `netns`, through the datapath owner; `since` is when the change that
+    /// asked for it was seen (`xdpcni_service_sync_seconds`). False if the
+    /// write failed (counted, logged, in the status; retried by the caller).
+    pub async fn sync_services(
+        &self,
+        frontends: &[crate::services::model::Frontend],
+        netns: BTreeSet<u64>,
+        since: Instant,
+    ) -> bool {
+        let namespaces = netns.len();
+        let want = crate::services::wants(frontends);
+        let result = match self.owner.sync_services(want, netns).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let mut status = self.view.book.services();
+        let ok = match result {
+            Ok(done) => {
+                self.metrics
+                    .service_sync
+                    .observe(since.elapsed().as_secs_f64());
+                if done.writes > 0 || done.netns != (0, 0) {
+                    info!(
+                        writes = done.writes,
+                        netns_added = done.netns.0,
+                        netns_removed = done.netns.1,
+                        "Service maps updated"
+                    );
+                }
+                status.namespaces = namespaces;
+                status.frontends = frontends.iter().map(FrontendStatus::of).collect();
+                status.sync_error = None;
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "writing the Service maps failed; retrying");
+                self.metrics.error(Stage::Services);
+                status.sync_error = Some(e);
+                false
+            }
+        };
+        self.view.book.set_services(status);
+        ok
     }
 
     /// Reads the FORWARD rules when `forwardScanMs` passed since the last

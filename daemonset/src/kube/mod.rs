@@ -30,6 +30,7 @@
 
 mod node_task;
 pub mod policies;
+mod services;
 
 use std::{
     collections::{BTreeSet, HashSet},
@@ -65,6 +66,7 @@ use crate::{
 use self::{
     node_task::{NodeTask, REPORTER},
     policies::PolicyTask,
+    services::ServiceTask,
 };
 
 /// How soon a pod whose reconcile failed is tried again.
@@ -320,22 +322,30 @@ pub async fn run(cfg: Config) -> Result<()> {
         watcher::Config::default().fields(&format!("spec.nodeName={node}")),
     );
     let (trigger, triggered) = mpsc::channel(1024);
-    let (node_changed, policy_changed, written) = (
+    let (node_changed, policy_changed, written, services_changed) = (
+        Arc::new(Notify::new()),
         Arc::new(Notify::new()),
         Arc::new(Notify::new()),
         Arc::new(Notify::new()),
     );
-    // A CNI record written or removed wakes the record feed, the policy task
-    // and the node task at once.
+    // A CNI record written or removed wakes the record feed, the policy
+    // task, the node task and the Service task at once.
     core.watch_records(vec![
         Arc::clone(&written),
         Arc::clone(&policy_changed),
         Arc::clone(&node_changed),
+        Arc::clone(&services_changed),
     ])?;
     tokio::spawn(feed_records(Arc::clone(&core), written, trigger.clone()));
     let policy_task = PolicyTask::new(&ctx, trigger.clone(), policy_changed);
+    let service_task = if core.config().services.translate {
+        Some(ServiceTask::new(&ctx, node.clone(), services_changed).await?)
+    } else {
+        core.services_off(None);
+        None
+    };
     let node_task = NodeTask::new(&ctx, node, controller.store(), trigger, node_changed);
-    info!("watching this node's pods, network policies, namespaces, all pods, nodes and endpoints");
+    info!("watching this node's pods, network policies, namespaces, all pods, nodes, endpoints and services");
     let controller = controller
         .reconcile_on(tokio_stream::wrappers::ReceiverStream::new(triggered))
         .graceful_shutdown_on(shutdown.clone().wait())
@@ -351,7 +361,14 @@ pub async fn run(cfg: Config) -> Result<()> {
             warn!(error = %e, "the NetworkPolicy task stopped");
         }
     };
-    let (_, _, node_result) = tokio::join!(controller, policy, node_task.run(shutdown));
+    let services_shutdown = shutdown.clone();
+    let services = async move {
+        if let Some(task) = service_task {
+            task.run(services_shutdown).await;
+        }
+    };
+    let (_, _, _, node_result) =
+        tokio::join!(controller, policy, services, node_task.run(shutdown));
     info!("stopping; the datapath stays attached");
     node_result
 }

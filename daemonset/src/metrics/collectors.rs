@@ -1,5 +1,6 @@
 //! The families read at scrape time: per pod from the book and the pinned
-//! maps' counters, and the NetworkPolicy view with the rules' counters.
+//! maps' counters, the NetworkPolicy view with the rules' counters, and
+//! the Service programs' counters.
 
 use std::{collections::BTreeMap, fmt, sync::Arc};
 
@@ -13,6 +14,54 @@ use xdpcni_host::pod::XdpMode;
 
 use super::{DatapathReader, Escaped};
 use crate::status::{Book, IsolatedPod, PodStatus, WhyCode};
+
+/// Reads the Service programs' counters (none where they are not loaded).
+pub type ServiceStatsSource = Box<dyn Fn() -> Option<xdpcni_ebpf::ServiceStats> + Send + Sync>;
+
+/// The Service families, read at scrape time: frontends from the book, the
+/// programs' counters from their pinned map.
+pub struct ServicesCollector {
+    pub(super) source: ServiceStatsSource,
+    pub(super) book: Arc<Book>,
+}
+
+impl fmt::Debug for ServicesCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServicesCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for ServicesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let view = self.book.services();
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_service_frontends",
+            "ClusterIP frontends (address, port, protocol) translated at the node's pods' sockets, by whether they have a ready backend (none: left to kube-proxy, which refuses)",
+            None,
+            MetricType::Gauge,
+        )?;
+        let ready = view.frontends.iter().filter(|f| f.backends > 0).count();
+        for (backends, n) in [("ready", ready), ("none", view.frontends.len() - ready)] {
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("backends", backends)])?)?;
+        }
+        let st = (self.source)().unwrap_or_default();
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_service_calls",
+            "Calls (connect, unconnected sendmsg) of the node's pods to a ClusterIP frontend, by what the socket programs did: translated to a backend, no_backend (left to kube-proxy, which refuses), left (to kube-proxy for another reason)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("translated", st.translated),
+            ("no_backend", st.no_backend),
+            ("left", st.left),
+        ] {
+            ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
+        }
+        Ok(())
+    }
+}
 
 /// The per-pod families, read at scrape time: the pods from the book,
 /// their counters from the pinned maps.

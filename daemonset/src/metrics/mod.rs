@@ -64,11 +64,13 @@ pub enum Stage {
     Gate,
     /// Applying NetworkPolicy rules (nftables).
     Netpol,
+    /// Loading the Service programs or writing their maps.
+    Services,
 }
 
 impl Stage {
     /// Every stage (all are exported from the start, at 0).
-    pub const ALL: [Stage; 9] = [
+    pub const ALL: [Stage; 10] = [
         Self::Apply,
         Self::Records,
         Self::NatPorts,
@@ -78,6 +80,7 @@ impl Stage {
         Self::Pins,
         Self::Gate,
         Self::Netpol,
+        Self::Services,
     ];
 
     /// The label value.
@@ -92,13 +95,17 @@ impl Stage {
             Self::Pins => "pins",
             Self::Gate => "gate",
             Self::Netpol => "netpol",
+            Self::Services => "services",
         }
     }
 }
 
 mod collectors;
 
-pub use collectors::{family_name, PodsCollector, PolicyCollector, PolicyCounterSource};
+pub use collectors::{
+    family_name, PodsCollector, PolicyCollector, PolicyCounterSource, ServiceStatsSource,
+    ServicesCollector,
+};
 
 /// What scrapes and /v1/status read of the datapath: the pinned maps in
 /// the agent (a fake in unit tests).
@@ -144,6 +151,8 @@ pub struct Metrics {
     pub migration: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// `xdpcni_node_routes{via}`.
     pub node_routes: Family<OneLabel, Gauge>,
+    /// `xdpcni_service_sync_seconds`: a watch event to the Service maps.
+    pub service_sync: Histogram,
 }
 
 /// `metric`, registered in `registry` as `name` with `help`.
@@ -164,12 +173,13 @@ fn duration_histogram() -> Histogram {
 
 impl Metrics {
     /// Metrics whose per-pod and policy families read `book` and the
-    /// counters in `maps` at scrape time, and the policy drop counters
-    /// `policy_source`.
+    /// counters in `maps` at scrape time, the policy drop counters
+    /// `policy_source`, and the Service programs' counters `service_source`.
     pub fn new(
         maps: Arc<dyn DatapathReader>,
         book: Arc<Book>,
         policy_source: PolicyCounterSource,
+        service_source: ServiceStatsSource,
     ) -> Self {
         let mut r = Registry::default();
         let errors = Family::<OneLabel, Counter>::default();
@@ -251,6 +261,12 @@ impl Metrics {
                 "Time of one nftables transaction putting the node's NetworkPolicy rules in force",
                 duration_histogram(),
             ),
+            service_sync: add(
+                &mut r,
+                "xdpcni_service_sync_seconds",
+                "Time from a Service, EndpointSlice or Endpoints watch event (or a pod's record) to the Service maps holding it",
+                duration_histogram(),
+            ),
             registry: Registry::default(),
         };
         r.register_collector(Box::new(PodsCollector {
@@ -259,6 +275,10 @@ impl Metrics {
         }));
         r.register_collector(Box::new(PolicyCollector {
             source: policy_source,
+            book: Arc::clone(&book),
+        }));
+        r.register_collector(Box::new(ServicesCollector {
+            source: service_source,
             book,
         }));
         Self {
@@ -371,7 +391,18 @@ mod tests {
     #[test]
     fn families_by_verdict_kind_modes_errors_and_histogram() {
         let book = Arc::new(Book::default());
-        let m = Metrics::new(Arc::new(Fake), Arc::clone(&book), Box::new(BTreeMap::new));
+        let m = Metrics::new(
+            Arc::new(Fake),
+            Arc::clone(&book),
+            Box::new(BTreeMap::new),
+            Box::new(|| {
+                Some(xdpcni_ebpf::ServiceStats {
+                    translated: 4,
+                    no_backend: 1,
+                    left: 0,
+                })
+            }),
+        );
         book.set_pod(pod(WhyCode::NodeDefault));
         m.error(Stage::Routes);
         m.observe("pod", 0.002);
@@ -400,6 +431,20 @@ mod tests {
         );
         assert!(text.contains(r#"mode="off"} 0"#));
         assert!(text.contains("\nxdpcni_map_full_pods 0\n"), "{text}");
+        // The Service programs' counters, and the frontends from the book.
+        assert!(
+            text.contains(r#"xdpcni_service_calls_total{result="translated"} 4"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"xdpcni_service_calls_total{result="no_backend"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"xdpcni_service_frontends{backends="ready"} 0"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"xdpcni_reconcile_errors_total{stage="services"} 0"#));
         assert!(
             text.contains(r#"xdpcni_map_entries{map="endpoints4"} 3"#),
             "{text}"

@@ -13,7 +13,10 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+mod services;
 mod table;
+
+pub use services::{FrontendStatus, ServicesStatus};
 
 /// The path of the status endpoint.
 pub const PATH: &str = "/v1/status";
@@ -311,6 +314,9 @@ pub struct Status {
     pub defaults: Defaults,
     /// NetworkPolicy enforcement.
     pub policies: PolicyStatus,
+    /// Service translation at the socket.
+    #[serde(default)]
+    pub services: ServicesStatus,
     /// Pods whose records a failure to read left out (see the agent's log).
     pub unreadable_records: usize,
     /// Every pod, by namespace and name.
@@ -330,6 +336,7 @@ pub fn now() -> f64 {
 pub struct Book {
     pods: Mutex<BTreeMap<String, PodStatus>>,
     policy: Mutex<PolicyStatus>,
+    services: Mutex<ServicesStatus>,
     last_node_pass: Mutex<Option<f64>>,
 }
 
@@ -371,6 +378,19 @@ impl Book {
     /// The NetworkPolicy rules in force.
     pub fn policy(&self) -> PolicyStatus {
         self.policy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records what the Service writer last did.
+    pub fn set_services(&self, s: ServicesStatus) {
+        *self.services.lock().unwrap_or_else(PoisonError::into_inner) = s;
+    }
+
+    /// Service translation as last recorded.
+    pub fn services(&self) -> ServicesStatus {
+        self.services
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -466,6 +486,11 @@ mod tests {
                     ingress: true,
                     egress: false,
                 }],
+            },
+            services: ServicesStatus {
+                enabled: true,
+                cgroup: Some("/sys/fs/cgroup/unified".into()),
+                ..ServicesStatus::default()
             },
             unreadable_records: 0,
             pods: vec![

@@ -112,6 +112,7 @@ impl Status {
                 d.mode, d.redirect, d.cpus
             ),
             format!("Policies:  {}", self.policies.summary()),
+            format!("Services:  {}", self.services.summary()),
             format!("Last pass: {last}"),
             format!("Pods:      {}", self.pods_summary()),
         ];

@@ -1,0 +1,185 @@
+//! The Service task of the Kubernetes mode: keeps the Service maps (the
+//! socket programs' frontends and backends, and the node's pod namespaces
+//! they translate for) equal to what the API says, through the datapath
+//! owner (the one writer). Backends come from EndpointSlices where the
+//! server serves `discovery.k8s.io/v1`, from Endpoints on older servers.
+//!
+//! No window: until its first complete lists the task writes nothing (a
+//! frontend not in the maps is kube-proxy's, never a wrong backend); after
+//! them, each watch event is in the maps one pass later
+//! (`xdpcni_service_sync_seconds`), a removed backend leaving the choice in
+//! that pass. A failed write is retried on the next wake or after [`RETRY`].
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::{
+    core::v1::{Endpoints, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{runtime::reflector::Store, Client, ResourceExt};
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use super::Ctx;
+use crate::{
+    daemon::{Shutdown, RESYNC},
+    services::{
+        model::{frontends, groups_from_endpoints, groups_from_slices, Frontend, Group},
+        pod_netns,
+    },
+};
+
+/// How soon a failed write of the maps is tried again.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// The label an EndpointSlice names its Service with.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// Where a Service's backends are read from.
+enum Backends {
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    Slices(Store<EndpointSlice>),
+    /// `v1` Endpoints (servers before 1.21).
+    Endpoints(Store<Endpoints>),
+}
+
+impl Backends {
+    async fn wait_until_ready(&self) -> Result<()> {
+        match self {
+            Self::Slices(s) => s.wait_until_ready().await?,
+            Self::Endpoints(s) => s.wait_until_ready().await?,
+        }
+        Ok(())
+    }
+
+    /// Each Service's endpoint groups, by (namespace, name).
+    fn groups(&self) -> HashMap<(String, String), Vec<Group>> {
+        let mut out: HashMap<(String, String), Vec<Group>> = HashMap::new();
+        match self {
+            Self::Slices(store) => {
+                let mut by_service: HashMap<(String, String), Vec<Arc<EndpointSlice>>> =
+                    HashMap::new();
+                for s in store.state() {
+                    if let Some(svc) = s.labels().get(SERVICE_NAME_LABEL) {
+                        let key = (s.namespace().unwrap_or_default(), svc.clone());
+                        by_service.entry(key).or_default().push(s);
+                    }
+                }
+                for (key, slices) in by_service {
+                    out.insert(key, groups_from_slices(slices.iter().map(|s| &**s)));
+                }
+            }
+            Self::Endpoints(store) => {
+                for ep in store.state() {
+                    let key = (ep.namespace().unwrap_or_default(), ep.name_any());
+                    out.insert(key, groups_from_endpoints(&ep));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Whether the API server serves `discovery.k8s.io/v1` (1.21 and later).
+async fn serves_slices(client: &Client) -> Result<bool> {
+    match client.list_api_group_resources("discovery.k8s.io/v1").await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e).context("asking the API server for discovery.k8s.io/v1"),
+    }
+}
+
+/// The Service task.
+pub(super) struct ServiceTask {
+    ctx: Arc<Ctx>,
+    node: String,
+    services: Store<Service>,
+    backends: Backends,
+    changed: Arc<Notify>,
+}
+
+impl ServiceTask {
+    /// Starts the watches of Services and their backends (EndpointSlices,
+    /// or Endpoints where the server has no `discovery.k8s.io/v1`); each
+    /// change, and each CNI record written (`changed`), wakes the task.
+    pub(super) async fn new(ctx: &Arc<Ctx>, node: String, changed: Arc<Notify>) -> Result<Self> {
+        let client = &ctx.client;
+        let backends = if serves_slices(client).await? {
+            Backends::Slices(super::watch_all(client, &changed))
+        } else {
+            Backends::Endpoints(super::watch_all(client, &changed))
+        };
+        info!(
+            source = match backends {
+                Backends::Slices(_) => "EndpointSlices",
+                Backends::Endpoints(_) => "Endpoints",
+            },
+            "Service backends"
+        );
+        Ok(Self {
+            ctx: Arc::clone(ctx),
+            node,
+            services: super::watch_all(client, &changed),
+            backends,
+            changed,
+        })
+    }
+
+    /// What the maps should hold now: every frontend of every Service.
+    fn frontends(&self) -> Vec<Frontend> {
+        let groups = self.backends.groups();
+        let mut out: Vec<Frontend> = Vec::new();
+        for svc in self.services.state() {
+            let key = (svc.namespace().unwrap_or_default(), svc.name_any());
+            let g = groups.get(&key).map(Vec::as_slice).unwrap_or_default();
+            out.extend(frontends(&svc, g, &self.node));
+        }
+        out.sort();
+        out
+    }
+
+    /// Runs until shutdown: loads and attaches the programs, then after the
+    /// first complete lists writes the maps on every wake.
+    pub(super) async fn run(self, shutdown: Shutdown) {
+        let core = &self.ctx.core;
+        // Until the programs are attached, nothing is translated: retried
+        // (a cgroup2 mount may come later), kube-proxy's meanwhile.
+        while core.open_services().await.is_none() {
+            tokio::select! {
+                _ = tokio::time::sleep(RESYNC) => {}
+                _ = shutdown.clone().wait() => return,
+            }
+        }
+        let lists = async {
+            self.services.wait_until_ready().await?;
+            self.backends.wait_until_ready().await
+        };
+        tokio::select! {
+            listed = lists => {
+                if let Err(e) = listed {
+                    warn!(error = %e, "a Service watch closed before its first list: translation stays as it was");
+                    return;
+                }
+            }
+            _ = shutdown.clone().wait() => return,
+        }
+        info!("first lists complete: Services and their backends");
+        let mut since = Instant::now();
+        while !shutdown.is_set() {
+            let netns = pod_netns(&core.records());
+            let ok = core.sync_services(&self.frontends(), netns, since).await;
+            let wait = if ok { RESYNC } else { RETRY };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.changed.notified() => {}
+                _ = shutdown.clone().wait() => {}
+            }
+            since = Instant::now();
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! The Services part of the status: what the Service programs translate on
+//! this node, or why they translate nothing.
+
+use serde::{Deserialize, Serialize};
+
+/// One frontend the node's pods' sockets are translated for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontendStatus {
+    /// "namespace/name" of the Service.
+    pub service: String,
+    /// Cluster IP and port, as clients name it.
+    pub frontend: String,
+    /// "TCP" or "UDP".
+    pub protocol: String,
+    /// Ready backends chosen among (0: left to kube-proxy, which refuses).
+    pub backends: usize,
+}
+
+impl FrontendStatus {
+    /// The status line of a frontend.
+    pub fn of(f: &crate::services::model::Frontend) -> Self {
+        Self {
+            service: f.service.clone(),
+            frontend: f.addr.to_string(),
+            protocol: f.proto.as_str().into(),
+            backends: f.backends.len(),
+        }
+    }
+}
+
+/// Service translation on this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServicesStatus {
+    /// Whether the config asks for translation.
+    pub enabled: bool,
+    /// The cgroup v2 directory the programs are attached to, once they are.
+    pub cgroup: Option<String>,
+    /// Why nothing is translated, if so (every Service is then kube-proxy's).
+    pub error: Option<String>,
+    /// The pod network namespaces translated.
+    pub namespaces: usize,
+    /// Every frontend in the maps.
+    pub frontends: Vec<FrontendStatus>,
+    /// The last write of the maps that failed, if the last one did (the
+    /// maps keep what was written: each frontend whole, old or new).
+    pub sync_error: Option<String>,
+    /// Calls (connect, unconnected sendmsg) translated since the maps were made.
+    pub translated: u64,
+    /// Calls to a frontend with no ready backend, left to kube-proxy.
+    pub no_backend: u64,
+}
+
+impl ServicesStatus {
+    /// The Services line of the status table.
+    pub(super) fn summary(&self) -> String {
+        if let Some(e) = &self.error {
+            return format!("not translated, kube-proxy's: {e}");
+        }
+        if !self.enabled {
+            return "not translated (services.translate false): kube-proxy's".into();
+        }
+        let Some(cgroup) = &self.cgroup else {
+            return "not listed yet: kube-proxy's until then".into();
+        };
+        let ready = self.frontends.iter().filter(|f| f.backends > 0).count();
+        let services: std::collections::BTreeSet<&str> =
+            self.frontends.iter().map(|f| f.service.as_str()).collect();
+        let failed = self
+            .sync_error
+            .as_ref()
+            .map(|e| format!("; the last write failed: {e}"))
+            .unwrap_or_default();
+        format!(
+            "{} frontends of {} Services translated at the socket ({} with ready backends) \
+             for {} pod namespaces, on {cgroup}; {} calls translated, {} with no ready backend{failed}",
+            self.frontends.len(),
+            services.len(),
+            ready,
+            self.namespaces,
+            self.translated,
+            self.no_backend
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_says_why_nothing_is_translated_or_what_is() {
+        let mut s = ServicesStatus {
+            enabled: true,
+            ..Default::default()
+        };
+        assert!(s.summary().contains("not listed yet"));
+        s.error = Some("no cgroup v2 hierarchy at /x".into());
+        assert!(s.summary().contains("no cgroup v2 hierarchy at /x"));
+        s.error = None;
+        s.cgroup = Some("/sys/fs/cgroup/unified".into());
+        s.namespaces = 3;
+        s.translated = 7;
+        s.frontends = vec![
+            FrontendStatus {
+                service: "ns/web".into(),
+                frontend: "10.96.0.5:80".into(),
+                protocol: "TCP".into(),
+                backends: 2,
+            },
+            FrontendStatus {
+                service: "ns/web".into(),
+                frontend: "[fd00::5]:80".into(),
+                protocol: "TCP".into(),
+                backends: 0,
+            },
+        ];
+        let line = s.summary();
+        assert!(line.starts_with("2 frontends of 1 Services"), "{line}");
+        assert!(line.contains("(1 with ready backends)"), "{line}");
+        assert!(line.contains("3 pod namespaces"), "{line}");
+        assert!(line.contains("7 calls translated"), "{line}");
+        assert!(!line.contains("failed"), "{line}");
+        s.sync_error = Some("services map full".into());
+        assert!(s
+            .summary()
+            .ends_with("the last write failed: services map full"));
+        assert!(!ServicesStatus::default().summary().contains("frontends"));
+    }
+}
