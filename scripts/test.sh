@@ -47,6 +47,8 @@ python3 - <<'PY'
 import json
 body = json.load(open("target/chart-agent.json"))
 assert body["routing"] == {"mode": "vxlan", "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
+# Services translated, at the node's cgroup mounted where the agent looks.
+assert body["services"] == {"translate": True, "cgroup": "/host/cgroup"}, body["services"]
 assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
@@ -84,6 +86,8 @@ update.maxUnavailable=half /update/maxUnavailable
 routing.mode=host-gw /routing/mode
 routing.vxlan.vni=one /routing/vxlan/vni
 routing.vxlan.txChecksumOffload=maybe /routing/vxlan/txChecksumOffload
+services.translate=sometimes /services/translate
+services.cgroup=sys/fs/cgroup /services/cgroup
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then

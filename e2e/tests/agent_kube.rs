@@ -629,6 +629,12 @@ fn the_chart_installs_and_grants_exactly_what_the_agent_uses() {
         ("", "namespaces", "delete", false),
         ("", "endpoints", "watch", true),
         ("", "endpoints", "update", false),
+        // Services translated at the socket: Services and their backends.
+        ("", "services", "watch", true),
+        ("", "services", "list", true),
+        ("", "services", "update", false),
+        ("discovery.k8s.io", "endpointslices", "watch", true),
+        ("discovery.k8s.io", "endpointslices", "list", true),
         ("events.k8s.io", "events", "create", true),
         ("events.k8s.io", "events", "patch", true),
         // No more than that:
