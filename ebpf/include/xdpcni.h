@@ -335,6 +335,15 @@ struct svc_choice {
 #define XDPCNI_SVC_TRANSLATED 0 /* sent to a backend chosen here */
 #define XDPCNI_SVC_NO_BACKEND 1 /* no ready backend: left to kube-proxy, which refuses */
 #define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy for another reason (family, a full record) */
-#define XDPCNI_SVC_STATS      3
+#define XDPCNI_SVC_EXPIRED    3 /* the writer's lease ran out: left to kube-proxy */
+#define XDPCNI_SVC_STATS      4
+
+/*
+ * svc_lease (array, one __u64): the bpf_ktime_get_ns() (CLOCK_MONOTONIC)
+ * until which the agent vouches for the maps; it renews it while it runs.
+ * Past it nothing new is translated and kube-proxy decides, so a writer
+ * that stopped (a rollback to a release without these programs, an agent
+ * gone longer than the lease) never leaves a removed backend chosen.
+ */
 
 #endif /* XDPCNI_H */

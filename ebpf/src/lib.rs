@@ -29,6 +29,7 @@ pub use migrate::Pinned;
 pub use svc::{
     cgroup2_root, plan as plan_services, svc_layout_dir, Ids as ServiceIds, Op as ServiceOp,
     ServiceEntry, ServiceStats, Services, Want as ServiceWant, SERVICES_OBJECT, SOCK_PROGRAMS,
+    SVC_LEASE_SECS,
 };
 pub use sys::LinkState;
 

@@ -90,6 +90,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_stats SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_lease SEC(".maps");
+
+/* Whether the writer's lease on the maps still runs. */
+static __always_inline int leased(void)
+{
+	__u32 zero = 0;
+	__u64 *until = bpf_map_lookup_elem(&svc_lease, &zero);
+
+	return until && bpf_ktime_get_ns() < *until;
+}
+
 static __always_inline void count(__u32 what)
 {
 	__u64 *n = bpf_map_lookup_elem(&svc_stats, &what);
@@ -219,6 +236,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int stic
 	svc = bpf_map_lookup_elem(&services, &fe);
 	if (!svc)
 		return SOCK_GO_ON;
+	if (!leased()) {
+		count(XDPCNI_SVC_EXPIRED);
+		return SOCK_GO_ON;
+	}
 	if (!svc->count) {
 		count(XDPCNI_SVC_NO_BACKEND);
 		return SOCK_GO_ON;

@@ -25,6 +25,9 @@ pub const SVC_TRANSLATED: u32 = c_layout::XDPCNI_SVC_TRANSLATED;
 pub const SVC_NO_BACKEND: u32 = c_layout::XDPCNI_SVC_NO_BACKEND;
 /// `svc_stats` rows: calls left to kube-proxy for another reason.
 pub const SVC_LEFT: u32 = c_layout::XDPCNI_SVC_LEFT;
+/// `svc_stats` rows: calls left to kube-proxy because the writer's lease
+/// ran out.
+pub const SVC_EXPIRED: u32 = c_layout::XDPCNI_SVC_EXPIRED;
 /// `svc_stats` rows.
 pub const SVC_STATS: u32 = c_layout::XDPCNI_SVC_STATS;
 

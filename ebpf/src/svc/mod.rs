@@ -7,7 +7,12 @@
 //! count that makes the new slots choosable); a shrunk or removed one loses
 //! its frontend's count first, then the slots and backends past it.
 
+mod cgroup;
 mod plan;
+mod stats;
+
+pub use cgroup::cgroup2_root;
+pub use stats::ServiceStats;
 
 pub use plan::{plan, Ids, Op, Want};
 
@@ -20,7 +25,7 @@ use std::{
 };
 
 use aya::{
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{HashMap, MapData},
     programs::{links::CgroupAttachMode, CgroupSockAddr},
     Ebpf, EbpfLoader,
 };
@@ -28,7 +33,6 @@ use aya::{
 use crate::{
     abi::{
         SvcAddr, SvcSlotKey, SvcValue, MAX_SERVICES, MAX_SVC_BACKENDS, MAX_SVC_NETNS, SVC_LAYOUT,
-        SVC_LEFT, SVC_NO_BACKEND, SVC_TRANSLATED,
     },
     datapath::maps::{is_full, removed},
     Error, Result,
@@ -50,71 +54,33 @@ pub const SOCK_PROGRAMS: [&str; 8] = [
     "xdpcni_getpeername6",
 ];
 
-/// The cgroup v2 root under `configured`, where the programs attach: the
-/// path itself if it is a cgroup2 mount (a v2-only host), else its
-/// `unified` child (a hybrid host, such as this project's test machines).
-/// The root, because a cgroup program runs for the sockets of every process
-/// beneath it and pods' processes may sit anywhere in the v2 tree (with a v1
-/// cgroup driver they all sit at its root: docs/services.md); the programs
-/// keep to the node's pods by network namespace.
-pub fn cgroup2_root(configured: &Path) -> Result<PathBuf> {
-    [configured.to_path_buf(), configured.join("unified")]
-        .into_iter()
-        .find(|p| crate::bpffs::is_cgroup2(p).unwrap_or(false))
-        .ok_or_else(|| Error::Invalid {
-            what: "cgroup",
-            why: format!(
-                "no cgroup v2 hierarchy at {0} nor at {0}/unified: mount one there \
-                 (Service translation attaches to it) or set services.cgroup",
-                configured.display()
-            ),
-        })
-}
+/// How long the writer vouches for the maps at each renewal: past it
+/// (a writer gone that long, or rolled back to a release without these
+/// programs) nothing new is translated and kube-proxy decides.
+pub const SVC_LEASE_SECS: u32 = 60;
 
 /// The Service maps' directory under a pin directory.
 pub fn svc_layout_dir(pin_dir: &Path) -> PathBuf {
     pin_dir.join(format!("svc-layout-{SVC_LAYOUT}"))
 }
 
-/// What the programs did with the node's pods' calls to a frontend since
-/// the Service maps were made, summed over CPUs (the `svc_stats` rows).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServiceStats {
-    /// Sent to a backend chosen at the socket.
-    pub translated: u64,
-    /// No ready backend: left to kube-proxy, which refuses them.
-    pub no_backend: u64,
-    /// Left to kube-proxy for another reason (a backend of the other
-    /// family, a socket record that could not be written).
-    pub left: u64,
-}
-
-impl ServiceStats {
-    /// Reads the pinned `svc_stats` under `pin_dir` (its own handle, so a
-    /// scrape never waits for the writer); `None` where no Service maps were
-    /// made.
-    pub fn read_pinned(pin_dir: &Path) -> Result<Option<Self>> {
-        let pin = svc_layout_dir(pin_dir).join("svc_stats");
-        if !pin.exists() {
-            return Ok(None);
-        }
-        let data = MapData::from_pin(&pin)
-            .map_err(|e| Error::map(format!("opening {}", pin.display()), e))?;
-        let stats: PerCpuArray<MapData, u64> =
-            PerCpuArray::try_from(aya::maps::Map::PerCpuArray(data))
-                .map_err(|e| Error::map("svc_stats", e))?;
-        let row = |i: u32| -> Result<u64> {
-            let v = stats
-                .get(&i, 0)
-                .map_err(|e| Error::map(format!("reading svc_stats[{i}]"), e))?;
-            Ok(v.iter().copied().fold(0u64, u64::wrapping_add))
-        };
-        Ok(Some(Self {
-            translated: row(SVC_TRANSLATED)?,
-            no_backend: row(SVC_NO_BACKEND)?,
-            left: row(SVC_LEFT)?,
-        }))
+/// CLOCK_MONOTONIC in nanoseconds: the programs' bpf_ktime_get_ns().
+fn monotonic_ns() -> Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer for the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return Err(Error::io(
+            "reading",
+            Path::new("CLOCK_MONOTONIC"),
+            std::io::Error::last_os_error(),
+        ));
     }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    Ok(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
 /// One service as the programs choose for it: its frontend, its id, and its
@@ -220,6 +186,26 @@ impl Services {
             }
         }
         Ok(any)
+    }
+
+    /// Vouches for the maps for `secs` seconds from now: until then the
+    /// programs translate (`svc_lease`); 0 stops them at once. The writer
+    /// renews it well before it runs out.
+    pub fn renew_lease(&mut self, secs: u32) -> Result<()> {
+        let until = if secs == 0 {
+            0
+        } else {
+            monotonic_ns()?.saturating_add(u64::from(secs) * 1_000_000_000)
+        };
+        let m = self.ebpf.map_mut("svc_lease").ok_or(Error::Missing {
+            kind: "map",
+            name: "svc_lease",
+        })?;
+        let mut lease: aya::maps::Array<&mut MapData, u64> =
+            aya::maps::Array::try_from(m).map_err(|e| Error::map("opening svc_lease", e))?;
+        lease
+            .set(0, until, 0)
+            .map_err(|e| Error::map("writing svc_lease", e))
     }
 
     /// Translates the sockets of the network namespace with this cookie
@@ -524,27 +510,5 @@ fn full_or(e: aya::maps::MapError, map: &'static str, capacity: u32, op: String)
         Error::MapFull { map, capacity, op }
     } else {
         Error::map(op, e)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_directory_with_no_cgroup2_mount_is_refused_naming_it() {
-        let dir = std::env::temp_dir();
-        let e = cgroup2_root(&dir).unwrap_err().to_string();
-        assert!(e.contains(&dir.display().to_string()), "{e}");
-        assert!(e.contains("services.cgroup"), "{e}");
-    }
-
-    #[test]
-    fn this_machines_cgroup2_is_found_under_sys_fs_cgroup() {
-        // Debian 12 with v1 controllers mounts v2 at /sys/fs/cgroup/unified,
-        // a v2-only host at /sys/fs/cgroup itself: either is found.
-        let root = cgroup2_root(Path::new("/sys/fs/cgroup")).unwrap();
-        assert!(crate::bpffs::is_cgroup2(&root).unwrap());
-        assert!(root.starts_with("/sys/fs/cgroup"));
     }
 }
