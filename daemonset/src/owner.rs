@@ -55,6 +55,8 @@ enum Command {
     ),
     /// Load and attach the Service programs (pin directory, cgroup).
     OpenServices(Box<(PathBuf, PathBuf)>, Reply<DatapathResult<()>>),
+    /// Renew the lease on the Service maps.
+    RenewServicesLease(Reply<DatapathResult<bool>>),
     /// Make the Service maps hold these frontends for these namespaces.
     SyncServices(
         Box<(BTreeMap<SvcAddr, ServiceWant>, BTreeSet<u64>)>,
@@ -85,6 +87,9 @@ impl Command {
             }
             Self::OpenServices(at, reply) => {
                 let _ = reply.send(r.open_services(&at.0, &at.1));
+            }
+            Self::RenewServicesLease(reply) => {
+                let _ = reply.send(r.renew_services_lease());
             }
             Self::SyncServices(job, reply) => {
                 let _ = reply.send(r.sync_services(&job.0, &job.1));
@@ -170,6 +175,11 @@ impl Owner {
     ) -> Result<DatapathResult<()>, OwnerGone> {
         self.ask(|r| Command::OpenServices(Box::new((pin_dir, cgroup)), r))
             .await
+    }
+
+    /// [`Reconciler::renew_services_lease`].
+    pub async fn renew_services_lease(&self) -> Result<DatapathResult<bool>, OwnerGone> {
+        self.ask(Command::RenewServicesLease).await
     }
 
     /// [`Reconciler::sync_services`].

@@ -11,7 +11,7 @@ use std::{
 };
 
 use tracing::{info, warn};
-use xdpcni_ebpf::{abi::SvcAddr, Datapath, L4Proto, ServiceWant, Services};
+use xdpcni_ebpf::{abi::SvcAddr, Datapath, L4Proto, ServiceWant, Services, SVC_LEASE_SECS};
 use xdpcni_host::{pod::XdpMode, state::Record};
 
 use crate::{
@@ -231,6 +231,8 @@ pub struct Reconciler {
     state_dir: std::path::PathBuf,
     reported: HashMap<PodKey, String>,
     services: Option<Services>,
+    /// The Service maps were written whole once: the lease may be renewed.
+    services_synced: bool,
 }
 
 /// What one pass of the Service writer did.
@@ -254,6 +256,7 @@ impl Reconciler {
             state_dir,
             reported: HashMap::new(),
             services: None,
+            services_synced: false,
         }
     }
 
@@ -289,7 +292,19 @@ impl Reconciler {
         };
         let netns = s.sync_netns(netns)?;
         let writes = s.sync(want)?;
+        // The maps are what the API says: the programs may translate on.
+        s.renew_lease(SVC_LEASE_SECS)?;
+        self.services_synced = true;
         Ok(ServicesSynced { writes, netns })
+    }
+
+    /// Renews the lease on the Service maps, if they were written whole
+    /// once (until then the programs translate nothing).
+    pub fn renew_services_lease(&mut self) -> Result<bool, xdpcni_ebpf::Error> {
+        match self.services.as_mut() {
+            Some(s) if self.services_synced => s.renew_lease(SVC_LEASE_SECS).map(|()| true),
+            _ => Ok(false),
+        }
     }
 
     /// Applies the wish of `pod` (annotations over the node defaults) to

@@ -497,6 +497,19 @@ impl Core {
         ok
     }
 
+    /// Renews the lease on the Service maps (between full writes); a
+    /// failure is logged and counted (the next full write renews it too).
+    pub async fn renew_services_lease(&self) {
+        let renewed = match self.owner.renew_services_lease().await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = renewed {
+            warn!(error = %e, "renewing the lease on the Service maps failed");
+            self.metrics.error(Stage::Services);
+        }
+    }
+
     /// Reads the FORWARD rules when `forwardScanMs` passed since the last
     /// read: which pods they newly name or no longer name.
     pub async fn scan_forward(&self, records: &[Record]) -> BlockedChange {

@@ -9,6 +9,11 @@
 //! them, each watch event is in the maps one pass later
 //! (`xdpcni_service_sync_seconds`), a removed backend leaving the choice in
 //! that pass. A failed write is retried on the next wake or after [`RETRY`].
+//!
+//! The writer holds a lease on the maps (`svc_lease`, renewed every
+//! [`RENEW`]): an agent gone longer than it, or rolled back to a release
+//! without these programs, leaves every Service to kube-proxy instead of
+//! leaving backends chosen that may have gone.
 
 use std::{
     collections::HashMap,
@@ -36,6 +41,10 @@ use crate::{
 
 /// How soon a failed write of the maps is tried again.
 const RETRY: Duration = Duration::from_secs(2);
+
+/// How often the lease on the maps is renewed between full writes: four
+/// times within the lease, so a slow pass or two never lets it run out.
+const RENEW: Duration = Duration::from_secs(xdpcni_ebpf::SVC_LEASE_SECS as u64 / 4);
 
 /// The label an EndpointSlice names its Service with.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -169,14 +178,23 @@ impl ServiceTask {
             _ = shutdown.clone().wait() => return,
         }
         info!("first lists complete: Services and their backends");
-        let mut since = Instant::now();
+        // A full write on every wake, after a failure, and every RESYNC;
+        // between them the lease is renewed every RENEW.
+        let (mut full, mut since, mut last_full, mut ok) =
+            (true, Instant::now(), Instant::now(), true);
         while !shutdown.is_set() {
-            let netns = pod_netns(&core.records());
-            let ok = core.sync_services(&self.frontends(), netns, since).await;
-            let wait = if ok { RESYNC } else { RETRY };
+            if full {
+                let netns = pod_netns(&core.records());
+                ok = core.sync_services(&self.frontends(), netns, since).await;
+                last_full = Instant::now();
+            } else {
+                core.renew_services_lease().await;
+            }
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.changed.notified() => {}
+                _ = tokio::time::sleep(if ok { RENEW } else { RETRY }) => {
+                    full = !ok || last_full.elapsed() >= RESYNC;
+                }
+                _ = self.changed.notified() => full = true,
                 _ = shutdown.clone().wait() => {}
             }
             since = Instant::now();

@@ -48,13 +48,14 @@ impl Collector for ServicesCollector {
         let st = (self.source)().unwrap_or_default();
         let mut family = encoder.encode_descriptor(
             "xdpcni_service_calls",
-            "Calls (connect, unconnected sendmsg) of the node's pods to a ClusterIP frontend, by what the socket programs did: translated to a backend, no_backend (left to kube-proxy, which refuses), left (to kube-proxy for another reason)",
+            "Calls (connect, unconnected sendmsg) of the node's pods to a ClusterIP frontend, by what the socket programs did: translated to a backend, no_backend (left to kube-proxy, which refuses), expired (left to kube-proxy: the agent's lease on the maps ran out), left (to kube-proxy for another reason)",
             None,
             MetricType::Counter,
         )?;
         for (result, n) in [
             ("translated", st.translated),
             ("no_backend", st.no_backend),
+            ("expired", st.expired),
             ("left", st.left),
         ] {
             ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;

@@ -400,6 +400,7 @@ mod tests {
                     translated: 4,
                     no_backend: 1,
                     left: 0,
+                    expired: 2,
                 })
             }),
         );
@@ -438,6 +439,10 @@ mod tests {
         );
         assert!(
             text.contains(r#"xdpcni_service_calls_total{result="no_backend"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"xdpcni_service_calls_total{result="expired"} 2"#),
             "{text}"
         );
         assert!(
