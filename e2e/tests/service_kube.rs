@@ -95,7 +95,7 @@ fn quantiles(v: &mut [Duration]) -> (Duration, Duration) {
 
 #[test]
 fn service_translation_follows_the_api_server() {
-    let node = KubeNode::start(|_| {}).unwrap();
+    let mut node = KubeNode::start(|_| {}).unwrap();
     let client = node
         .add_pod("default", "client", json!({}), json!([]))
         .unwrap();
@@ -216,6 +216,18 @@ fn service_translation_follows_the_api_server() {
         line.contains("2 frontends of 2 Services translated at the socket (1 with ready backends)")
             && line.contains("for 3 pod namespaces"),
         "{table}"
+    );
+
+    // The agent killed: the pinned programs and maps translate on (within
+    // the agent's lease), and its next start takes them over.
+    node.stop_agent(9).unwrap();
+    let seen = greet(&client_ns, cluster_ip, 8080, 5).unwrap();
+    assert_eq!(seen.values().sum::<u32>(), 5, "{seen:?}");
+    node.start_agent().unwrap();
+    wait_for(
+        "the frontend after the restart",
+        Duration::from_secs(10),
+        || backends_of(&node.net.node, &fe) == Some(2),
     );
 
     // The Service removed: its frontend leaves the maps, and the cluster

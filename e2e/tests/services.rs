@@ -19,7 +19,9 @@ use std::{
 
 use anyhow::{bail, ensure, Context, Result};
 use xdpcni_e2e::netns::{unique_name, Netns, PinDir};
-use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, ServiceEntry, Services};
+use xdpcni_ebpf::{
+    abi::SvcAddr, abi::SVC_AFFINITY, ServiceEntry, ServiceStats, Services, SVC_LEASE_SECS,
+};
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -115,6 +117,8 @@ impl Scene {
         let cgroup = TestCgroup::new()?;
         let mut svc = Services::open(pins.path())?;
         svc.attach(&cgroup.path)?;
+        // The writer vouches for its maps (the agent renews this).
+        svc.renew_lease(SVC_LEASE_SECS)?;
         let scene = Self {
             _servers: servers,
             svc,
@@ -397,6 +401,35 @@ fn service_without_ready_backends_is_left_to_the_kernel_path() -> Result<()> {
         s.greet("10.96.0.13:80".parse()?, 3)?.get("backend-a"),
         Some(&3)
     );
+    Ok(())
+}
+
+#[test]
+fn service_lease_run_out_leaves_every_call_to_the_kernel_path_until_renewed() -> Result<()> {
+    let mut s = Scene::new()?;
+    s.svc.add_netns(s.client_cookie()?)?;
+    let fe = svc_addr("10.96.0.14", 80, TCP)?;
+    s.svc
+        .set_service(&entry(8, fe, SERVER4, TCP, &[0])?, None)?;
+    let to: SocketAddr = "10.96.0.14:80".parse()?;
+    assert_eq!(s.greet(to, 2)?.get("backend-a"), Some(&2));
+    let stats = || ServiceStats::read_pinned(s.pins.path()).map(|st| st.unwrap_or_default());
+    let before = stats()?;
+    // A writer that stopped vouching (lease 0: run out): nothing is
+    // translated, kube-proxy would decide (here nothing routes the
+    // frontend: the connect fails), and the calls are counted as such.
+    s.svc.renew_lease(0)?;
+    assert!(s.greet(to, 1).is_err());
+    let after = stats()?;
+    assert_eq!(after.translated, before.translated);
+    assert_eq!(after.expired, before.expired + 1);
+    // A lease of a second runs out by itself.
+    s.svc.renew_lease(1)?;
+    assert_eq!(s.greet(to, 1)?.get("backend-a"), Some(&1));
+    std::thread::sleep(Duration::from_millis(1100));
+    assert!(s.greet(to, 1).is_err());
+    s.svc.renew_lease(SVC_LEASE_SECS)?;
+    assert_eq!(s.greet(to, 1)?.get("backend-a"), Some(&1));
     Ok(())
 }
 
