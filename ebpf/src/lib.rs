@@ -86,6 +86,14 @@ pub mod testing {
 
     use crate::{abi::EndpointInfo, AttachMode, Attachment, Datapath, L4Proto, Maps, Result};
 
+    /// The datapath object with its conntrack kfunc calls left out (each
+    /// `r0 = 0`, `xdpcni_ct_kfuncs` left 0): loaded, every flow on a NAT'd
+    /// port takes the kernel path without conntrack being asked, as before
+    /// the exact NAT check (the baseline its cost is measured against).
+    pub fn datapath_without_ct_kfuncs() -> Result<impl AsRef<[u8]>> {
+        crate::datapath::kfunc::bind(crate::DATAPATH_OBJECT, None)
+    }
+
     /// Raw writes of [`Maps`], for tests.
     pub trait RawMaps {
         /// `Maps::upsert_endpoint`: one record, as given.

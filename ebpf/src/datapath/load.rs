@@ -75,9 +75,14 @@ impl Datapath {
                 .map_err(|e| Error::io("restricting", &dir, e))?;
         }
         ensure_bpffs(pin_dir)?;
+        // The conntrack kfuncs bound to this kernel's ids (kfunc.rs).
+        let btf = aya::Btf::from_sys_fs().ok();
+        let bound = super::kfunc::bind(object, btf.as_ref())?;
+        let ct_kfuncs = u32::from(bound.ct_kfuncs());
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&layout)
-            .load(object)
+            .override_global(super::kfunc::CT_KFUNCS_GLOBAL, &ct_kfuncs, true)
+            .load(bound.bytes())
             .map_err(|e| Error::Load(Box::new(e)))?;
         let maps = Maps::take(&mut ebpf, &layout)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;

@@ -32,6 +32,7 @@
 //! the same objects: [`Datapath::open`] reuses pinned programs whose tag
 //! matches the embedded object and swaps links atomically when it does not.
 
+pub(crate) mod kfunc;
 pub(crate) mod links;
 mod load;
 pub(crate) mod maps;
