@@ -251,9 +251,11 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         json!({ "xdpcni.io/redirect": null, "xdpcni.io/cpus": null }),
     );
 
-    // b backs a Service on 8080/tcp (an Endpoints object): replies from
-    // b:8080 go to the kernel for un-DNAT, even to a pod that connects to b's
-    // address directly.
+    // b backs a Service on 8080/tcp (an Endpoints object): conntrack is
+    // asked about b:8080's flows. A pod that connects to b's address
+    // directly keeps the fast path both ways (nothing NAT'd that flow); a
+    // flow the kernel DNAT'd to b:8080 (here an nft rule standing in for
+    // kube-proxy's) takes the kernel both ways, so its replies are un-DNAT'd.
     api.with_client(&net.node, move |c| async move {
         let eps: Api<k8s_openapi::api::core::v1::Endpoints> = Api::namespaced(c, "default");
         eps.create(&PostParams::default(), &serde_json::from_value(json!({
@@ -273,35 +275,61 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         .node
         .ifindex(pods[1].1["interfaces"][0]["name"].as_str().unwrap())
         .unwrap();
-    let nat_before = maps.counters(b_idx).unwrap().packets(Verdict::PassNat);
-    std::thread::scope(|s| {
-        let server = s.spawn(|| {
-            xdpcni_e2e::in_netns(&pods[1].0, || {
-                let l = std::net::TcpListener::bind((b_ip, 8080))?;
-                let (mut c, _) = l.accept()?;
-                std::io::copy(&mut c.try_clone()?, &mut c)?;
+    // One echo exchange from a to `to`, served by b on 8080.
+    let exchange = |to: std::net::SocketAddr| {
+        std::thread::scope(|s| {
+            let server = s.spawn(|| {
+                xdpcni_e2e::in_netns(&pods[1].0, || {
+                    let l = std::net::TcpListener::bind((b_ip, 8080))?;
+                    let (mut c, _) = l.accept()?;
+                    std::io::copy(&mut c.try_clone()?, &mut c)?;
+                    Ok(())
+                })
+            });
+            std::thread::sleep(Duration::from_millis(200));
+            xdpcni_e2e::in_netns(&pods[0].0, || {
+                use std::io::{Read, Write};
+                let mut c = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+                c.write_all(b"an echo")?;
+                c.shutdown(std::net::Shutdown::Write)?;
+                let mut back = String::new();
+                c.read_to_string(&mut back)?;
+                assert_eq!(back, "an echo");
                 Ok(())
             })
-        });
-        std::thread::sleep(Duration::from_millis(200));
-        xdpcni_e2e::in_netns(&pods[0].0, || {
-            use std::io::{Read, Write};
-            let mut c =
-                std::net::TcpStream::connect_timeout(&(b_ip, 8080).into(), Duration::from_secs(3))?;
-            c.write_all(b"through the kernel")?;
-            c.shutdown(std::net::Shutdown::Write)?;
-            let mut back = String::new();
-            c.read_to_string(&mut back)?;
-            assert_eq!(back, "through the kernel");
-            Ok(())
+            .unwrap();
+            server.join().unwrap().unwrap();
         })
-        .unwrap();
-        server.join().unwrap().unwrap();
-    });
-    let nat_after = maps.counters(b_idx).unwrap().packets(Verdict::PassNat);
+    };
+    let of_b = |v: Verdict| maps.counters(b_idx).unwrap().packets(v);
+    let (nat0, fast0) = (of_b(Verdict::PassNat), of_b(Verdict::RedirectDevmap));
+    exchange((b_ip, 8080).into());
+    let (nat1, fast1) = (of_b(Verdict::PassNat), of_b(Verdict::RedirectDevmap));
+    assert_eq!(nat1, nat0, "b:8080 dialed directly: nothing passed for NAT");
     assert!(
-        nat_after >= nat_before + 2,
-        "replies from b:8080 passed for NAT: {nat_before} -> {nat_after}"
+        fast1 >= fast0 + 3,
+        "b's replies on the fast path: {fast0} -> {fast1}"
+    );
+    net.node.exec(&["nft", "add table ip xk_dnat"]).unwrap();
+    net.node
+        .exec(&[
+            "nft",
+            "add chain ip xk_dnat pre { type nat hook prerouting priority dstnat; }",
+        ])
+        .unwrap();
+    net.node
+        .exec(&[
+            "nft",
+            &format!(
+                "add rule ip xk_dnat pre ip daddr 10.96.0.99 tcp dport 80 dnat to {b_ip}:8080"
+            ),
+        ])
+        .unwrap();
+    exchange("10.96.0.99:80".parse().unwrap());
+    let nat2 = of_b(Verdict::PassNat);
+    assert!(
+        nat2 >= nat1 + 3,
+        "replies of the DNAT'd flow passed for un-DNAT: {nat1} -> {nat2}"
     );
 
     // A bad value: an Event on the pod naming the problem and the fallback,

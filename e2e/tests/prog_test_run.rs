@@ -13,7 +13,9 @@ use anyhow::Result;
 use xdpcni_e2e::{
     in_netns,
     packet::{self, *},
-    testrun::{tc_run, xdp_run, Run, XDP_DROP, XDP_PASS, XDP_REDIRECT},
+    testrun::{
+        tc_run, xdp_run, Run, TC_ACT_REDIRECT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+    },
     topo::{Pod, WiredNode},
     PinDir,
 };
@@ -502,10 +504,27 @@ fn kernel_only_endpoints_go_to_kernel_both_ways() {
     });
 }
 
+/// `conntrack ARGS` in namespace `ns` (an entry made as the kernel path
+/// would have made it).
+fn conntrack(ns: &str, args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "conntrack"])
+        .args(args)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "conntrack {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 #[test]
-fn flows_from_and_to_nated_ports_go_to_kernel() {
+fn flows_conntrack_nated_go_to_kernel_and_others_on_nated_ports_stay_fast() {
     with_datapath(|node, dp| {
         let (a, b) = (&node.pods[0], &node.pods[1]);
+        let ns = node.ns.name();
         let no_nat = |dp: &Datapath, ip: IpAddr| -> bool {
             dp.maps().endpoint(ip).unwrap().unwrap().flags & EP_NO_NAT_PORTS != 0
         };
@@ -513,8 +532,8 @@ fn flows_from_and_to_nated_ports_go_to_kernel() {
         for ip in a.addrs().into_iter().chain(b.addrs()) {
             assert!(no_nat(dp, ip), "{ip} registered without NAT'd ports");
         }
-        // B:8080/tcp and B:53/udp are Service backends: their replies to A
-        // must be un-DNATed by conntrack.
+        // B:8080/tcp and B:53/udp are Service backends: conntrack is asked
+        // about their flows.
         dp.raw_maps()
             .raw_add_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?;
         dp.raw_maps()
@@ -528,26 +547,124 @@ fn flows_from_and_to_nated_ports_go_to_kernel() {
         dp.raw_maps()
             .raw_upsert_endpoint(IpAddr::V4(b.ipv4), &info)?;
         assert!(!no_nat(dp, IpAddr::V4(b.ipv4)));
+
+        // kube-proxy's DNAT as conntrack records it: A:40000 -> a cluster IP
+        // translated to B:8080 (and over IPv6/UDP to B:53). B's replies, and
+        // anything else of those flows, go to the kernel on both hooks.
+        let (a4, b4) = (a.ipv4.to_string(), b.ipv4.to_string());
+        let (a6, b6) = (a.ipv6.to_string(), b.ipv6.to_string());
+        conntrack(
+            ns,
+            &[
+                "-I",
+                "-p",
+                "tcp",
+                "-s",
+                &a4,
+                "-d",
+                "10.96.0.10",
+                "--sport",
+                "40000",
+                "--dport",
+                "80",
+                "--dst-nat",
+                &format!("{b4}:8080"),
+                "-t",
+                "300",
+                "--state",
+                "ESTABLISHED",
+            ],
+        )?;
+        conntrack(
+            ns,
+            &[
+                "-I",
+                "-p",
+                "udp",
+                "-s",
+                &a6,
+                "-d",
+                "fd96::10",
+                "--sport",
+                "40000",
+                "--dport",
+                "53",
+                "--dst-nat",
+                &format!("[{b6}]:53"),
+                "-t",
+                "300",
+            ],
+        )?;
         let reply = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40000)));
         expect_unchanged(dp, b, &reply, XDP_PASS, Verdict::PassNat);
         let reply6 = v6_frame(b, b.ipv6, a.ipv6, 64, (IPPROTO_UDP, udp(53, 40000, b"a")));
         expect_unchanged(dp, b, &reply6, XDP_PASS, Verdict::PassNat);
-        // Same address, other port or protocol: not NAT'd, fast path.
+        let before = count(dp, b, Verdict::PassNat);
+        for f in [&reply, &reply6] {
+            let r = tc_run(dp.tc_from_pod_program(), b.host_ifindex, f, 1)?;
+            assert_eq!(r.action, TC_ACT_UNSPEC, "tc: a NAT'd flow to the kernel");
+            assert_eq!(&r.frame, f);
+        }
+        assert_eq!(count(dp, b, Verdict::PassNat), before + 2);
+
+        // The same ports, flows conntrack has not NAT'd: a client that
+        // dialed B's address (or whose connect the Service programs
+        // translated), with no entry or with one the kernel made without
+        // NAT: the fast path, both ways, both hooks.
+        conntrack(
+            ns,
+            &[
+                "-I",
+                "-p",
+                "tcp",
+                "-s",
+                &a4,
+                "-d",
+                &b4,
+                "--sport",
+                "40002",
+                "--dport",
+                "8080",
+                "-t",
+                "300",
+                "--state",
+                "ESTABLISHED",
+            ],
+        )?;
+        for (from, frame) in [
+            (
+                b,
+                v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40001))),
+            ),
+            (
+                a,
+                v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40001, 8080))),
+            ),
+            (
+                b,
+                v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40002))),
+            ),
+            (
+                a,
+                v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40002, 8080))),
+            ),
+            (
+                a,
+                v6_frame(a, a.ipv6, b.ipv6, 64, (IPPROTO_UDP, udp(40001, 53, b"q"))),
+            ),
+        ] {
+            assert_eq!(run(dp, from, &frame).action, XDP_REDIRECT);
+            let r = tc_run(dp.tc_from_pod_program(), from.host_ifindex, &frame, 1)?;
+            assert_eq!(r.action, TC_ACT_REDIRECT, "tc: not NAT'd");
+        }
+        // Same address, other port or protocol: no lookup, fast path.
         let direct = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8081, 40000)));
         assert_eq!(run(dp, b, &direct).action, XDP_REDIRECT);
         let udp8080 = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_UDP, udp(8080, 40000, b"")));
         assert_eq!(run(dp, b, &udp8080).action, XDP_REDIRECT);
-        // Requests *to* the backend port addressed to the pod IP take the
-        // kernel path too: conntrack must see them, or kube-proxy drops the
-        // replies above as INVALID (seen on a real node).
-        let req = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40000, 8080)));
-        expect_unchanged(dp, a, &req, XDP_PASS, Verdict::PassNat);
-        let req6 = v6_frame(a, a.ipv6, b.ipv6, 64, (IPPROTO_UDP, udp(40000, 53, b"q")));
-        expect_unchanged(dp, a, &req6, XDP_PASS, Verdict::PassNat);
-        // To another port of the same pod: fast path.
-        let other = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40000, 8081)));
-        assert_eq!(run(dp, a, &other).action, XDP_REDIRECT);
-        // Removed: fast path again.
+
+        // Removed from nat_ports: not asked, fast path even for the NAT'd
+        // flow (the agent keeps every backend port in the map).
         assert!(dp
             .raw_maps()
             .raw_remove_nat_port(IpAddr::V4(b.ipv4), L4Proto::Tcp, 8080)?);

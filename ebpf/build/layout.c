@@ -128,6 +128,9 @@ int main(void)
 	OFF(svc_choice, last_ns);
 	OFF(svc_choice, backend);
 	OFF(svc_choice, pad);
+	VAL(XDPCNI_KFUNC_SKB_CT_LOOKUP);
+	VAL(XDPCNI_KFUNC_XDP_CT_LOOKUP);
+	VAL(XDPCNI_KFUNC_CT_RELEASE);
 	VAL(XDPCNI_SVC_LAYOUT);
 	VAL(XDPCNI_MAX_SERVICES);
 	VAL(XDPCNI_MAX_SVC_BACKENDS);

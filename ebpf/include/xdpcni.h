@@ -181,8 +181,8 @@ struct policy_gate {
 	  "L3 length above the destination's MTU (a real frame): the kernel fragments or sends "   \
 	  "PTB")                                                                                   \
 	X(PASS_NAT, 10, KERNEL,                                                                    \
-	  "source or destination (address, protocol, port) is in nat_ports: a flow the kernel "    \
-	  "may have to translate")                                                                 \
+	  "a flow conntrack NAT'd (asked for flows whose source or destination is in nat_ports), " \
+	  "or one conntrack could not be asked about: the kernel translates it")                   \
 	X(PASS_L4, 11, KERNEL,                                                                     \
 	  "IPv4 fragments, IPv6 extension headers, protocols other than TCP/UDP/ICMP echo, ICMP "  \
 	  "errors")                                                                                \
@@ -257,6 +257,17 @@ struct stats_value {
 };
 
 #define XDPCNI_STATS_ROWS (XDPCNI_MAX_SLOTS * XDPCNI_V_MAX)
+
+/*
+ * Kernel functions the datapath calls (the conntrack kfuncs). aya 0.14
+ * cannot relocate a kfunc call (it has no .ksyms), so the C source calls
+ * each as a helper with one of these numbers (far above any kernel
+ * helper's), and the loader rewrites each such call into a call of the
+ * kernel function by its BTF id (ebpf/src/datapath/kfunc.rs).
+ */
+#define XDPCNI_KFUNC_SKB_CT_LOOKUP 0x7c7f0001 /* bpf_skb_ct_lookup */
+#define XDPCNI_KFUNC_XDP_CT_LOOKUP 0x7c7f0002 /* bpf_xdp_ct_lookup */
+#define XDPCNI_KFUNC_CT_RELEASE	   0x7c7f0003 /* bpf_ct_release */
 
 /*
  * Services translated at the socket (services.bpf.c, cgroup sock_addr

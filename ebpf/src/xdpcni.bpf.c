@@ -25,6 +25,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "maps.bpf.h"
 #include "parse.bpf.h"
 #include "cpu.bpf.h"
+#include "ct.bpf.h"
 
 /*
  * Stage-cost builds (ebpf/build.rs, test objects only, never the product):
@@ -253,7 +254,8 @@ static __always_inline int check_mtu(const struct packet *p, const struct frame 
 
 /*
  * Stage 3, decide: STAGE_OK with *dst set when the fast path may deliver the
- * packet exactly as kernel routing would; otherwise the kernel's verdict.
+ * packet exactly as kernel routing would, STAGE_CT with *dst set when it may
+ * unless conntrack NAT'd its flow; otherwise the kernel's verdict.
  */
 static __always_inline int decide(const struct packet *p, const struct frame *f,
 				  const struct endpoint_info *src, struct endpoint_info **dst_out)
@@ -282,13 +284,14 @@ static __always_inline int decide(const struct packet *p, const struct frame *f,
 	r = check_mtu(p, f, src, dst);
 	if (r != STAGE_OK)
 		return r;
+	*dst_out = dst;
 	if (p->sport) {
 		/*
-		 * A flow from or to a port the kernel NATs takes the kernel path
-		 * both ways: replies need un-DNAT, and conntrack must see the
-		 * requests too, or it finds the replies INVALID (kube-proxy
-		 * drops those). An endpoint flagged NO_NAT_PORTS has none: its
-		 * lookup is skipped.
+		 * A flow from or to a port where the kernel NATs (a Service
+		 * backend's, a hostPort) may be one conntrack NAT'd: the hook
+		 * asks conntrack (STAGE_CT). Every other flow is decided here. An
+		 * endpoint flagged NO_NAT_PORTS has no such port: its lookup is
+		 * skipped.
 		 */
 		struct nat_port_key nk = {
 		    .family = p->src.family,
@@ -299,16 +302,15 @@ static __always_inline int decide(const struct packet *p, const struct frame *f,
 		if (!(src->flags & XDPCNI_EP_NO_NAT_PORTS)) {
 			__builtin_memcpy(nk.addr, p->src.addr, 16);
 			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return XDPCNI_V_PASS_NAT;
+				return STAGE_CT;
 		}
 		if (!(dst->flags & XDPCNI_EP_NO_NAT_PORTS)) {
 			nk.port = p->dport;
 			__builtin_memcpy(nk.addr, p->dst.addr, 16);
 			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return XDPCNI_V_PASS_NAT;
+				return STAGE_CT;
 		}
 	}
-	*dst_out = dst;
 	return STAGE_OK;
 }
 
@@ -424,6 +426,8 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	RETURN_IF_STOPPED(r, XDP_PASS);
 	if (!src)
 		return verdict(ctx, r);
+	if (r == STAGE_CT)
+		r = ct_check_xdp(ctx, &p);
 	if (r == STAGE_OK)
 		r = rewrite_redirect(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, XDP_PASS);
@@ -470,6 +474,8 @@ int xdpcni_tc_from_pod(struct __sk_buff *skb)
 		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst);
 	}
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
+	if (r == STAGE_CT)
+		r = ct_check_skb(skb, &p);
 	if (r == STAGE_OK)
 		r = rewrite_redirect_peer(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
