@@ -8,8 +8,10 @@
 //! its pod MAC so the rewritten destination MAC stays the host veth's (the
 //! destination-MAC check). We report the median over many calls.
 //! Redirects are not executed in this mode, so this is the program's own
-//! cost: parsing, map lookups, rewrite. Prices the NAT check (two hash lookups per TCP/UDP
-//! packet of a pod with NAT'd ports; skipped for the others, flagged `EP_NO_NAT_PORTS`).
+//! cost: parsing, map lookups, rewrite. Prices the NAT check: the nat_ports test (two hash
+//! lookups per TCP/UDP packet of a pod with NAT'd ports; skipped for the others, flagged
+//! `EP_NO_NAT_PORTS`), and for a flow on a NAT'd port the conntrack lookup that decides it,
+//! against the build without it (the nat_ports rule alone, as before the exact check).
 //!
 //! `cargo run --release -p xdpcni-e2e --bin datapath-cost` (root, bpffs).
 
@@ -138,7 +140,38 @@ fn main() -> Result<()> {
         dp.raw_maps()
             .raw_add_nat_port(IpAddr::V4(a.ipv4), L4Proto::Udp, 8053)?;
         rows.push((
-            "UDP from a NAT'd port, pass",
+            "UDP from a NAT'd port, conntrack has no entry (asked), redirect",
+            measure(&dp, &nat_f, XDP_REDIRECT)?,
+        ));
+        // The same flow as conntrack records one it SNAT'd.
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                node.ns.name(),
+                "conntrack",
+                "-I",
+                "-p",
+                "udp",
+            ])
+            .args(["-s", &a.ipv4.to_string(), "-d", &b.ipv4.to_string()])
+            .args(["--sport", "8053", "--dport", "53", "--src-nat", "10.99.0.1"])
+            .args(["-t", "600"])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "conntrack -I: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        rows.push((
+            "UDP from a NAT'd port, conntrack NAT'd the flow (asked), pass",
+            measure(&dp, &nat_f, XDP_PASS)?,
+        ));
+        // Before the exact check: the nat_ports rule alone passes the flow.
+        let before = xdpcni_ebpf::testing::datapath_without_ct_kfuncs()?;
+        let dp = Datapath::open_object(pins.path(), before.as_ref())?;
+        rows.push((
+            "UDP from a NAT'd port, the nat_ports rule alone (no conntrack lookup), pass",
             measure(&dp, &nat_f, XDP_PASS)?,
         ));
         Ok(rows)
@@ -154,6 +187,13 @@ fn main() -> Result<()> {
     println!(
         "\nNAT check cost (pods with NAT'd ports - pods without, 50k entries): {:.1} ns/packet",
         rows[5].1 - rows[4].1
+    );
+    println!(
+        "Exact NAT check, a flow on a NAT'd port, against the nat_ports rule alone: \
+         {:+.1} ns/packet when conntrack has no entry (then redirected), \
+         {:+.1} ns/packet when it NAT'd the flow (then passed)",
+        rows[6].1 - rows[8].1,
+        rows[7].1 - rows[8].1
     );
     Ok(())
 }
