@@ -229,18 +229,88 @@ c_bad_annotation() {
 	done
 	fail "no Event for xdpcni.io/xdp-mode=turbo on $a"
 }
+# Connects of this node's pods to a ClusterIP the agent translated at the
+# socket (xdpcni_service_calls_total{result="translated"}).
+translated() {
+	metrics | awk '/^xdpcni_service_calls_total\{result="translated"\}/ { print $NF + 0 }'
+}
 c_service() {
-	local c a b ip out nat0 nat1
+	local c a b ip out t0 t1 n0 n1 f0 f1 k0 k1 to shares=""
 	read -r a b <<<"$(pods_of web)"
 	c=$(pods_of client)
 	kc annotate -n "$NS" pod "$a" "$b" xdpcni.io/xdp-mode- xdpcni.io/redirect- >/dev/null
 	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" && wait_mode "$c" "$DEFAULT_MODE" || return 1
 	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
-	nat0=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
+	t0=$(translated)
+	n0=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
 	out=$(x "$c" podtool greet "$ip" 80 100) || fail "ClusterIP $ip: $out"
-	nat1=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
-	[ "$nat1" -gt "$nat0" ] || fail "backends' replies were not passed for un-DNAT (pass_nat $nat0 -> $nat1)"
-	echo "100/100 connections to ClusterIP $ip:80 ($(echo "$out" | tr '\n' ' ')); backends pass_nat +$((nat1 - nat0))"
+	t1=$(translated)
+	n1=$(($(counter "$a" pass_nat) + $(counter "$b" pass_nat)))
+	[ $((t1 - t0)) -ge 100 ] || fail "the agent translated $((t1 - t0)) of the 100 connects to $ip:80"
+	[ "$n1" -eq "$n0" ] || fail "backends passed $((n1 - n0)) packets for un-DNAT: nothing NAT'd these flows"
+	# The share of the client's packets on the fast path, one 5 s TCP stream
+	# each: through the ClusterIP, and to a backend's pod IP on the target port.
+	for to in "$ip 80" "$(pod_ip "$a") 8080"; do
+		f0=$(counter "$c" 'redirect_.*')
+		k0=$(counter "$c" 'pass_.*')
+		# shellcheck disable=SC2086
+		x "$c" podtool stream $to 5 >/dev/null || fail "stream to $to"
+		f1=$(counter "$c" 'redirect_.*')
+		k1=$(counter "$c" 'pass_.*')
+		[ $((f1 - f0)) -gt 0 ] || fail "stream to $to: nothing on the fast path"
+		share=$(((f1 - f0) * 1000 / (f1 - f0 + k1 - k0)))
+		[ "$share" -ge 990 ] || fail "stream to $to: $((f1 - f0)) packets on the fast path, $((k1 - k0)) to the kernel (share ${share} per mille, want >= 990)"
+		shares="$shares ${to% *}:${to#* } $((f1 - f0))/$((f1 - f0 + k1 - k0))"
+	done
+	echo "100/100 connections to ClusterIP $ip:80 translated at the socket ($(echo "$out" | tr '\n' ' ')), pass_nat +0; client packets on the fast path:$shares"
+}
+# The socket's translation and kube-proxy agree on every Service: the same
+# backends answer a pod (translated) and the node (kube-proxy's DNAT: the
+# host's sockets are never translated), each showing the Service as the
+# peer; a Service with no ready endpoint is refused to both alike.
+c_service_equiv() {
+	local c ip empty pod node backends t0 t1
+	c=$(pods_of client)
+	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
+	t0=$(translated)
+	pod=$(x "$c" podtool greet "$ip" 80 60 | awk '{ print $1 }' | sort | tr '\n' ' ') || fail "from the pod: $pod"
+	t1=$(translated)
+	node=$(in_node "$REPO/target/release/podtool" greet "$ip" 80 60 | awk '{ print $1 }' | sort | tr '\n' ' ') || fail "from the node: $node"
+	[ $((t1 - t0)) -ge 60 ] || fail "the pod's connects were not translated (+$((t1 - t0)))"
+	[ "$(translated)" -eq "$t1" ] || fail "the node's connects were translated"
+	[ "$pod" = "$node" ] && [ "$(echo "$pod" | wc -w)" -eq 2 ] || fail "backends differ: pod [$pod] node [$node]"
+	backends=$pod
+	kc apply -f - >/dev/null <<-YAML || fail "the empty Service"
+	apiVersion: v1
+	kind: Service
+	metadata: {name: empty, namespace: $NS}
+	spec: {selector: {app: nothing}, ports: [{name: tcp, port: 80, targetPort: 8080}]}
+	YAML
+	empty=$(kc get svc -n "$NS" empty -o jsonpath='{.spec.clusterIP}')
+	sleep 2 # kube-proxy's REJECT rule and the agent's frontend (no backend) in place
+	pod=$(x "$c" podtool greet "$empty" 80 1 2>&1) && fail "the empty Service answered the pod: $pod"
+	node=$(in_node "$REPO/target/release/podtool" greet "$empty" 80 1 2>&1) && fail "the empty Service answered the node: $node"
+	kc delete svc -n "$NS" empty >/dev/null
+	grep -q "refused" <<<"$pod" && grep -q "refused" <<<"$node" || fail "refusals differ: pod: $pod; node: $node"
+	echo "ClusterIP $ip: from the pod (translated) and from the node (kube-proxy) the same backends [${backends% }], the peer shown as the Service each time; an empty Service refused to both (connection refused)"
+}
+# A flow the kernel DNATs (an administrator's rule here; kube-proxy's are
+# alike) keeps the kernel path both ways: the backend's replies pass for
+# un-DNAT, and the client sees the address it dialed.
+c_dnat() {
+	local c a bip out n0 n1 rc=0 vip=198.51.100.80
+	read -r a _ <<<"$(pods_of web)"
+	c=$(pods_of client)
+	bip=$(pod_ip "$a")
+	in_node iptables -t nat -I PREROUTING -d "$vip" -p tcp --dport 80 -j DNAT --to-destination "$bip:8080" ||
+		fail "adding the DNAT rule"
+	n0=$(counter "$a" pass_nat)
+	out=$(x "$c" podtool greet "$vip" 80 10) || rc=$?
+	n1=$(counter "$a" pass_nat)
+	in_node iptables -t nat -D PREROUTING -d "$vip" -p tcp --dport 80 -j DNAT --to-destination "$bip:8080"
+	[ "$rc" -eq 0 ] || fail "$vip:80 DNAT'd to $bip:8080: $out"
+	[ $((n1 - n0)) -ge 20 ] || fail "the backend's replies of 10 DNAT'd connections: pass_nat +$((n1 - n0))"
+	echo "10/10 connections to $vip:80 DNAT'd to $a ($bip:8080): its replies pass_nat +$((n1 - n0)), the peer shown as $vip"
 }
 c_hostport() {
 	local c out
@@ -718,7 +788,9 @@ check "annotate native/cpumap under a TCP stream" switch_under_load native cpuma
 check "annotate tc under a TCP stream, and back, with no lost 10 ms ping" c_tc_switch
 check "annotate off under a TCP stream" switch_under_load off devmap 'redirect_.*|pass_.*'
 check "an invalid annotation value becomes an Event, the pod keeps its network" c_bad_annotation
-check "a ClusterIP Service (kube-proxy DNAT) 100 times in a row on the fast path" c_service
+check "a ClusterIP Service 100 times in a row, translated at the socket; streams through it and to a backend's port >= 99% on the fast path" c_service
+check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, an empty Service refused to both" c_service_equiv
+check "a flow DNAT'd by an iptables rule takes the kernel path both ways" c_dnat
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol
 check "a NetworkPolicy closes a hostPort pod, portmap's DNAT included" c_netpol_hostport
