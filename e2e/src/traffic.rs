@@ -547,13 +547,26 @@ pub fn tcp_rr(
     rounds: usize,
     warmup: usize,
 ) -> Result<Vec<f64>> {
+    tcp_rr_via(from, to_ns, to, to, rounds, warmup)
+}
+
+/// [`tcp_rr`] with the server bound at `bind` and the client dialing `dial`
+/// (a Service address translated or DNAT'd to `bind`).
+pub fn tcp_rr_via(
+    from: &Netns,
+    to_ns: &Netns,
+    bind: SocketAddr,
+    dial: SocketAddr,
+    rounds: usize,
+    warmup: usize,
+) -> Result<Vec<f64>> {
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel();
         let stop = &stop;
         let server = s.spawn(move || {
             in_netns(to_ns, || {
-                let l = TcpListener::bind(to)?;
+                let l = TcpListener::bind(bind)?;
                 l.set_nonblocking(true)?;
                 tx.send(())?;
                 let deadline = Instant::now() + Duration::from_secs(5);
@@ -597,7 +610,7 @@ pub fn tcp_rr(
         let result = (|| {
             rx.recv_timeout(Duration::from_secs(5))?;
             in_netns(from, || {
-                let mut c = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+                let mut c = TcpStream::connect_timeout(&dial, Duration::from_secs(5))?;
                 c.set_nodelay(true)?;
                 c.set_nonblocking(true)?;
                 let req = [7u8; 32];

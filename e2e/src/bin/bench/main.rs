@@ -25,6 +25,7 @@ mod migration;
 mod netpol;
 mod paths;
 mod same_node;
+mod services;
 mod targets;
 mod xnode;
 
@@ -32,6 +33,7 @@ use migration::*;
 use netpol::*;
 use paths::*;
 use same_node::*;
+use services::*;
 use targets::*;
 use xnode::*;
 
@@ -387,6 +389,10 @@ fn measure(o: &Opts) -> Result<Measured> {
             xdpcni_ebpf::PREVIOUS_LAYOUT,
         ));
     }
+    if o.full() || o.workload("Service") {
+        eprintln!("bench: Services on a Kubernetes node (ClusterIP, pod IP, kube-proxy's path)...");
+        services_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
+    }
     if o.full() || o.workload(W_XNODE_TCP) {
         eprintln!("bench: TCP across nodes (hostGateway, vxlan) on two nodes with agents...");
         xnode_bench(reps, o.secs, &mut push, &mut extra)?;
@@ -466,6 +472,7 @@ fn summarise(samples: &[Sample]) -> Vec<Row> {
         paths.push(HEADROOM_0.into());
         paths.extend(CEILINGS.iter().map(|c| c.0.to_string()));
         paths.extend([NP_AGENT, NP_NONE, NP_100].map(String::from));
+        paths.extend([SVC_CLUSTERIP, SVC_PODIP, SVC_KUBEPROXY].map(String::from));
         // Paths named at run time (the migration's pod count).
         let named: Vec<String> = groups
             .keys()

@@ -7,17 +7,31 @@ use super::*;
 
 /// Packets per second delivered to pod 1's eth0 from pod 0's flood.
 pub fn pps(b: &Bench, payload: usize, dur: Duration) -> Result<f64> {
-    check_interrupt()?;
     let to = SocketAddr::new(b.ips[1], port());
+    pps_via(&b.pods[0], &b.pods[1], to, to, payload, dur)
+}
+
+/// Packets per second delivered to `to_ns`'s eth0 from `from`'s flood to
+/// `dial`, received by a socket bound at `bind` (a Service address
+/// translated or DNAT'd to it, or `dial` itself).
+pub fn pps_via(
+    from: &Netns,
+    to_ns: &Netns,
+    bind: SocketAddr,
+    dial: SocketAddr,
+    payload: usize,
+    dur: Duration,
+) -> Result<f64> {
+    check_interrupt()?;
     // A bound socket that is never read: datagrams are delivered (and then
     // dropped at the full socket) without ICMP port-unreachable replies.
-    let sink = in_netns(&b.pods[1], || Ok(UdpSocket::bind(to)?))?;
-    let before = rx_packets(&b.pods[1])?;
+    let sink = in_netns(to_ns, || Ok(UdpSocket::bind(bind)?))?;
+    let before = rx_packets(to_ns)?;
     let start = Instant::now();
-    let sent = udp_flood(&b.pods[0], to, payload, &every_cpu(), dur)?;
+    let sent = udp_flood(from, dial, payload, &every_cpu(), dur)?;
     let elapsed = start.elapsed();
     std::thread::sleep(Duration::from_millis(100));
-    let delivered = rx_packets(&b.pods[1])? - before;
+    let delivered = rx_packets(to_ns)? - before;
     drop(sink);
     ensure!(sent > 0, "nothing sent");
     Ok(delivered as f64 / elapsed.as_secs_f64())
@@ -88,9 +102,22 @@ pub fn tcp(b: &Bench, secs: u32) -> Result<f64> {
 
 /// One iperf3 TCP stream from `from` to `to` (at `ip`), Gbit/s.
 pub fn iperf(from: &Netns, to: &Netns, ip: IpAddr, secs: u32) -> Result<f64> {
+    iperf_via(from, to, SocketAddr::new(ip, port()), ip, secs)
+}
+
+/// One iperf3 TCP stream from `from`, dialing `dial` at `bind`'s port, to
+/// a server in `to` bound at `bind` (a Service address translated or
+/// DNAT'd to it, or `bind`'s own address), Gbit/s.
+pub fn iperf_via(
+    from: &Netns,
+    to: &Netns,
+    bind: SocketAddr,
+    dial: IpAddr,
+    secs: u32,
+) -> Result<f64> {
     check_interrupt()?;
-    let p = port().to_string();
-    let ip = ip.to_string();
+    let p = bind.port().to_string();
+    let (ip, dial) = (bind.ip().to_string(), dial.to_string());
     let _server = KillOnDrop(
         Command::new("ip")
             .args([
@@ -112,7 +139,16 @@ pub fn iperf(from: &Netns, to: &Netns, ip: IpAddr, secs: u32) -> Result<f64> {
     let mut out = String::new();
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(50));
-        match from.exec(&["iperf3", "-c", &ip, "-p", &p, "-t", &secs.to_string(), "-J"]) {
+        match from.exec(&[
+            "iperf3",
+            "-c",
+            &dial,
+            "-p",
+            &p,
+            "-t",
+            &secs.to_string(),
+            "-J",
+        ]) {
             Ok(o) => {
                 out = o;
                 break;
@@ -126,7 +162,7 @@ pub fn iperf(from: &Netns, to: &Netns, ip: IpAddr, secs: u32) -> Result<f64> {
         .as_f64()
         .with_context(|| {
             format!(
-                "iperf3 {} -> {ip}: no result ({})",
+                "iperf3 {} -> {dial}: no result ({})",
                 from.name(),
                 v["error"].as_str().unwrap_or("no error given")
             )

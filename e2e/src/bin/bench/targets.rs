@@ -30,6 +30,9 @@ pub const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
 pub const W_MIGRATE: &str = "Datapath migration from the previous release";
 pub const W_XNODE_TCP: &str = "TCP 1 stream across nodes (iperf3)";
 pub const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
+pub const W_SVC_TCP: &str = "Service: TCP 1 stream (iperf3)";
+pub const W_SVC_UDP64: &str = "Service: UDP 64-byte frames";
+pub const W_SVC_RR: &str = "Service: TCP RTT p50 (busy-poll)";
 /// The headroom rows: native devmap with no headroom asked, and the default
 /// native devmap measured again beside it.
 pub const HEADROOM_0: &str = "native devmap, headroom 0";
@@ -74,6 +77,9 @@ pub const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_MIGRATE, "ms", false),
     (W_MIGRATE_READY, "ms", false),
     (W_XNODE_TCP, "Gbit/s", true),
+    (W_SVC_TCP, "Gbit/s", true),
+    (W_SVC_UDP64, "Mpps", true),
+    (W_SVC_RR, "us", false),
 ];
 
 pub const XNODE_HG: &str = "xdpcni hostGateway";
@@ -240,6 +246,44 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
         goal: 15.0,
         what: format!("{TC_PATH}'s program minus {PEER_PATH}'s, ns per packet (bpf_stats)"),
     });
+    // Services (issue 34): the socket's translation against the pod IP
+    // and against kube-proxy's path, same node, same run.
+    for (name, w, p, q, goal) in [
+        (
+            "svc_vs_podip_tcp",
+            W_SVC_TCP,
+            SVC_CLUSTERIP,
+            SVC_PODIP,
+            0.97,
+        ),
+        (
+            "svc_vs_kubeproxy_udp64",
+            W_SVC_UDP64,
+            SVC_CLUSTERIP,
+            SVC_KUBEPROXY,
+            1.15,
+        ),
+        // Lower is better: kube-proxy's p50 over the ClusterIP's.
+        (
+            "svc_vs_kubeproxy_rr",
+            W_SVC_RR,
+            SVC_KUBEPROXY,
+            SVC_CLUSTERIP,
+            1.15,
+        ),
+    ] {
+        out.push(Target {
+            name,
+            value: vs(w, p, q),
+            op: Op::AtLeast,
+            goal,
+            what: if w == W_SVC_RR {
+                format!("{w}: {q} vs {p} (lower is better)")
+            } else {
+                format!("{w}: {p} vs {q}")
+            },
+        });
+    }
     let cpumap: Vec<&str> = PINNED_CPUMAP.iter().map(|p| p.label).collect();
     let (c, d) = (
         best_of(W_PINNED, &cpumap),

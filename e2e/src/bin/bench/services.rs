@@ -1,0 +1,176 @@
+//! Services: a client pod's TCP stream, UDP 64-byte flood and TCP_RR to a
+//! server pod of the same node, three ways, side by side in each
+//! repetition: through the Service's cluster IP (translated at the client's
+//! socket by the agent, then the fast path), to the server's pod IP (the
+//! fast path, no Service), and through kube-proxy's path (the connect left
+//! untranslated, DNAT'd by iptables as kube-proxy's iptables mode does, the
+//! replies un-DNAT'd: the kernel path both ways, the server's replies sent
+//! there by the exact NAT check).
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The paths of the Service rows.
+pub const SVC_CLUSTERIP: &str = "ClusterIP, translated at the socket";
+pub const SVC_PODIP: &str = "pod IP, no Service";
+pub const SVC_KUBEPROXY: &str = "kube-proxy's path (iptables DNAT)";
+
+/// The address kube-proxy's path dials: no Service of the API names it, so
+/// no socket program translates it, and an iptables DNAT in the node's
+/// `nat` PREROUTING (kube-proxy's hook) sends it to the server.
+const KUBEPROXY_VIP: &str = "10.96.250.250";
+
+/// The Service's ports (port = targetPort): iperf3, the UDP sink, the
+/// request/response echo.
+const PORTS: [(&str, &str, u16); 3] = [
+    ("iperf", "TCP", 5201),
+    ("sink", "UDP", 9000),
+    ("rr", "TCP", 7000),
+];
+
+/// The Service rows on a node of their own (API server, agent in
+/// Kubernetes mode, the default tc mode), and the share of the client's
+/// packets each path kept on the fast path.
+pub fn services_bench(
+    reps: usize,
+    secs: u32,
+    rounds: usize,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use xdpcni_e2e::{cluster::KubeNode, traffic::tcp_rr_via};
+    let node = KubeNode::start(|_| {})?;
+    let client = node.add_pod("default", "client", json!({}), json!([]))?;
+    let server = node.add_pod("default", "server", json!({}), json!([]))?;
+    let sip = server.ip(false);
+    let ports: Vec<Value> = PORTS
+        .iter()
+        .map(|(n, p, port)| json!({ "name": n, "protocol": p, "port": port }))
+        .collect();
+    let svc_ports: Vec<Value> = PORTS
+        .iter()
+        .map(|(n, p, port)| json!({ "name": n, "protocol": p, "port": port, "targetPort": port }))
+        .collect();
+    let vip: IpAddr = node.client(move |c| async move {
+        use k8s_openapi::api::core::v1::{Endpoints, Service};
+        use kube::{api::PostParams, Api};
+        let eps: Api<Endpoints> = Api::namespaced(c.clone(), "default");
+        eps.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "bench" },
+                "subsets": [{ "addresses": [{ "ip": sip.to_string() }], "ports": ports }],
+            }))?,
+        )
+        .await?;
+        let svc = Api::<Service>::namespaced(c, "default")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": "bench" },
+                    "spec": { "ports": svc_ports },
+                }))?,
+            )
+            .await?;
+        Ok(svc
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("no cluster IP")?
+            .parse()?)
+    })?;
+    // Every frontend in the maps, and the server's ports NAT'd (the exact
+    // check asks conntrack about their flows).
+    let start = Instant::now();
+    loop {
+        let m = node.metrics()?;
+        if m.get(r#"xdpcni_service_frontends{backends="ready"}"#)
+            .copied()
+            == Some(3.0)
+            && Maps::open_pinned(node.pin_dir())?
+                .nat_ports()?
+                .iter()
+                .filter(|(ip, ..)| *ip == sip)
+                .count()
+                == 3
+        {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the Service's frontends and NAT'd ports not in place"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (_, p, port) in PORTS {
+        node.net.node.exec(&[
+            "iptables",
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-d",
+            KUBEPROXY_VIP,
+            "-p",
+            &p.to_lowercase(),
+            "--dport",
+            &port.to_string(),
+            "-j",
+            "DNAT",
+            "--to-destination",
+            &format!("{sip}:{port}"),
+        ])?;
+    }
+    let kp: IpAddr = KUBEPROXY_VIP.parse()?;
+    let paths = [(SVC_CLUSTERIP, vip), (SVC_PODIP, sip), (SVC_KUBEPROXY, kp)];
+    let maps = Maps::open_pinned(node.pin_dir())?;
+    let idx = node.net.node.ifindex(&client.host)?;
+    let mut share: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let dur = Duration::from_secs(u64::from(secs));
+    for rep in 0..reps {
+        for (label, dial) in rep_order(&paths, rep).into_iter().copied() {
+            let before = maps.counters(idx)?;
+            let bind = SocketAddr::new(sip, PORTS[0].2);
+            push(
+                W_SVC_TCP,
+                label,
+                rep,
+                iperf_via(&client.netns, &server.netns, bind, dial, secs)?,
+            );
+            let after = maps.counters(idx)?;
+            let s = share.entry(label).or_default();
+            s.0 += after.forwarded() - before.forwarded();
+            s.1 += after.passed() - before.passed();
+            let (bind, to) = (
+                SocketAddr::new(sip, PORTS[1].2),
+                SocketAddr::new(dial, PORTS[1].2),
+            );
+            push(
+                W_SVC_UDP64,
+                label,
+                rep,
+                pps_via(&client.netns, &server.netns, bind, to, 22, dur)? / 1e6,
+            );
+            check_interrupt()?;
+            let (bind, to) = (
+                SocketAddr::new(sip, PORTS[2].2),
+                SocketAddr::new(dial, PORTS[2].2),
+            );
+            let mut rtts = tcp_rr_via(&client.netns, &server.netns, bind, to, rounds, 100)?;
+            push(W_SVC_RR, label, rep, percentile(&mut rtts, 0.5));
+        }
+    }
+    for (label, (fast, kernel)) in &share {
+        extra.push(format!(
+            "Service rows, {label}: {:.1}% of the client's packets of the TCP streams on the fast path ({fast} redirected, {kernel} to the kernel)",
+            100.0 * *fast as f64 / (*fast + *kernel).max(1) as f64
+        ));
+    }
+    let m = node.metrics()?;
+    extra.push(format!(
+        "Service rows: {} connects translated at the socket (xdpcni_service_calls_total), kube-proxy's path an iptables DNAT in nat PREROUTING per port (one rule each: kube-proxy's chains add a jump or two before it)",
+        m.get(r#"xdpcni_service_calls_total{result="translated"}"#)
+            .copied()
+            .unwrap_or(0.0)
+    ));
+    Ok(())
+}
