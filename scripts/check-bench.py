@@ -54,6 +54,13 @@ ROWS = {
         "xdpcni tc, same node",
     ],
 }
+SERVICE = [
+    "ClusterIP, translated at the socket",
+    "pod IP, no Service",
+    "kube-proxy's path (iptables DNAT)",
+]
+for w in ["Service: TCP 1 stream (iperf3)", "Service: UDP 64-byte frames", "Service: TCP RTT p50 (busy-poll)"]:
+    ROWS[w] = SERVICE
 TARGETS = {
     "tc_vs_peer_udp64": ">= 1",
     "tc_vs_peer_fwd64_raw": ">= 1",
@@ -69,6 +76,9 @@ TARGETS = {
     "prog_ns_redirect": "<= 150",
     "prog_ns_tc_minus_peer": "<= 15",
     "cpumap_pinned": ">= 1.1",
+    "svc_vs_podip_tcp": ">= 0.97",
+    "svc_vs_kubeproxy_udp64": ">= 1.15",
+    "svc_vs_kubeproxy_rr": ">= 1.15",
 }
 LINE = re.compile(r"^target ([a-z0-9_]+): (-?[0-9]+\.[0-9]+|none) \(goal (>=|<=) ([0-9.]+)\) (met|missed)$")
 
