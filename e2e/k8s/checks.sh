@@ -269,30 +269,53 @@ c_service() {
 # host's sockets are never translated), each showing the Service as the
 # peer; a Service with no ready endpoint is refused to both alike.
 c_service_equiv() {
-	local c ip empty pod node backends t0 t1
+	local c ip empty sticky udp pod node backends t0 t1
 	c=$(pods_of client)
 	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
-	t0=$(translated)
-	pod=$(x "$c" podtool greet "$ip" 80 60 | awk '{ print $1 }' | sort | tr '\n' ' ') || fail "from the pod: $pod"
-	t1=$(translated)
-	node=$(in_node "$REPO/target/release/podtool" greet "$ip" 80 60 | awk '{ print $1 }' | sort | tr '\n' ' ') || fail "from the node: $node"
-	[ $((t1 - t0)) -ge 60 ] || fail "the pod's connects were not translated (+$((t1 - t0)))"
-	[ "$(translated)" -eq "$t1" ] || fail "the node's connects were translated"
-	[ "$pod" = "$node" ] && [ "$(echo "$pod" | wc -w)" -eq 2 ] || fail "backends differ: pod [$pod] node [$node]"
-	backends=$pod
-	kc apply -f - >/dev/null <<-YAML || fail "the empty Service"
+	kc apply -f - >/dev/null <<-YAML || fail "the check's Services"
 	apiVersion: v1
 	kind: Service
 	metadata: {name: empty, namespace: $NS}
 	spec: {selector: {app: nothing}, ports: [{name: tcp, port: 80, targetPort: 8080}]}
+	---
+	apiVersion: v1
+	kind: Service
+	metadata: {name: sticky, namespace: $NS}
+	spec:
+	  selector: {app: web}
+	  sessionAffinity: ClientIP
+	  ports: [{name: tcp, port: 80, targetPort: 8080}]
+	---
+	apiVersion: v1
+	kind: Service
+	metadata: {name: web-udp, namespace: $NS}
+	spec: {selector: {app: web}, ports: [{name: udp, port: 53, targetPort: 8080, protocol: UDP}]}
 	YAML
 	empty=$(kc get svc -n "$NS" empty -o jsonpath='{.spec.clusterIP}')
-	sleep 2 # kube-proxy's REJECT rule and the agent's frontend (no backend) in place
+	sticky=$(kc get svc -n "$NS" sticky -o jsonpath='{.spec.clusterIP}')
+	udp=$(kc get svc -n "$NS" web-udp -o jsonpath='{.spec.clusterIP}')
+	sleep 3 # kube-proxy's rules and the agent's frontends in place
+	t0=$(translated)
+	pod=$(x "$c" podtool greet "$ip" 80 60 | awk '{ print $1 }' | sort | tr '\n' ' ')
+	t1=$(translated)
+	node=$(in_node "$REPO/target/release/podtool" greet "$ip" 80 60 | awk '{ print $1 }' | sort | tr '\n' ' ')
+	[ $((t1 - t0)) -ge 60 ] || fail "the pod's connects were not translated (+$((t1 - t0)))"
+	[ "$(translated)" -eq "$t1" ] || fail "the node's connects were translated"
+	[ "$pod" = "$node" ] && [ "$(echo "$pod" | wc -w)" -eq 2 ] || fail "backends differ: pod [$pod] node [$node]"
+	backends=$pod
+	# sessionAffinity ClientIP: every connect of one client to one backend.
+	pod=$(x "$c" podtool greet "$sticky" 80 20 | wc -l)
+	node=$(in_node "$REPO/target/release/podtool" greet "$sticky" 80 20 | wc -l)
+	[ "$pod" -eq 1 ] && [ "$node" -eq 1 ] || fail "ClientIP affinity: the pod reached $pod backends, the node $node"
+	# UDP, unconnected: each echo comes back from the Service address.
+	pod=$(x "$c" podtool echo "$udp" 53 20 2>&1) || fail "UDP from the pod: $pod"
+	node=$(in_node "$REPO/target/release/podtool" echo "$udp" 53 20 2>&1) || fail "UDP from the node: $node"
+	# No ready endpoint: refused to both.
 	pod=$(x "$c" podtool greet "$empty" 80 1 2>&1) && fail "the empty Service answered the pod: $pod"
 	node=$(in_node "$REPO/target/release/podtool" greet "$empty" 80 1 2>&1) && fail "the empty Service answered the node: $node"
-	kc delete svc -n "$NS" empty >/dev/null
+	kc delete svc -n "$NS" empty sticky web-udp >/dev/null
 	grep -q "refused" <<<"$pod" && grep -q "refused" <<<"$node" || fail "refusals differ: pod: $pod; node: $node"
-	echo "ClusterIP $ip: from the pod (translated) and from the node (kube-proxy) the same backends [${backends% }], the peer shown as the Service each time; an empty Service refused to both (connection refused)"
+	echo "from a pod (translated: +$((t1 - t0)) connects) and from the node (kube-proxy): ClusterIP $ip the same backends [${backends% }], the Service shown as the peer; ClientIP affinity one backend each; UDP echoed from the Service address to both; an empty Service refused to both"
 }
 # A flow the kernel DNATs (an administrator's rule here; kube-proxy's are
 # alike) keeps the kernel path both ways: the backend's replies pass for
@@ -789,7 +812,7 @@ check "annotate tc under a TCP stream, and back, with no lost 10 ms ping" c_tc_s
 check "annotate off under a TCP stream" switch_under_load off devmap 'redirect_.*|pass_.*'
 check "an invalid annotation value becomes an Event, the pod keeps its network" c_bad_annotation
 check "a ClusterIP Service 100 times in a row, translated at the socket; streams through it and to a backend's port >= 99% on the fast path" c_service
-check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, an empty Service refused to both" c_service_equiv
+check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, ClientIP affinity, UDP, an empty Service refused to both" c_service_equiv
 check "a flow DNAT'd by an iptables rule takes the kernel path both ways" c_dnat
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol
