@@ -504,12 +504,28 @@ fn kernel_only_endpoints_go_to_kernel_both_ways() {
     });
 }
 
-/// `conntrack ARGS` in namespace `ns` (an entry made as the kernel path
-/// would have made it).
-fn conntrack(ns: &str, args: &[&str]) -> Result<()> {
+/// A conntrack entry in namespace `ns`, as the kernel path would have made
+/// it: `proto` from `src`:`sport` to `dst`:`dport`, its destination NAT'd
+/// to `dnat` when given (`conntrack -I`).
+fn ct_entry(
+    ns: &str,
+    proto: &str,
+    (src, sport): (&str, u16),
+    (dst, dport): (&str, u16),
+    dnat: Option<&str>,
+) -> Result<()> {
+    let (sport, dport) = (sport.to_string(), dport.to_string());
+    let mut args = vec!["-I", "-p", proto, "-s", src, "-d", dst, "--sport", &sport];
+    args.extend(["--dport", &dport, "-t", "300"]);
+    if let Some(to) = dnat {
+        args.extend(["--dst-nat", to]);
+    }
+    if proto == "tcp" {
+        args.extend(["--state", "ESTABLISHED"]);
+    }
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", ns, "conntrack"])
-        .args(args)
+        .args(&args)
         .output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -553,48 +569,10 @@ fn flows_conntrack_nated_go_to_kernel_and_others_on_nated_ports_stay_fast() {
         // anything else of those flows, go to the kernel on both hooks.
         let (a4, b4) = (a.ipv4.to_string(), b.ipv4.to_string());
         let (a6, b6) = (a.ipv6.to_string(), b.ipv6.to_string());
-        conntrack(
-            ns,
-            &[
-                "-I",
-                "-p",
-                "tcp",
-                "-s",
-                &a4,
-                "-d",
-                "10.96.0.10",
-                "--sport",
-                "40000",
-                "--dport",
-                "80",
-                "--dst-nat",
-                &format!("{b4}:8080"),
-                "-t",
-                "300",
-                "--state",
-                "ESTABLISHED",
-            ],
-        )?;
-        conntrack(
-            ns,
-            &[
-                "-I",
-                "-p",
-                "udp",
-                "-s",
-                &a6,
-                "-d",
-                "fd96::10",
-                "--sport",
-                "40000",
-                "--dport",
-                "53",
-                "--dst-nat",
-                &format!("[{b6}]:53"),
-                "-t",
-                "300",
-            ],
-        )?;
+        let dnat4 = format!("{b4}:8080");
+        ct_entry(ns, "tcp", (&a4, 40000), ("10.96.0.10", 80), Some(&dnat4))?;
+        let dnat6 = format!("[{b6}]:53");
+        ct_entry(ns, "udp", (&a6, 40000), ("fd96::10", 53), Some(&dnat6))?;
         let reply = v4_frame(b, b.ipv4, a.ipv4, 64, (IPPROTO_TCP, tcp(8080, 40000)));
         expect_unchanged(dp, b, &reply, XDP_PASS, Verdict::PassNat);
         let reply6 = v6_frame(b, b.ipv6, a.ipv6, 64, (IPPROTO_UDP, udp(53, 40000, b"a")));
@@ -611,26 +589,7 @@ fn flows_conntrack_nated_go_to_kernel_and_others_on_nated_ports_stay_fast() {
         // dialed B's address (or whose connect the Service programs
         // translated), with no entry or with one the kernel made without
         // NAT: the fast path, both ways, both hooks.
-        conntrack(
-            ns,
-            &[
-                "-I",
-                "-p",
-                "tcp",
-                "-s",
-                &a4,
-                "-d",
-                &b4,
-                "--sport",
-                "40002",
-                "--dport",
-                "8080",
-                "-t",
-                "300",
-                "--state",
-                "ESTABLISHED",
-            ],
-        )?;
+        ct_entry(ns, "tcp", (&a4, 40002), (&b4, 8080), None)?;
         for (from, frame) in [
             (
                 b,

@@ -76,8 +76,13 @@ static __always_inline int ct_verdict(struct nf_conn___xdpcni *ct, const struct 
 	return status & XDPCNI_CT_NAT ? XDPCNI_V_PASS_NAT : STAGE_OK;
 }
 
-static __always_inline int ct_check_skb(struct __sk_buff *skb, const struct packet *p)
+/*
+ * The check on a hook: `ctx` its context, `xdp` whether it is XDP's (a
+ * constant in each caller, so only that hook's kfunc call is emitted).
+ */
+static __always_inline int ct_check(void *ctx, const struct packet *p, int xdp)
 {
+	struct nf_conn___xdpcni *ct;
 	struct bpf_sock_tuple t;
 	struct ct_opts o;
 	__u32 len;
@@ -85,17 +90,7 @@ static __always_inline int ct_check_skb(struct __sk_buff *skb, const struct pack
 	if (!xdpcni_ct_kfuncs)
 		return XDPCNI_V_PASS_NAT;
 	len = ct_tuple(p, &t, &o);
-	return ct_verdict(xdpcni_skb_ct_lookup(skb, &t, len, &o, XDPCNI_CT_OPTS_SZ), &o);
-}
-
-static __always_inline int ct_check_xdp(struct xdp_md *ctx, const struct packet *p)
-{
-	struct bpf_sock_tuple t;
-	struct ct_opts o;
-	__u32 len;
-
-	if (!xdpcni_ct_kfuncs)
-		return XDPCNI_V_PASS_NAT;
-	len = ct_tuple(p, &t, &o);
-	return ct_verdict(xdpcni_xdp_ct_lookup(ctx, &t, len, &o, XDPCNI_CT_OPTS_SZ), &o);
+	ct = xdp ? xdpcni_xdp_ct_lookup(ctx, &t, len, &o, XDPCNI_CT_OPTS_SZ)
+		 : xdpcni_skb_ct_lookup(ctx, &t, len, &o, XDPCNI_CT_OPTS_SZ);
+	return ct_verdict(ct, &o);
 }

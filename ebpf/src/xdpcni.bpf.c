@@ -427,7 +427,7 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	if (!src)
 		return verdict(ctx, r);
 	if (r == STAGE_CT)
-		r = ct_check_xdp(ctx, &p);
+		r = ct_check(ctx, &p, 1);
 	if (r == STAGE_OK)
 		r = rewrite_redirect(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, XDP_PASS);
@@ -475,7 +475,7 @@ int xdpcni_tc_from_pod(struct __sk_buff *skb)
 	}
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
 	if (r == STAGE_CT)
-		r = ct_check_skb(skb, &p);
+		r = ct_check(skb, &p, 0);
 	if (r == STAGE_OK)
 		r = rewrite_redirect_peer(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
