@@ -198,7 +198,7 @@ impl Metrics {
             errors: add(
                 &mut r,
                 "xdpcni_reconcile_errors",
-                "Reconcile failures, by stage (apply, records, nat_ports, routes, event, gc, pins)",
+                "Reconcile failures, by stage (apply, records, nat_ports, routes, event, gc, pins, gate, netpol, services)",
                 errors,
             ),
             duration: add(
