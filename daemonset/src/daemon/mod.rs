@@ -27,7 +27,6 @@ use node_work::{ForwardScan, NodeMemo};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -410,15 +409,14 @@ impl Core {
     /// under the config's `services.cgroup`: the cgroup on success, why
     /// not otherwise (then kube-proxy keeps every Service; the status and
     /// `xdpcni_reconcile_errors_total{stage="services"}` say so).
-    pub async fn open_services(&self) -> Option<PathBuf> {
+    pub async fn open_services(&self) -> bool {
         let opened = match xdpcni_ebpf::cgroup2_root(&self.cfg.services.cgroup) {
-            Ok(root) => self
-                .owner
-                .open_services(self.cfg.pin_dir.clone(), root.clone())
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-                .map(|()| root),
+            Ok(root) => answered(
+                self.owner
+                    .open_services(self.cfg.pin_dir.clone(), root.clone())
+                    .await,
+            )
+            .map(|()| root),
             Err(e) => Err(e.to_string()),
         };
         let mut status = self.view.book.services();
@@ -429,14 +427,14 @@ impl Core {
                 status.cgroup = Some(root.display().to_string());
                 status.error = None;
                 self.view.book.set_services(status);
-                Some(root)
+                true
             }
             Err(e) => {
                 warn!(error = %e, "Service translation off: every Service stays kube-proxy's");
                 self.metrics.error(Stage::Services);
                 status.error = Some(e);
                 self.view.book.set_services(status);
-                None
+                false
             }
         }
     }
@@ -463,10 +461,7 @@ impl Core {
     ) -> bool {
         let namespaces = netns.len();
         let want = crate::services::wants(frontends);
-        let result = match self.owner.sync_services(want, netns).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let result = answered(self.owner.sync_services(want, netns).await);
         let mut status = self.view.book.services();
         let ok = match result {
             Ok(done) => {
@@ -500,11 +495,7 @@ impl Core {
     /// Renews the lease on the Service maps (between full writes); a
     /// failure is logged and counted (the next full write renews it too).
     pub async fn renew_services_lease(&self) {
-        let renewed = match self.owner.renew_services_lease().await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = renewed {
+        if let Err(e) = answered(self.owner.renew_services_lease().await) {
             warn!(error = %e, "renewing the lease on the Service maps failed");
             self.metrics.error(Stage::Services);
         }
@@ -517,6 +508,11 @@ impl Core {
             .scan(self.cfg.forward_scan_ms, records, &self.metrics)
             .await
     }
+}
+
+/// A datapath owner's answer as one result: its error, or that it stopped.
+fn answered<T>(r: Result<Result<T, xdpcni_ebpf::Error>, OwnerGone>) -> Result<T, String> {
+    r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
 }
 
 /// The status view of a pod's record after a reconcile.

@@ -6,8 +6,9 @@
 //! (`node_task.rs`) does the node-wide work every `intervalMs`: routes to
 //! the other nodes' pod CIDRs (host-gateway or through the VXLAN device,
 //! [`crate::routes`]) and this node's published VTEP, the NAT'd ports, the
-//! records no pod claims, collection. Nothing is decided from a cache before
-//! its first complete list.
+//! records no pod claims, collection. The Service task (`services.rs`)
+//! keeps the Service maps the socket programs translate with. Nothing is
+//! decided from a cache before its first complete list.
 //!
 //! How a pod's CNI ADD reaches the datapath, hop by hop:
 //!
@@ -339,7 +340,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     tokio::spawn(feed_records(Arc::clone(&core), written, trigger.clone()));
     let policy_task = PolicyTask::new(&ctx, trigger.clone(), policy_changed);
     let service_task = if core.config().services.translate {
-        Some(ServiceTask::new(&ctx, node.clone(), services_changed).await?)
+        Some(ServiceTask::new(&ctx, node.clone(), services_changed))
     } else {
         core.services_off(None);
         None

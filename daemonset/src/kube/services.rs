@@ -108,40 +108,49 @@ pub(super) struct ServiceTask {
     ctx: Arc<Ctx>,
     node: String,
     services: Store<Service>,
-    backends: Backends,
     changed: Arc<Notify>,
 }
 
 impl ServiceTask {
-    /// Starts the watches of Services and their backends (EndpointSlices,
-    /// or Endpoints where the server has no `discovery.k8s.io/v1`); each
-    /// change, and each CNI record written (`changed`), wakes the task.
-    pub(super) async fn new(ctx: &Arc<Ctx>, node: String, changed: Arc<Notify>) -> Result<Self> {
-        let client = &ctx.client;
-        let backends = if serves_slices(client).await? {
-            Backends::Slices(super::watch_all(client, &changed))
-        } else {
-            Backends::Endpoints(super::watch_all(client, &changed))
-        };
-        info!(
-            source = match backends {
-                Backends::Slices(_) => "EndpointSlices",
-                Backends::Endpoints(_) => "Endpoints",
-            },
-            "Service backends"
-        );
-        Ok(Self {
+    /// Starts the watch of Services; each change, and each CNI record
+    /// written (`changed`), wakes the task. The watch of their backends
+    /// starts in [`ServiceTask::run`], once the API server has said which
+    /// kind it serves.
+    pub(super) fn new(ctx: &Arc<Ctx>, node: String, changed: Arc<Notify>) -> Self {
+        Self {
             ctx: Arc::clone(ctx),
             node,
-            services: super::watch_all(client, &changed),
-            backends,
+            services: super::watch_all(&ctx.client, &changed),
             changed,
-        })
+        }
+    }
+
+    /// The watch of the Services' backends: EndpointSlices, or Endpoints
+    /// where the server has no `discovery.k8s.io/v1`. A server that does
+    /// not answer is asked again after [`RETRY`] (kube-proxy's meanwhile);
+    /// `None` at shutdown.
+    async fn watch_backends(&self, shutdown: &Shutdown) -> Option<Backends> {
+        let client = &self.ctx.client;
+        loop {
+            match serves_slices(client).await {
+                Ok(true) => return Some(Backends::Slices(super::watch_all(client, &self.changed))),
+                Ok(false) => {
+                    return Some(Backends::Endpoints(super::watch_all(client, &self.changed)))
+                }
+                Err(e) => {
+                    warn!(error = %e, "which Service backends the API server serves; asking again")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY) => {}
+                _ = shutdown.clone().wait() => return None,
+            }
+        }
     }
 
     /// What the maps should hold now: every frontend of every Service.
-    fn frontends(&self) -> Vec<Frontend> {
-        let groups = self.backends.groups();
+    fn frontends(&self, backends: &Backends) -> Vec<Frontend> {
+        let groups = backends.groups();
         let mut out: Vec<Frontend> = Vec::new();
         for svc in self.services.state() {
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
@@ -158,15 +167,25 @@ impl ServiceTask {
         let core = &self.ctx.core;
         // Until the programs are attached, nothing is translated: retried
         // (a cgroup2 mount may come later), kube-proxy's meanwhile.
-        while core.open_services().await.is_none() {
+        while !core.open_services().await {
             tokio::select! {
                 _ = tokio::time::sleep(RESYNC) => {}
                 _ = shutdown.clone().wait() => return,
             }
         }
+        let Some(backends) = self.watch_backends(&shutdown).await else {
+            return;
+        };
+        info!(
+            source = match backends {
+                Backends::Slices(_) => "EndpointSlices",
+                Backends::Endpoints(_) => "Endpoints",
+            },
+            "Service backends"
+        );
         let lists = async {
             self.services.wait_until_ready().await?;
-            self.backends.wait_until_ready().await
+            backends.wait_until_ready().await
         };
         tokio::select! {
             listed = lists => {
@@ -185,7 +204,9 @@ impl ServiceTask {
         while !shutdown.is_set() {
             if full {
                 let netns = pod_netns(&core.records());
-                ok = core.sync_services(&self.frontends(), netns, since).await;
+                ok = core
+                    .sync_services(&self.frontends(&backends), netns, since)
+                    .await;
                 last_full = Instant::now();
             } else {
                 core.renew_services_lease().await;
