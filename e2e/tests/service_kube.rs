@@ -147,7 +147,16 @@ fn service_translation_follows_the_api_server() {
     );
 
     // The node's own sockets are never translated, nor are a namespace's
-    // that is no pod of this agent.
+    // that is no pod of this agent: their connects fail (no kube-proxy),
+    // and the programs' count of translations does not move. (The foreign
+    // namespace has no route anywhere, so its failure alone proves
+    // nothing: the count does.)
+    let translated = || {
+        status(&node.net.node)["services"]["translated"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = translated();
     let host = greet(node.net.node.name(), cluster_ip, 8080, 1);
     assert!(host.is_err(), "the node's socket was translated: {host:?}");
     let stranger = Netns::new("xq").unwrap();
@@ -155,6 +164,11 @@ fn service_translation_follows_the_api_server() {
     assert!(
         other.is_err(),
         "a foreign namespace was translated: {other:?}"
+    );
+    assert_eq!(
+        translated(),
+        before,
+        "a connect of the node or a stranger translated"
     );
 
     // A backend taken out of the Endpoints stops being chosen at once:
