@@ -91,7 +91,7 @@ impl std::ops::Deref for KubeNode {
 }
 
 /// The `podtool` binary of this build.
-fn podtool() -> Result<PathBuf> {
+pub fn podtool() -> Result<PathBuf> {
     let p = agent_binary()?.with_file_name("podtool");
     ensure!(p.is_file(), "{} is not built", p.display());
     Ok(p)

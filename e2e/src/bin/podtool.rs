@@ -5,13 +5,22 @@
 //! ```text
 //! podtool serve PORT...              on each PORT (IPv4 and IPv6), TCP: greets every
 //!                                    connection with the pod's name ($PODTOOL_NAME, else
-//!                                    /etc/hostname), then discards what it is sent; UDP: echoes
+//!                                    /etc/hostname), then discards what it is sent (but
+//!                                    answers a first "who?\n" with the address it sees the
+//!                                    client at); UDP: echoes, but answers "who?" with its name
+//!                                    and that address
 //! podtool greet ADDR PORT N          N TCP connections in a row, each must get a greeting
 //!                                    and show ADDR PORT as its peer (getpeername: what a
 //!                                    translated Service must still show); prints each
 //!                                    distinct greeting with its count
 //! podtool echo ADDR PORT N           N UDP datagrams from one unconnected socket, each must be
 //!                                    echoed within 1 s from ADDR PORT itself
+//! podtool who PROTO ADDR PORT N      N probes of a Service's observable result, each from a
+//!                                    new socket (PROTO tcp, udp: unconnected, two datagrams
+//!                                    that must reach one backend, udp-connected); prints
+//!                                    "BACKEND SOURCE COUNT" (the source the backend saw) or
+//!                                    "error KIND COUNT" (refused, timeout, ...); checks that
+//!                                    the peer shown (getpeername, recvmsg) is ADDR PORT
 //! podtool stream ADDR PORT SECS      one TCP stream for SECS seconds, or until SIGINT or
 //!                                    SIGTERM; prints Gbit/s and the longest time no byte
 //!                                    could be sent
@@ -54,6 +63,11 @@ fn main() -> Result<()> {
             target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
             arg(3, "N")?.parse()?,
         ),
+        "who" => who(
+            arg(1, "PROTO")?,
+            target(arg(2, "ADDR")?, arg(3, "PORT")?)?,
+            arg(4, "N")?.parse()?,
+        ),
         "stream" => stream(
             target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
             arg(3, "SECS")?.parse()?,
@@ -88,10 +102,16 @@ fn serve(ports: &[u16]) -> Result<()> {
     let mut listeners = Vec::new();
     for &port in ports {
         let udp = UdpSocket::bind(&any(port)[..]).with_context(|| format!("binding UDP {port}"))?;
+        let name = name.clone();
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 65536];
             while let Ok((n, peer)) = udp.recv_from(&mut buf) {
-                let _ = udp.send_to(&buf[..n], peer);
+                if &buf[..n] == b"who?" {
+                    let seen = format!("{name} {}", peer.ip().to_canonical());
+                    let _ = udp.send_to(seen.as_bytes(), peer);
+                } else {
+                    let _ = udp.send_to(&buf[..n], peer);
+                }
             }
         });
         listeners.push(
@@ -111,6 +131,12 @@ fn serve(ports: &[u16]) -> Result<()> {
                         return;
                     }
                     let mut buf = vec![0u8; 1 << 16];
+                    if matches!(conn.read(&mut buf), Ok(n) if buf[..n].starts_with(b"who?\n")) {
+                        let seen = conn.peer_addr().map(|p| p.ip().to_canonical());
+                        if let Ok(ip) = seen {
+                            let _ = conn.write_all(format!("{ip}\n").as_bytes());
+                        }
+                    }
                     while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
                 });
             }
@@ -152,6 +178,117 @@ fn greet(to: SocketAddr, n: u32) -> Result<()> {
     }
     for (who, count) in &seen {
         println!("{who} {count}");
+    }
+    Ok(())
+}
+
+/// One line of a stream: up to `\n`, bounded.
+fn read_line(c: &mut TcpStream) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while line.len() < 256 {
+        match c.read(&mut byte)? {
+            1 if byte[0] != b'\n' => line.push(byte[0]),
+            _ => break,
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+/// What a failed probe shows: the error's kind, as the kernel reported it.
+fn error_kind(e: &std::io::Error) -> String {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionRefused => "refused".into(),
+        TimedOut | WouldBlock => "timeout".into(),
+        HostUnreachable | NetworkUnreachable => "unreachable".into(),
+        k => format!("{k:?}"),
+    }
+}
+
+/// One probe of [`who`]: the backend and the source it saw.
+fn who_one(proto: &str, to: SocketAddr) -> Result<std::result::Result<String, String>> {
+    let wait = Duration::from_secs(1);
+    let any: SocketAddr = match to {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let fail = |e: std::io::Error| Ok(Err(error_kind(&e)));
+    match proto {
+        "tcp" => {
+            // Past the first SYN's retransmission (1 s): a refusal that
+            // arrives while connect() still holds the socket is seen on
+            // the second SYN (IPv6).
+            let mut c = match TcpStream::connect_timeout(&to, 3 * wait) {
+                Ok(c) => c,
+                Err(e) => return fail(e),
+            };
+            ensure!(c.peer_addr()? == to, "the peer shows as {}", c.peer_addr()?);
+            c.set_read_timeout(Some(wait))?;
+            let name = match read_line(&mut c) {
+                Ok(n) => n,
+                Err(e) => return fail(e),
+            };
+            c.write_all(b"who?\n")?;
+            let seen = match read_line(&mut c) {
+                Ok(n) => n,
+                Err(e) => return fail(e),
+            };
+            Ok(Ok(format!("{name} {seen}")))
+        }
+        "udp" | "udp-connected" => {
+            let sock = UdpSocket::bind(any)?;
+            sock.set_read_timeout(Some(wait))?;
+            let mut buf = [0u8; 512];
+            if proto == "udp-connected" {
+                sock.connect(to)?;
+                ensure!(
+                    sock.peer_addr()? == to,
+                    "the peer shows as {}",
+                    sock.peer_addr()?
+                );
+            }
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                let got = if proto == "udp" {
+                    sock.send_to(b"who?", to)?;
+                    sock.recv_from(&mut buf).map(|(n, from)| (n, Some(from)))
+                } else {
+                    match sock.send(b"who?") {
+                        Ok(_) => sock.recv(&mut buf).map(|n| (n, None)),
+                        Err(e) => Err(e),
+                    }
+                };
+                let (n, from) = match got {
+                    Ok(g) => g,
+                    Err(e) => return fail(e),
+                };
+                if let Some(from) = from {
+                    ensure!(from == to, "the answer came from {from}");
+                }
+                answers.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+            ensure!(
+                answers[0] == answers[1],
+                "one socket's datagrams reached two backends: {answers:?}"
+            );
+            Ok(Ok(answers.remove(0)))
+        }
+        other => bail!("unknown protocol {other:?}: tcp, udp or udp-connected"),
+    }
+}
+
+fn who(proto: &str, to: SocketAddr, n: u32) -> Result<()> {
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    for i in 0..n {
+        let line = match who_one(proto, to).with_context(|| format!("probe {i} of {n} to {to}"))? {
+            Ok(answer) => answer,
+            Err(kind) => format!("error {kind}"),
+        };
+        *seen.entry(line).or_default() += 1;
+    }
+    for (line, count) in &seen {
+        println!("{line} {count}");
     }
     Ok(())
 }
