@@ -109,8 +109,22 @@ pub fn groups_from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice
         .collect()
 }
 
-/// The groups of an Endpoints object: one per subset.
+/// The groups of an Endpoints object: one per subset. An Endpoints object
+/// holds one family, as the endpoints controller writes it (the Service's
+/// primary one) and as kube-proxy reads it: the family of its first address
+/// (the first subset's first ready address, else its first not-ready one);
+/// addresses of the other family are ignored. A dual-stack Service's other
+/// family has its backends in EndpointSlices alone.
 pub fn groups_from_endpoints(ep: &Endpoints) -> Vec<Group> {
+    let first = ep.subsets.iter().flatten().next().and_then(|s| {
+        let ready = s.addresses.iter().flatten().next();
+        ready
+            .or_else(|| s.not_ready_addresses.iter().flatten().next())
+            .and_then(|a| a.ip.parse::<IpAddr>().ok())
+    });
+    let Some(first) = first else {
+        return Vec::new();
+    };
     ep.subsets
         .iter()
         .flatten()
@@ -119,8 +133,9 @@ pub fn groups_from_endpoints(ep: &Endpoints) -> Vec<Group> {
                 list.iter()
                     .flatten()
                     .filter_map(|a: &k8s_openapi::api::core::v1::EndpointAddress| {
+                        let ip: IpAddr = a.ip.parse().ok()?;
                         Some(EpAddr {
-                            ip: a.ip.parse().ok()?,
+                            ip: (ip.is_ipv6() == first.is_ipv6()).then_some(ip)?,
                             ready,
                             node: a.node_name.clone(),
                         })
@@ -366,16 +381,53 @@ mod tests {
             ]
         }))
         .expect("an Endpoints");
+        // The Endpoints object holds the primary family (IPv4, its first
+        // address's) alone, as kube-proxy reads it: its IPv6 subset is
+        // ignored, and the IPv6 frontends have backends from the slices only.
         for node in ["n1", "n2"] {
             for extra in [json!({}), json!({"internalTrafficPolicy": "Local"})] {
                 let s = web(extra);
-                assert_eq!(
-                    frontends(&s, &groups_from_endpoints(&ep), node),
-                    frontends(&s, &groups_from_slices(&slices()), node),
-                    "node {node}"
-                );
+                let from_ep = frontends(&s, &groups_from_endpoints(&ep), node);
+                let from_slices = frontends(&s, &groups_from_slices(&slices()), node);
+                let (v4, v6): (Vec<_>, Vec<_>) =
+                    from_ep.into_iter().partition(|f| f.addr.is_ipv4());
+                let v4_slices: Vec<_> = from_slices
+                    .iter()
+                    .filter(|f| f.addr.is_ipv4())
+                    .cloned()
+                    .collect();
+                assert_eq!(v4, v4_slices, "node {node}");
+                assert_eq!(v6.len(), 2, "node {node}");
+                assert!(v6.iter().all(|f| f.backends.is_empty()), "{v6:?}");
             }
         }
+    }
+
+    #[test]
+    fn endpoints_hold_the_family_of_their_first_address() {
+        let ep = |subsets: serde_json::Value| -> Endpoints {
+            serde_json::from_value(json!({"metadata": {"name": "web"}, "subsets": subsets}))
+                .expect("an Endpoints")
+        };
+        let ips = |g: &[Group]| -> Vec<String> {
+            g.iter()
+                .flat_map(|g| g.addrs.iter().map(|a| a.ip.to_string()))
+                .collect()
+        };
+        let port = json!([{"name": "http", "port": 80}]);
+        // IPv6 first (an IPv6-primary Service): the IPv4 addresses go.
+        let v6 = ep(json!([
+            {"addresses": [{"ip": "fd00::5"}, {"ip": "10.0.0.5"}], "ports": port},
+            {"notReadyAddresses": [{"ip": "10.0.0.6"}, {"ip": "fd00::6"}], "ports": port}
+        ]));
+        assert_eq!(ips(&groups_from_endpoints(&v6)), ["fd00::5", "fd00::6"]);
+        // No ready address: the first not-ready one decides.
+        let nr = ep(
+            json!([{"notReadyAddresses": [{"ip": "10.0.0.6"}, {"ip": "fd00::6"}],
+                            "ports": port}]),
+        );
+        assert_eq!(ips(&groups_from_endpoints(&nr)), ["10.0.0.6"]);
+        assert!(groups_from_endpoints(&ep(json!([]))).is_empty());
     }
 
     #[test]
