@@ -585,6 +585,26 @@ fn flows_conntrack_nated_go_to_kernel_and_others_on_nated_ports_stay_fast() {
         }
         assert_eq!(count(dp, b, Verdict::PassNat), before + 2);
 
+        // A new flow from the same client port straight to the backend (a
+        // translated connect that drew port 40000 again): kube-proxy's flow
+        // holds its replies' tuple, so its start goes to the kernel, which
+        // NATs it to a port of its own. Past its start (an ACK) it is not
+        // asked again.
+        let syn = |sport: u16, dport: u16| {
+            let mut t = tcp(sport, dport);
+            t[13] = 0x02;
+            t
+        };
+        let start = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, syn(40000, 8080)));
+        let start6 = v6_frame(a, a.ipv6, b.ipv6, 64, (IPPROTO_UDP, udp(40000, 53, b"q")));
+        for f in [&start, &start6] {
+            expect_unchanged(dp, a, f, XDP_PASS, Verdict::PassNat);
+            let r = tc_run(dp.tc_from_pod_program(), a.host_ifindex, f, 1)?;
+            assert_eq!(r.action, TC_ACT_UNSPEC, "tc: a start whose replies clash");
+        }
+        let mid = v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, tcp(40000, 8080)));
+        assert_eq!(run(dp, a, &mid).action, XDP_REDIRECT);
+
         // The same ports, flows conntrack has not NAT'd: a client that
         // dialed B's address (or whose connect the Service programs
         // translated), with no entry or with one the kernel made without
@@ -610,6 +630,10 @@ fn flows_conntrack_nated_go_to_kernel_and_others_on_nated_ports_stay_fast() {
             (
                 a,
                 v6_frame(a, a.ipv6, b.ipv6, 64, (IPPROTO_UDP, udp(40001, 53, b"q"))),
+            ),
+            (
+                a,
+                v4_frame(a, a.ipv4, b.ipv4, 64, (IPPROTO_TCP, syn(40001, 8080))),
             ),
         ] {
             assert_eq!(run(dp, from, &frame).action, XDP_REDIRECT);

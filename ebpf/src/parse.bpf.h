@@ -66,8 +66,9 @@ struct packet {
 };
 
 enum stage_result {
-	STAGE_OK = -1, /* the next stage runs; anything >= 0 is the packet's verdict */
-	STAGE_CT = -3, /* decided, but for the NAT check of its hook (ct.bpf.h) */
+	STAGE_OK = -1,	  /* the next stage runs; anything >= 0 is the packet's verdict */
+	STAGE_CT = -3,	  /* decided, but for the NAT check of its hook (ct.bpf.h) */
+	STAGE_CT_TO = -4, /* the same, the flow to a port where the kernel NATs */
 };
 
 /* Reads the L4 head shared by IPv4 and IPv6: ports or ICMP echo. */

@@ -308,7 +308,7 @@ static __always_inline int decide(const struct packet *p, const struct frame *f,
 			nk.port = p->dport;
 			__builtin_memcpy(nk.addr, p->dst.addr, 16);
 			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return STAGE_CT;
+				return STAGE_CT_TO;
 		}
 	}
 	return STAGE_OK;
@@ -426,8 +426,8 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	RETURN_IF_STOPPED(r, XDP_PASS);
 	if (!src)
 		return verdict(ctx, r);
-	if (r == STAGE_CT)
-		r = ct_check(ctx, &p, 1);
+	if (r == STAGE_CT || r == STAGE_CT_TO)
+		r = ct_check(ctx, &p, &f, 1, r == STAGE_CT_TO);
 	if (r == STAGE_OK)
 		r = rewrite_redirect(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, XDP_PASS);
@@ -474,8 +474,8 @@ int xdpcni_tc_from_pod(struct __sk_buff *skb)
 		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst);
 	}
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
-	if (r == STAGE_CT)
-		r = ct_check(skb, &p, 0);
+	if (r == STAGE_CT || r == STAGE_CT_TO)
+		r = ct_check(skb, &p, &f, 0, r == STAGE_CT_TO);
 	if (r == STAGE_OK)
 		r = rewrite_redirect_peer(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
