@@ -59,7 +59,10 @@ enum Command {
     RenewServicesLease(Reply<DatapathResult<bool>>),
     /// Make the Service maps hold these frontends for these namespaces.
     SyncServices(
-        Box<(BTreeMap<SvcAddr, ServiceWant>, BTreeSet<u64>)>,
+        Box<(
+            BTreeMap<SvcAddr, ServiceWant>,
+            crate::services::PodNamespaces,
+        )>,
         Reply<DatapathResult<ServicesSynced>>,
     ),
 }
@@ -186,7 +189,7 @@ impl Owner {
     pub async fn sync_services(
         &self,
         want: BTreeMap<SvcAddr, ServiceWant>,
-        netns: BTreeSet<u64>,
+        netns: crate::services::PodNamespaces,
     ) -> Result<DatapathResult<ServicesSynced>, OwnerGone> {
         self.ask(|r| Command::SyncServices(Box::new((want, netns)), r))
             .await

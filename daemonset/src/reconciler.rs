@@ -282,7 +282,7 @@ impl Reconciler {
     pub fn sync_services(
         &mut self,
         want: &BTreeMap<SvcAddr, ServiceWant>,
-        netns: &BTreeSet<u64>,
+        netns: &crate::services::PodNamespaces,
     ) -> Result<ServicesSynced, xdpcni_ebpf::Error> {
         let Some(s) = self.services.as_mut() else {
             return Err(xdpcni_ebpf::Error::Invalid {

@@ -10,52 +10,23 @@
 //! the backends.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
-    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, ensure, Context, Result};
-use xdpcni_e2e::netns::{unique_name, Netns, PinDir};
+use anyhow::{ensure, Context, Result};
+use xdpcni_e2e::{
+    cgroup::TestCgroup,
+    netns::{Netns, PinDir},
+};
 use xdpcni_ebpf::{
     abi::SvcAddr, abi::SVC_AFFINITY, ServiceEntry, ServiceStats, Services, SVC_LEASE_SECS,
 };
 
 const TCP: u8 = 6;
 const UDP: u8 = 17;
-
-/// A cgroup v2 directory of this test, removed on Drop (once empty).
-struct TestCgroup {
-    path: PathBuf,
-}
-
-impl TestCgroup {
-    fn new() -> Result<Self> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-        // mountinfo: ... mount-point ... - fstype source options
-        let root = info
-            .lines()
-            .find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                (right.split_whitespace().next()? == "cgroup2")
-                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-            })
-            .context("no cgroup2 mount in /proc/self/mountinfo")?;
-        let path = root.join(unique_name("xdpcni-svc"));
-        std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
-        Ok(Self { path })
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        // Its processes have exited (each client is waited for); a cgroup
-        // with none can be removed.
-        let _ = std::fs::remove_dir(&self.path);
-    }
-}
 
 /// A `podtool serve` in a namespace, killed by its PID on Drop.
 struct Server(Child);
@@ -163,27 +134,7 @@ impl Scene {
     /// `podtool ARGS` in the client netns, inside the test cgroup when
     /// `in_cgroup` (the programs run for it), else outside.
     fn run_client(&self, in_cgroup: bool, args: &[&str]) -> Result<String> {
-        let procs = self.cgroup.path.join("cgroup.procs");
-        let join = if in_cgroup {
-            format!("echo $$ > {} && ", procs.display())
-        } else {
-            String::new()
-        };
-        let script = format!(
-            "{join}exec ip netns exec {} {} {}",
-            self.client.name(),
-            env!("CARGO_BIN_EXE_podtool"),
-            args.join(" ")
-        );
-        let out = Command::new("sh").args(["-c", &script]).output()?;
-        if !out.status.success() {
-            bail!(
-                "podtool {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        self.cgroup.podtool(in_cgroup, self.client.name(), args)
     }
 
     /// `podtool greet` through the cgroup: how many connections each backend greeted.
@@ -370,18 +321,46 @@ fn service_translates_only_the_namespaces_it_names() -> Result<()> {
     assert!(s.svc.remove_netns(cookie)?);
     assert!(s.greet("10.96.0.12:80".parse()?, 1).is_err());
     // The writer's sync: exactly the node's pods, added then removed.
-    let only = std::collections::BTreeSet::from([cookie]);
+    let only = BTreeMap::from([(cookie, BTreeSet::from([CLIENT4.parse()?]))]);
     assert_eq!(s.svc.sync_netns(&only)?, (1, 0));
     assert_eq!(s.svc.sync_netns(&only)?, (0, 0));
     assert_eq!(
         s.greet("10.96.0.12:80".parse()?, 2)?.values().sum::<u32>(),
         2
     );
-    assert_eq!(
-        s.svc.sync_netns(&std::collections::BTreeSet::new())?,
-        (0, 1)
-    );
+    assert_eq!(s.svc.sync_netns(&BTreeMap::new())?, (0, 1));
     assert!(s.greet("10.96.0.12:80".parse()?, 1).is_err());
+    Ok(())
+}
+
+#[test]
+fn service_backend_that_is_the_caller_itself_is_left_to_kube_proxy() -> Result<()> {
+    let mut s = Scene::new()?;
+    let cookie = s.client_cookie()?;
+    let fe = svc_addr("10.96.0.14", 80, TCP)?;
+    s.svc
+        .set_service(&entry(8, fe, SERVER4, TCP, &[0])?, None)?;
+    let to: SocketAddr = "10.96.0.14:80".parse()?;
+    let stats = || ServiceStats::read_pinned(s.pins.path()).map(|st| st.unwrap_or_default());
+    let own = |ips: &[&str]| -> Result<BTreeMap<u64, BTreeSet<IpAddr>>> {
+        let ips = ips.iter().map(|i| i.parse()).collect::<Result<_, _>>()?;
+        Ok(BTreeMap::from([(cookie, ips)]))
+    };
+    // The client's own addresses are not the backend's: translated.
+    s.svc.sync_netns(&own(&[CLIENT4, CLIENT6])?)?;
+    assert_eq!(s.greet(to, 3)?.values().sum::<u32>(), 3);
+    // The backend's address the client's own (a pod reaching itself through
+    // its Service): left to kube-proxy, whose masquerade shows the pod the
+    // node as its client (here nothing routes the frontend), counted as left.
+    let before = stats()?;
+    s.svc.sync_netns(&own(&[CLIENT4, SERVER4])?)?;
+    assert!(s.greet(to, 2).is_err());
+    let after = stats()?;
+    assert_eq!(after.left, before.left + 1, "{after:?}");
+    assert_eq!(after.translated, before.translated, "{after:?}");
+    // No longer its own: translated again.
+    assert_eq!(s.svc.sync_netns(&own(&[CLIENT4])?)?, (0, 0));
+    assert_eq!(s.greet(to, 2)?.values().sum::<u32>(), 2);
     Ok(())
 }
 

@@ -116,6 +116,11 @@ int main(void)
 	SIZE(svc_slot_key);
 	OFF(svc_slot_key, id);
 	OFF(svc_slot_key, index);
+	SIZE(svc_own_key);
+	OFF(svc_own_key, netns);
+	OFF(svc_own_key, addr);
+	OFF(svc_own_key, family);
+	OFF(svc_own_key, pad);
 	SIZE(svc_revnat_key);
 	OFF(svc_revnat_key, cookie);
 	OFF(svc_revnat_key, to);
@@ -135,6 +140,7 @@ int main(void)
 	VAL(XDPCNI_MAX_SERVICES);
 	VAL(XDPCNI_MAX_SVC_BACKENDS);
 	VAL(XDPCNI_MAX_SVC_NETNS);
+	VAL(XDPCNI_MAX_SVC_OWN);
 	VAL(XDPCNI_MAX_SVC_SOCKETS);
 	VAL(XDPCNI_MAX_SVC_AFFINITY);
 	VAL(XDPCNI_SVC_MAX_CHOICES);

@@ -280,6 +280,7 @@ struct stats_value {
 #define XDPCNI_MAX_SERVICES	65536  /* frontends: (address, port, protocol) */
 #define XDPCNI_MAX_SVC_BACKENDS 262144 /* (service, backend) pairs */
 #define XDPCNI_MAX_SVC_NETNS	16384  /* pod network namespaces translated */
+#define XDPCNI_MAX_SVC_OWN	32768  /* (pod namespace, its own address) pairs */
 #define XDPCNI_MAX_SVC_SOCKETS	262144 /* LRU: sockets' reverse and sticky records */
 #define XDPCNI_MAX_SVC_AFFINITY 65536  /* LRU: ClientIP affinity records */
 #define XDPCNI_SVC_MAX_CHOICES	1024   /* backends a service chooses among */
@@ -314,6 +315,19 @@ struct svc_slot_key {
  * (service, backend) pair and is never reused while a record may name it.
  */
 
+/*
+ * svc_own: a pod's own addresses, by its network namespace: a backend that
+ * is the calling pod itself (hairpin) is left to kube-proxy, which shows
+ * the pod the node's address as the client (its masquerade), where a
+ * translated connect would show the pod its own.
+ */
+struct svc_own_key {
+	__u64 netns; /* the pod's network namespace cookie */
+	__u8 addr[16];
+	__u8 family; /* XDPCNI_FAMILY_* */
+	__u8 pad[7];
+};
+
 /* svc_revnat (LRU): what a socket connected or sent to, shown back as the Service. */
 struct svc_revnat_key {
 	__u64 cookie;	    /* the socket's cookie */
@@ -345,7 +359,7 @@ struct svc_choice {
  */
 #define XDPCNI_SVC_TRANSLATED 0 /* sent to a backend chosen here */
 #define XDPCNI_SVC_NO_BACKEND 1 /* no ready backend: left to kube-proxy, which refuses */
-#define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy for another reason (family, a full record) */
+#define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy for another reason (hairpin, a full record) */
 #define XDPCNI_SVC_EXPIRED    3 /* the writer's lease ran out: left to kube-proxy */
 #define XDPCNI_SVC_STATS      4
 

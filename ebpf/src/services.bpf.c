@@ -36,6 +36,14 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_OWN);
+	__type(key, struct svc_own_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_own SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, XDPCNI_MAX_SERVICES);
 	__type(key, struct svc_addr);
 	__type(value, struct svc_value);
@@ -221,6 +229,15 @@ static __always_inline struct svc_addr *choose(struct bpf_sock_addr *ctx,
 	return b;
 }
 
+/* Whether backend `b` is the calling pod itself (hairpin: kube-proxy's, see svc_own). */
+static __always_inline int is_own(struct bpf_sock_addr *ctx, const struct svc_addr *b)
+{
+	struct svc_own_key k = {.netns = bpf_get_netns_cookie(ctx), .family = b->family};
+
+	__builtin_memcpy(k.addr, b->addr, 16);
+	return bpf_map_lookup_elem(&svc_own, &k) != 0;
+}
+
 /* connect() and unconnected sendmsg(): frontend -> backend, remembered per socket. */
 static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int sticky)
 {
@@ -244,8 +261,13 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int stic
 		count(XDPCNI_SVC_NO_BACKEND);
 		return SOCK_GO_ON;
 	}
+	/*
+	 * The choice is recorded (affinity, a socket's earlier datagrams) even
+	 * when it is the pod itself: its later calls go to kube-proxy too,
+	 * whose conntrack and affinity then keep them on one backend.
+	 */
 	b = choose(ctx, svc, sticky);
-	if (!b || b->family != fe.family) {
+	if (!b || b->family != fe.family || is_own(ctx, b)) {
 		count(XDPCNI_SVC_LEFT);
 		return SOCK_GO_ON;
 	}

@@ -456,7 +456,7 @@ impl Core {
     pub async fn sync_services(
         &self,
         frontends: &[crate::services::model::Frontend],
-        netns: BTreeSet<u64>,
+        netns: crate::services::PodNamespaces,
         since: Instant,
     ) -> bool {
         let namespaces = netns.len();

@@ -7,6 +7,7 @@ pub mod model;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
     path::Path,
 };
 
@@ -36,18 +37,25 @@ pub fn wants(frontends: &[Frontend]) -> BTreeMap<SvcAddr, ServiceWant> {
     out
 }
 
-/// The network namespace cookies of this node's live pods: from each
-/// record, or read from its namespace where an older plugin wrote none
-/// (skipped when that namespace is gone: its pod is going).
-pub fn pod_netns(records: &[Record]) -> BTreeSet<u64> {
-    records
-        .iter()
-        .filter(|r| !r.deleting)
-        .filter_map(|r| {
-            r.netns_cookie
-                .or_else(|| xdpcni_host::netns::netns_cookie(Path::new(&r.netns)).ok())
-        })
-        .collect()
+/// The node's live pods as the Service programs scope them: each pod's
+/// network namespace cookie with the pod's own addresses (a backend that is
+/// the caller itself is left to kube-proxy).
+pub type PodNamespaces = BTreeMap<u64, BTreeSet<IpAddr>>;
+
+/// The network namespaces of this node's live pods, with their addresses:
+/// each cookie from its record, or read from its namespace where an older
+/// plugin wrote none (skipped when that namespace is gone: its pod is going).
+pub fn pod_netns(records: &[Record]) -> PodNamespaces {
+    let mut out = PodNamespaces::new();
+    for r in records.iter().filter(|r| !r.deleting) {
+        let cookie = r
+            .netns_cookie
+            .or_else(|| xdpcni_host::netns::netns_cookie(Path::new(&r.netns)).ok());
+        if let Some(c) = cookie {
+            out.entry(c).or_default().extend(r.ips.iter().copied());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -75,8 +83,9 @@ mod tests {
     }
 
     #[test]
-    fn pod_netns_takes_recorded_cookies_and_skips_pods_being_deleted() {
-        let mut a = test_record("ns", "a", "ca", vec![]);
+    fn pod_netns_takes_recorded_cookies_with_addresses_and_skips_pods_being_deleted() {
+        let ip: IpAddr = "10.1.0.2".parse().unwrap();
+        let mut a = test_record("ns", "a", "ca", vec![ip]);
         a.netns_cookie = Some(7);
         let mut b = test_record("ns", "b", "cb", vec![]);
         b.netns_cookie = Some(8);
@@ -84,6 +93,9 @@ mod tests {
         // No cookie and a namespace path that does not exist: skipped.
         let mut c = test_record("ns", "c", "cc", vec![]);
         c.netns = "/nonexistent/netns".into();
-        assert_eq!(pod_netns(&[a, b, c]), BTreeSet::from([7]));
+        assert_eq!(
+            pod_netns(&[a, b, c]),
+            PodNamespaces::from([(7, BTreeSet::from([ip]))])
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The `#[repr(C)]` twins of the Service structs of `include/xdpcni.h`
 //! (services.bpf.c's maps), with their compile-time layout checks.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use super::{c_layout, family_addr};
 
@@ -13,6 +13,8 @@ pub const MAX_SERVICES: u32 = c_layout::XDPCNI_MAX_SERVICES;
 pub const MAX_SVC_BACKENDS: u32 = c_layout::XDPCNI_MAX_SVC_BACKENDS;
 /// Capacity of `svc_netns` (pod network namespaces translated).
 pub const MAX_SVC_NETNS: u32 = c_layout::XDPCNI_MAX_SVC_NETNS;
+/// Capacity of `svc_own` ((pod namespace, its own address) pairs).
+pub const MAX_SVC_OWN: u32 = c_layout::XDPCNI_MAX_SVC_OWN;
 /// Backends one service chooses among, at most.
 pub const SVC_MAX_CHOICES: u32 = c_layout::XDPCNI_SVC_MAX_CHOICES;
 /// `svc_value.flags`: sessionAffinity ClientIP.
@@ -82,6 +84,34 @@ pub struct SvcSlotKey {
     pub index: u32,
 }
 
+/// `struct svc_own_key`: one of a pod's own addresses, by its network
+/// namespace (a backend that is the caller itself is kube-proxy's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcOwnKey {
+    /// The pod's network namespace cookie.
+    pub netns: u64,
+    /// IPv4 in the first 4 bytes, the rest 0.
+    pub addr: [u8; 16],
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    pub family: u8,
+    /// Zero.
+    pub pad: [u8; 7],
+}
+
+impl SvcOwnKey {
+    /// Address `ip` of the pod whose namespace has cookie `netns`.
+    pub fn new(netns: u64, ip: IpAddr) -> Self {
+        let (family, addr) = family_addr(ip);
+        Self {
+            netns,
+            addr,
+            family,
+            pad: [0; 7],
+        }
+    }
+}
+
 // SAFETY: #[repr(C)], only integer fields and arrays of them, no implicit
 // padding (the layout checks below hold the sizes to the fields' sum).
 unsafe impl aya::Pod for SvcAddr {}
@@ -89,6 +119,8 @@ unsafe impl aya::Pod for SvcAddr {}
 unsafe impl aya::Pod for SvcValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcSlotKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcOwnKey {}
 
 mod layout_checks {
     use super::{c_layout as c, *};
@@ -111,6 +143,13 @@ mod layout_checks {
     const _: () = assert!(size_of::<SvcSlotKey>() == c::SIZEOF_svc_slot_key);
     const _: () = assert!(offset_of!(SvcSlotKey, id) == c::OFFSETOF_svc_slot_key_id);
     const _: () = assert!(offset_of!(SvcSlotKey, index) == c::OFFSETOF_svc_slot_key_index);
+
+    const _: () = assert!(size_of::<SvcOwnKey>() == c::SIZEOF_svc_own_key);
+    const _: () = assert!(size_of::<SvcOwnKey>() == 8 + 16 + 1 + 7);
+    const _: () = assert!(offset_of!(SvcOwnKey, netns) == c::OFFSETOF_svc_own_key_netns);
+    const _: () = assert!(offset_of!(SvcOwnKey, addr) == c::OFFSETOF_svc_own_key_addr);
+    const _: () = assert!(offset_of!(SvcOwnKey, family) == c::OFFSETOF_svc_own_key_family);
+    const _: () = assert!(offset_of!(SvcOwnKey, pad) == c::OFFSETOF_svc_own_key_pad);
 
     // The per-socket records are the programs' own (userspace only counts
     // and clears them): their sizes still must not drift unseen.

@@ -17,8 +17,9 @@ pub use stats::ServiceStats;
 pub use plan::{plan, Ids, Op, Want};
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
+    net::IpAddr,
     os::fd::AsFd,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
@@ -32,7 +33,8 @@ use aya::{
 
 use crate::{
     abi::{
-        SvcAddr, SvcSlotKey, SvcValue, MAX_SERVICES, MAX_SVC_BACKENDS, MAX_SVC_NETNS, SVC_LAYOUT,
+        SvcAddr, SvcOwnKey, SvcSlotKey, SvcValue, MAX_SERVICES, MAX_SVC_BACKENDS, MAX_SVC_NETNS,
+        MAX_SVC_OWN, SVC_LAYOUT,
     },
     datapath::maps::{is_full, removed},
     Error, Result,
@@ -222,23 +224,43 @@ impl Services {
         })
     }
 
-    /// Makes `svc_netns` hold exactly `want` (the node's pods' namespaces):
-    /// the new ones added first, then the gone ones removed. Returns
+    /// Makes `svc_netns` hold exactly the namespaces of `want` (the node's
+    /// pods: namespace cookie -> the pod's addresses) and `svc_own` exactly
+    /// their addresses. A new pod's addresses go in before its namespace
+    /// (its first translated call already knows itself), a gone pod's
+    /// namespace leaves before its addresses. Returns the namespaces
     /// (added, removed).
-    pub fn sync_netns(&mut self, want: &std::collections::BTreeSet<u64>) -> Result<(usize, usize)> {
-        let have: std::collections::BTreeSet<u64> = {
+    pub fn sync_netns(&mut self, want: &BTreeMap<u64, BTreeSet<IpAddr>>) -> Result<(usize, usize)> {
+        let have: BTreeSet<u64> = {
             let m: HashMap<&MapData, u64, u32> = map_ref(&self.ebpf, "svc_netns")?;
             m.keys().filter_map(|k| k.ok()).collect()
         };
+        let have_own: BTreeSet<SvcOwnKey> = {
+            let m: HashMap<&MapData, SvcOwnKey, u32> = map_ref(&self.ebpf, "svc_own")?;
+            m.keys().filter_map(|k| k.ok()).collect()
+        };
+        let want_own: BTreeSet<SvcOwnKey> = want
+            .iter()
+            .flat_map(|(ns, ips)| ips.iter().map(|ip| SvcOwnKey::new(*ns, *ip)))
+            .collect();
+        let mut own: HashMap<&mut MapData, SvcOwnKey, u32> = map(&mut self.ebpf, "svc_own")?;
+        for k in want_own.difference(&have_own) {
+            own.insert(k, 1, 0)
+                .map_err(|e| full_or(e, "svc_own", MAX_SVC_OWN, format!("adding {k:?}")))?;
+        }
         let mut counts = (0, 0);
-        for c in want.difference(&have) {
+        for c in want.keys().filter(|c| !have.contains(c)) {
             self.add_netns(*c)?;
             counts.0 += 1;
         }
-        for c in have.difference(want) {
+        for c in have.iter().filter(|c| !want.contains_key(c)) {
             if self.remove_netns(*c)? {
                 counts.1 += 1;
             }
+        }
+        let mut own: HashMap<&mut MapData, SvcOwnKey, u32> = map(&mut self.ebpf, "svc_own")?;
+        for k in have_own.difference(&want_own) {
+            removed(own.remove(k), || format!("removing {k:?}"))?;
         }
         Ok(counts)
     }

@@ -18,8 +18,8 @@ pub struct ServiceStats {
     pub translated: u64,
     /// No ready backend: left to kube-proxy, which refuses them.
     pub no_backend: u64,
-    /// Left to kube-proxy for another reason (a backend of the other
-    /// family, a socket record that could not be written).
+    /// Left to kube-proxy for another reason (the backend chosen is the
+    /// calling pod itself, a socket record that could not be written).
     pub left: u64,
     /// Left to kube-proxy because the writer's lease had run out.
     pub expired: u64,
