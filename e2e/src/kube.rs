@@ -20,11 +20,22 @@ use crate::{
 /// Where scripts/k8s-build.sh puts the binary: `$XDPCNI_K8S_CACHE/bin`
 /// (default /var/cache/xdpcni-k8s), or XDPCNI_KUBE_APISERVER.
 pub fn apiserver_binary() -> Result<PathBuf> {
+    match std::env::var("XDPCNI_KUBE_APISERVER") {
+        Ok(p) => built(PathBuf::from(p)),
+        Err(_) => k8s_binary("kube-apiserver"),
+    }
+}
+
+/// The Kubernetes binary `name` scripts/k8s-build.sh built (kube-proxy,
+/// kube-apiserver, ...), in `$XDPCNI_K8S_CACHE/bin` (default
+/// /var/cache/xdpcni-k8s).
+pub fn k8s_binary(name: &str) -> Result<PathBuf> {
     let cache =
         std::env::var("XDPCNI_K8S_CACHE").unwrap_or_else(|_| "/var/cache/xdpcni-k8s".into());
-    let p = std::env::var("XDPCNI_KUBE_APISERVER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(cache).join("bin/kube-apiserver"));
+    built(PathBuf::from(cache).join("bin").join(name))
+}
+
+fn built(p: PathBuf) -> Result<PathBuf> {
     if !p.is_file() {
         bail!(
             "{} is missing: run scripts/k8s-build.sh (scripts/setup.sh does)",
@@ -109,7 +120,8 @@ impl ApiServer {
                 &format!("--service-account-key-file={}", pubk.display()),
                 &format!("--service-account-signing-key-file={}", key.display()),
                 "--service-account-issuer=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                // Dual-stack Services (ipFamilyPolicy) take an IPv6 address too.
+                "--service-cluster-ip-range=10.96.0.0/16,fd96::/112",
                 "--insecure-port=0",
                 "--advertise-address=127.0.0.1",
                 "--disable-admission-plugins=ServiceAccount",
