@@ -48,7 +48,7 @@ impl Collector for ServicesCollector {
         let st = (self.source)().unwrap_or_default();
         let mut family = encoder.encode_descriptor(
             "xdpcni_service_calls",
-            "Calls (connect, unconnected sendmsg) of the node's pods to a ClusterIP frontend, by what the socket programs did: translated to a backend, no_backend (left to kube-proxy, which refuses), expired (left to kube-proxy: the agent's lease on the maps ran out), left (to kube-proxy for another reason)",
+            "Calls (connect, unconnected sendmsg) of the node's pods to a ClusterIP frontend, by what the socket programs did: translated to a backend, no_backend (left to kube-proxy, which refuses), expired (left to kube-proxy: the agent's lease on the maps ran out), left (to kube-proxy for another reason: the backend chosen is the caller itself, a socket record not written)",
             None,
             MetricType::Counter,
         )?;
