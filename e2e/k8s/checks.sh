@@ -234,6 +234,9 @@ c_bad_annotation() {
 translated() {
 	metrics | awk '/^xdpcni_service_calls_total\{result="translated"\}/ { print $NF + 0 }'
 }
+left() {
+	metrics | awk '/^xdpcni_service_calls_total\{result="left"\}/ { print $NF + 0 }'
+}
 c_service() {
 	local c a b ip out t0 t1 n0 n1 f0 f1 k0 k1 to shares=""
 	read -r a b <<<"$(pods_of web)"
@@ -269,7 +272,7 @@ c_service() {
 # host's sockets are never translated), each showing the Service as the
 # peer; a Service with no ready endpoint is refused to both alike.
 c_service_equiv() {
-	local c ip empty sticky udp pod node backends t0 t1
+	local c ip empty sticky udp pod node backends t0 t1 a aip out l0 l1 h0 h1 own other
 	c=$(pods_of client)
 	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
 	kc apply -f - >/dev/null <<-YAML || fail "the check's Services"
@@ -315,7 +318,27 @@ c_service_equiv() {
 	node=$(in_node "$REPO/target/release/podtool" greet "$empty" 80 1 2>&1) && fail "the empty Service answered the node: $node"
 	kc delete svc -n "$NS" empty sticky web-udp >/dev/null
 	grep -q "refused" <<<"$pod" && grep -q "refused" <<<"$node" || fail "refusals differ: pod: $pod; node: $node"
-	echo "from a pod (translated: +$((t1 - t0)) connects) and from the node (kube-proxy): ClusterIP $ip the same backends [${backends% }], the Service shown as the peer; ClientIP affinity one backend each; UDP echoed from the Service address to both; an empty Service refused to both"
+	# Hairpin: a backend reaching its own Service. A connect that chose the
+	# pod itself is left to kube-proxy, which masquerades it (the pod sees
+	# another address than its own); one that chose the other backend is
+	# translated and shows the pod's own address, as kube-proxy's DNAT does.
+	read -r a _ <<<"$(pods_of web)"
+	aip=$(pod_ip "$a")
+	l0=$(left)
+	h0=$(translated)
+	out=$(x "$a" podtool who tcp "$ip" 80 40 2>&1) || fail "hairpin: $out"
+	l1=$(left)
+	h1=$(translated)
+	own=$(awk -v me="$a" '$1 == me { n += $3 } END { print n + 0 }' <<<"$out")
+	other=$(awk -v me="$a" '$1 != me { n += $3 } END { print n + 0 }' <<<"$out")
+	[ "$own" -gt 0 ] && [ "$other" -gt 0 ] || fail "hairpin: not both backends: $out"
+	awk -v me="$a" -v ip="$aip" '($1 == me) == ($2 == ip) { bad = 1 } END { exit bad }' <<<"$out" ||
+		fail "hairpin: the source seen ($aip is the pod's): $out"
+	# Each connect the programs left (they chose the pod itself) kube-proxy
+	# chose again: itself (masqueraded) or the other backend.
+	[ $((l1 - l0 + h1 - h0)) -eq 40 ] && [ $((l1 - l0)) -ge "$own" ] ||
+		fail "hairpin: $own connects reached the pod itself, $((l1 - l0)) left to kube-proxy, $((h1 - h0)) translated"
+	echo "from a pod (translated: +$((t1 - t0)) connects) and from the node (kube-proxy): ClusterIP $ip the same backends [${backends% }], the Service shown as the peer; ClientIP affinity one backend each; UDP echoed from the Service address to both; an empty Service refused to both; hairpin: $((l1 - l0)) of 40 connects chose the pod itself and were left to kube-proxy ($own of them masqueraded back to it), $((h1 - h0)) translated; the pod's own address seen by the other backend, another by itself"
 }
 # A flow the kernel DNATs (an administrator's rule here; kube-proxy's are
 # alike) keeps the kernel path both ways: the backend's replies pass for
@@ -812,7 +835,7 @@ check "annotate tc under a TCP stream, and back, with no lost 10 ms ping" c_tc_s
 check "annotate off under a TCP stream" switch_under_load off devmap 'redirect_.*|pass_.*'
 check "an invalid annotation value becomes an Event, the pod keeps its network" c_bad_annotation
 check "a ClusterIP Service 100 times in a row, translated at the socket; streams through it and to a backend's port >= 99% on the fast path" c_service
-check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, ClientIP affinity, UDP, an empty Service refused to both" c_service_equiv
+check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, ClientIP affinity, UDP, an empty Service refused to both, hairpin left to kube-proxy" c_service_equiv
 check "a flow DNAT'd by an iptables rule takes the kernel path both ways" c_dnat
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol
