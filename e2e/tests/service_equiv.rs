@@ -75,7 +75,7 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
 /// linked to the node, routed both ways.
 struct Remote {
     _server: NodeProcess,
-    netns: Netns,
+    _netns: Netns,
 }
 
 fn remote(node: &KubeNode) -> Remote {
@@ -126,7 +126,7 @@ fn remote(node: &KubeNode) -> Remote {
     .unwrap();
     Remote {
         _server: server,
-        netns,
+        _netns: netns,
     }
 }
 
@@ -274,7 +274,7 @@ fn service_translation_equals_kube_proxy_for_every_shape() {
         .iter()
         .map(|n| node.add_pod("default", n, json!({}), json!([])).unwrap())
         .collect();
-    let far = remote(&node);
+    let _far = remote(&node);
     let _proxy = kube_proxy(&node);
     let cns = client.netns.name().to_string();
 
@@ -357,7 +357,6 @@ fn service_translation_equals_kube_proxy_for_every_shape() {
             cg.podtool(false, &cns, &["greet", ip, "80", "1"]).is_ok()
         });
     }
-    let _ = &far.netns;
 
     let name_of: BTreeMap<IpAddr, String> = backends
         .iter()
