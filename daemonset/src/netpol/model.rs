@@ -416,12 +416,28 @@ fn resolve_ports(rule: &RuleSpec, direction: Direction, pod: &Pod, peers: &[Peer
             }
         }
     }
-    numeric.sort_unstable();
-    numeric.dedup();
     Ports::Only {
-        numeric,
+        numeric: merge_ranges(numeric),
         named: named.into_iter().collect(),
     }
+}
+
+/// `ranges` sorted, with the overlapping and adjacent ranges of a protocol
+/// merged: an nftables interval set refuses overlapping elements (the
+/// whole transaction fails with EEXIST), and `port: 80` beside `port: 80,
+/// endPort: 81` is a valid policy.
+fn merge_ranges(mut ranges: Vec<PortRange>) -> Vec<PortRange> {
+    ranges.sort_unstable();
+    let mut out: Vec<PortRange> = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        match out.last_mut() {
+            Some(last) if last.proto == r.proto && u32::from(r.lo) <= u32::from(last.hi) + 1 => {
+                last.hi = last.hi.max(r.hi);
+            }
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// What the policies of `policies` mean for the local pod `lp` (its Pod
@@ -799,14 +815,14 @@ mod tests {
         let w = &e.pods[&key("x", "web")];
         let ing = w.ingress.as_ref().unwrap();
         assert_eq!(ing[0].peers, Peers::Any);
-        // "http" is web's own 8080; "nope" names no port of web: nothing.
+        // "http" is web's own 8080 (inside 8000-8100: merged into it);
+        // "nope" names no port of web: nothing.
         assert_eq!(
             ing[0].ports,
             Ports::Only {
                 numeric: vec![
                     tcp(80, 80),
                     tcp(8000, 8100),
-                    tcp(8080, 8080),
                     PortRange {
                         proto: Proto::Udp,
                         lo: 53,
@@ -833,6 +849,36 @@ mod tests {
                     (ip("fd00:1::2"), Proto::Udp, 5353),
                 ],
             }
+        );
+    }
+
+    #[test]
+    fn overlapping_ports_are_merged() {
+        let p = [policy(
+            "x",
+            "overlap",
+            json!({ "podSelector": {}, "ingress": [{ "ports": [
+                { "port": 80 }, { "port": 80, "endPort": 81 }, { "port": 82 },
+                { "port": 90 }, { "protocol": "UDP", "port": 81 },
+            ] }] }),
+        )];
+        let e = run(&p, &[web()]);
+        let rule = &e.pods[&key("x", "web")].ingress.as_ref().unwrap()[0];
+        assert_eq!(
+            rule.ports,
+            Ports::Only {
+                numeric: vec![
+                    tcp(80, 82),
+                    tcp(90, 90),
+                    PortRange {
+                        proto: Proto::Udp,
+                        lo: 81,
+                        hi: 81
+                    },
+                ],
+                named: vec![],
+            },
+            "an nftables interval set refuses overlapping elements"
         );
     }
 
