@@ -35,6 +35,8 @@ fn main() -> Result<()> {
         "src/maps.bpf.h",
         "src/parse.bpf.h",
         "src/cpu.bpf.h",
+        "src/ct.bpf.h",
+        "src/policy.bpf.h",
         "src/bench.bpf.c",
         "src/services.bpf.c",
         "build/layout.c",

@@ -76,6 +76,14 @@ struct endpoint6_key {
  * checking nat_ports, and clears it before adding a port of the address.
  */
 #define XDPCNI_EP_NO_NAT_PORTS (1U << 1)
+/*
+ * Set with XDPCNI_EP_KERNEL_ONLY on a pod a NetworkPolicy isolates whose
+ * verdicts are in the pol_* maps: these programs carry its flows that the
+ * policies allow (policy.bpf.h). A program that does not know this bit sees
+ * KERNEL_ONLY alone and leaves the pod to the kernel path and its nftables
+ * rules: a rollback fails closed.
+ */
+#define XDPCNI_EP_POLICY (1U << 2)
 
 /* What the datapath knows of a pod address. */
 struct endpoint_info {
@@ -175,8 +183,8 @@ struct policy_gate {
 	  "destination is not a pod of this node (other nodes, Services, the host, the world)")    \
 	X(PASS_TTL, 7, KERNEL, "TTL/hop limit would expire: the kernel sends the ICMP error")      \
 	X(PASS_KERNEL_ONLY, 8, KERNEL,                                                             \
-	  "source or destination endpoint flagged kernel-only (e.g. selected by a "                \
-	  "NetworkPolicy)")                                                                        \
+	  "source or destination endpoint flagged kernel-only (a NetworkPolicy isolates it and "   \
+	  "its verdicts are not in the datapath, a FORWARD rule names it)")                        \
 	X(PASS_MTU, 9, KERNEL,                                                                     \
 	  "L3 length above the destination's MTU (a real frame): the kernel fragments or sends "   \
 	  "PTB")                                                                                   \
@@ -215,7 +223,15 @@ struct policy_gate {
 	  "tc hold program, ARP and neighbour discovery excepted")                                 \
 	X(REDIRECT_PEER, 23, FORWARD,                                                              \
 	  "tc mode: MACs rewritten, TTL/hop limit decremented as for redirect_devmap, handed to "  \
-	  "the destination pod's eth0 with bpf_redirect_peer (GSO super-packets included)")
+	  "the destination pod's eth0 with bpf_redirect_peer (GSO super-packets included)")        \
+	X(DROP_POLICY, 24, DROP,                                                                   \
+	  "a NetworkPolicy refuses it: a new flow its policies do not allow, or a flow allowed "   \
+	  "before a policy change that no longer is (what the nftables rules drop on the kernel "  \
+	  "path)")                                                                                 \
+	X(PASS_POLICY, 25, KERNEL,                                                                 \
+	  "to or from a pod with policies, not decidable here: a flow begun on the kernel path "   \
+	  "(conntrack has it), TCP mid-stream, an ICMP echo reply with no request, verdicts "      \
+	  "missing: the nftables rules decide")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
@@ -257,6 +273,126 @@ struct stats_value {
 };
 
 #define XDPCNI_STATS_ROWS (XDPCNI_MAX_SLOTS * XDPCNI_V_MAX)
+
+/*
+ * NetworkPolicy in the datapath (policy.bpf.h): the verdicts of each pod a
+ * policy isolates, compiled by the agent from the model that also writes the
+ * nftables table, and a flow table of the flows they allowed. Added to
+ * layout 3 beside its maps: an older binary of the layout never opens them
+ * and its programs keep such pods on the kernel path (XDPCNI_EP_POLICY).
+ */
+#define XDPCNI_MAX_POL_PODS   65536  /* addresses of pods with verdicts here */
+#define XDPCNI_MAX_POL_PEERS  524288 /* peer prefixes, over every pod and direction */
+#define XDPCNI_MAX_POL_PORTS  131072 /* port prefixes, over every pod and direction */
+#define XDPCNI_MAX_POL_NAMED  65536  /* egress named ports resolved on peer pods */
+#define XDPCNI_MAX_POL_FLOWS  262144 /* LRU: flows the policies allowed */
+#define XDPCNI_POL_MAX_GROUPS 64     /* rule groups (distinct port sets) per pod and direction */
+
+/* Directions, the index of pol_pod's arrays and the dir of the keys. */
+#define XDPCNI_POL_INGRESS 0
+#define XDPCNI_POL_EGRESS  1
+
+/* pol_pod.flags */
+#define XDPCNI_POL_ISOLATED_IN	(1U << 0) /* only what the ingress groups allow comes in */
+#define XDPCNI_POL_ISOLATED_OUT (1U << 1) /* only what the egress groups allow goes out */
+#define XDPCNI_POL_NAMED_OUT	(1U << 2) /* pol_named holds egress ports of this id */
+
+/* pol_pods: a pod address (struct pol_pod_key) -> its verdicts' id and masks. */
+struct pol_pod_key {
+	__u8 addr[16]; /* IPv4: the first 4 bytes, the rest 0 */
+	__u8 family;   /* XDPCNI_FAMILY_* */
+	__u8 pad[3];
+};
+
+/*
+ * A pod's rules fall in groups (those with the same ports); bit g of a mask
+ * is group g. A flow is allowed in a direction when a group allows both its
+ * peer and its port: (peer mask | any_peer) & (port mask | any_port) != 0,
+ * or (egress) pol_named has its (peer, protocol, port).
+ */
+struct pol_pod {
+	__u32 id;	    /* the key of its entries in pol_peers, pol_ports, pol_named */
+	__u32 flags;	    /* XDPCNI_POL_* */
+	__u64 any_peer[2];  /* groups allowing every peer, by direction */
+	__u64 any_port[2];  /* groups allowing every port and protocol, by direction */
+	__u64 window_until; /* bpf_ktime_get_ns() until which a new UDP flow is checked both ways */
+};
+
+/* pol_peers (LPM trie): (id, direction, family, peer prefix) -> group mask. */
+struct pol_peer_key {
+	__u32 prefixlen; /* XDPCNI_POL_PEER_FIXED_BITS + the address prefix's length */
+	__u32 id;
+	__u8 dir;
+	__u8 family;
+	__u8 pad[2];
+	__u8 addr[16];
+};
+#define XDPCNI_POL_PEER_FIXED_BITS 64
+
+/* pol_ports (LPM trie): (id, direction, protocol, port prefix) -> group mask. */
+struct pol_port_key {
+	__u32 prefixlen; /* XDPCNI_POL_PORT_FIXED_BITS + the port prefix's length */
+	__u32 id;
+	__u8 dir;
+	__u8 proto;
+	__u16 port; /* network order */
+};
+#define XDPCNI_POL_PORT_FIXED_BITS 48
+
+/* pol_named: an egress destination's named port, resolved on that pod -> 1. */
+struct pol_named_key {
+	__u32 id;
+	__u8 family;
+	__u8 proto;
+	__u16 port; /* network order */
+	__u8 addr[16];
+};
+
+/*
+ * pol_flows (LRU): a flow the policies allowed, keyed the same from both
+ * ends (the lower address, with its port, first), with the direction it
+ * began in, the generation of the verdicts it was allowed under, and enough
+ * TCP state to expire as conntrack would.
+ */
+struct pol_flow_key {
+	__u8 lo[16];
+	__u8 hi[16];
+	__u16 lo_port; /* network order; ICMP echo: the identifier, both */
+	__u16 hi_port;
+	__u8 proto;
+	__u8 family;
+	__u8 pad[2];
+};
+
+/* pol_flow.state */
+#define XDPCNI_POL_REPLIED (1U << 0) /* a packet came back */
+#define XDPCNI_POL_FIN	   (1U << 1) /* TCP FIN seen */
+#define XDPCNI_POL_RST	   (1U << 2) /* TCP RST seen */
+
+struct pol_flow {
+	__u64 generation; /* pol_state's when it was last allowed */
+	__u64 last_ns;	  /* bpf_ktime_get_coarse_ns() of its last packet */
+	__u8 orig_lo;	  /* 1: it began from lo */
+	__u8 state;	  /* XDPCNI_POL_* */
+	__u8 pad[6];
+};
+
+/*
+ * pol_state[0]: the generation of the verdicts, bumped by the agent after each
+ * change: a flow allowed under another generation is checked again at its next
+ * packet (a policy change reaches established flows). 64 bits: never wraps.
+ */
+struct pol_state {
+	__u64 generation;
+};
+
+/* pol_stats (per-CPU array of __u64): what the policy check decided. */
+#define XDPCNI_POL_NEW	   0 /* a new flow allowed and recorded */
+#define XDPCNI_POL_HIT	   1 /* a packet of a recorded flow (either way) */
+#define XDPCNI_POL_RECHECK 2 /* a recorded flow allowed again under a new generation */
+#define XDPCNI_POL_REFUSED 3 /* dropped: the policies refuse it */
+#define XDPCNI_POL_KERNEL  4 /* to the kernel: begun there, mid-stream, or not decidable */
+#define XDPCNI_POL_STATS   5
 
 /*
  * Kernel functions the datapath calls (the conntrack kfuncs). aya 0.14

@@ -112,7 +112,9 @@ pub mod c_layout {
 
 pub use c_layout::Verdict;
 
+mod policy;
 mod services;
+pub use policy::*;
 pub use services::*;
 
 /// `struct endpoint6_key`: an IPv6 pod address, key of `endpoints6`. IPv4

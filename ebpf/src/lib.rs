@@ -21,15 +21,16 @@ pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::Migration;
 pub use datapath::{
     is_held, layout_dir, previous_layout_dir, AttachMode, Attachment, Collected, Counters,
-    Datapath, Filled, HoldHook, L4Proto, MapFill, Maps, NatSync, CPUMAP_PROGRAM, CPUMAP_QUEUE,
-    DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM, PREVIOUS_LAYOUT, TC_FROM_POD_PROGRAM,
+    Datapath, Filled, HoldHook, L4Proto, MapFill, Maps, NatSync, PodVerdicts, PolicyMaps,
+    PolicyStats, PolicySynced, CPUMAP_PROGRAM, CPUMAP_QUEUE, DEFAULT_PIN_DIR, FROM_POD_PROGRAM,
+    HOLD_PROGRAM, PREVIOUS_LAYOUT, TC_FROM_POD_PROGRAM,
 };
 pub use error::{Error, Result};
 pub use migrate::Pinned;
 pub use svc::{
-    cgroup2_root, plan as plan_services, svc_layout_dir, Ids as ServiceIds, Op as ServiceOp,
-    ServiceEntry, ServiceStats, Services, Want as ServiceWant, SERVICES_OBJECT, SOCK_PROGRAMS,
-    SVC_LEASE_SECS,
+    cgroup2_root, monotonic_ns, plan as plan_services, svc_layout_dir, Ids as ServiceIds,
+    Op as ServiceOp, ServiceEntry, ServiceStats, Services, Want as ServiceWant, SERVICES_OBJECT,
+    SOCK_PROGRAMS, SVC_LEASE_SECS,
 };
 pub use sys::LinkState;
 

@@ -127,3 +127,62 @@ struct {
 	__type(value, struct policy_gate);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } policy_gate SEC(".maps");
+
+/* NetworkPolicy verdicts and the flows they allowed (xdpcni.h, policy.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_POL_PODS);
+	__type(key, struct pol_pod_key);
+	__type(value, struct pol_pod);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, XDPCNI_MAX_POL_PEERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct pol_peer_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, XDPCNI_MAX_POL_PORTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct pol_port_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_POL_NAMED);
+	__type(key, struct pol_named_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_named SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, XDPCNI_MAX_POL_FLOWS);
+	__type(key, struct pol_flow_key);
+	__type(value, struct pol_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pol_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XDPCNI_POL_STATS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pol_stats SEC(".maps");

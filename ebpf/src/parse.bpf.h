@@ -57,9 +57,9 @@ struct packet {
 	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
 	__u32 flow_id; /* ports, or the ICMP echo id: with the addresses, a flow */
 	__u8 proto;
-	__u8 pad;
-	__u16 sport; /* network order, 0 for ICMP */
-	__u16 dport; /* network order, 0 for ICMP */
+	__u8 l4_info; /* set for the policy check only: TCP flags or ICMP type (policy.bpf.h) */
+	__u16 sport;  /* network order, 0 for ICMP */
+	__u16 dport;  /* network order, 0 for ICMP */
 	__u16 pad2;
 	__u8 *ttl;   /* TTL or hop limit byte */
 	__u16 *csum; /* IPv4 header checksum, NULL for IPv6 */

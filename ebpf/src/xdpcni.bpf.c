@@ -26,6 +26,7 @@ char LICENSE[] SEC("license") = "GPL";
 #include "parse.bpf.h"
 #include "cpu.bpf.h"
 #include "ct.bpf.h"
+#include "policy.bpf.h"
 
 /*
  * Stage-cost builds (ebpf/build.rs, test objects only, never the product):
@@ -252,6 +253,12 @@ static __always_inline int check_mtu(const struct packet *p, const struct frame 
 	return STAGE_OK;
 }
 
+/* Kernel-only, but for a pod whose policies this program enforces (XDPCNI_EP_POLICY). */
+static __always_inline int kernel_only(const struct endpoint_info *ep)
+{
+	return (ep->flags & (XDPCNI_EP_KERNEL_ONLY | XDPCNI_EP_POLICY)) == XDPCNI_EP_KERNEL_ONLY;
+}
+
 /*
  * Stage 3, decide: STAGE_OK with *dst set when the fast path may deliver the
  * packet exactly as kernel routing would, STAGE_CT with *dst set when it may
@@ -267,12 +274,12 @@ static __always_inline int decide(const struct packet *p, const struct frame *f,
 	/* Not addressed to the host veth: the kernel would not route it. */
 	if (!mac_equal(p->eth->h_dest, src->host_mac))
 		return XDPCNI_V_PASS_OTHERHOST;
-	if (src->flags & XDPCNI_EP_KERNEL_ONLY)
+	if (kernel_only(src))
 		return XDPCNI_V_PASS_KERNEL_ONLY;
 	dst = lookup_endpoint(&p->dst);
 	if (!dst)
 		return XDPCNI_V_PASS_NO_ENDPOINT;
-	if (dst->flags & XDPCNI_EP_KERNEL_ONLY)
+	if (kernel_only(dst))
 		return XDPCNI_V_PASS_KERNEL_ONLY;
 	if (*p->ttl <= 1)
 		return XDPCNI_V_PASS_TTL;
@@ -428,6 +435,11 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 		return verdict(ctx, r);
 	if (r == STAGE_CT || r == STAGE_CT_TO)
 		r = ct_check(ctx, &p, &f, 1, r == STAGE_CT_TO);
+	if (r == STAGE_OK && ((src->flags | dst->flags) & XDPCNI_EP_POLICY)) {
+		struct packet *q = pol_query(&p, &f);
+
+		r = q ? pol_check_xdp(ctx, q, src, dst) : XDPCNI_V_PASS_POLICY;
+	}
 	if (r == STAGE_OK)
 		r = rewrite_redirect(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, XDP_PASS);
@@ -476,6 +488,11 @@ int xdpcni_tc_from_pod(struct __sk_buff *skb)
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
 	if (r == STAGE_CT || r == STAGE_CT_TO)
 		r = ct_check(skb, &p, &f, 0, r == STAGE_CT_TO);
+	if (r == STAGE_OK && ((src->flags | dst->flags) & XDPCNI_EP_POLICY)) {
+		struct packet *q = pol_query(&p, &f);
+
+		r = q ? pol_check_tc(skb, q, src, dst) : XDPCNI_V_PASS_POLICY;
+	}
 	if (r == STAGE_OK)
 		r = rewrite_redirect_peer(&p, dst, f.len);
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);

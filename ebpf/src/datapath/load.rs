@@ -17,6 +17,7 @@ use super::{
     error_chain, layout_dir,
     links::{link_pins, unpin_link},
     maps::MapName,
+    policy::PolicyMaps,
     Datapath, Maps, CPUMAP_PROGRAM, FROM_POD_PROGRAM, HOLD_PROGRAM, TC_FROM_POD_PROGRAM,
 };
 use crate::{Error, Result, DATAPATH_OBJECT};
@@ -85,6 +86,7 @@ impl Datapath {
             .load(bound.bytes())
             .map_err(|e| Error::Load(Box::new(e)))?;
         let maps = Maps::take(&mut ebpf, &layout)?;
+        let policy = PolicyMaps::take(&mut ebpf)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;
         let (cpumap, b) = Self::adopt_program(&mut ebpf, &layout, CPUMAP_PROGRAM)?;
         let (tc_from_pod, c) = Self::adopt_classifier(&mut ebpf, &layout, TC_FROM_POD_PROGRAM)?;
@@ -99,6 +101,7 @@ impl Datapath {
             cpumap,
             hold,
             maps,
+            policy: Some(policy),
             upgraded: a || b || c,
             migration: None,
         };
@@ -146,6 +149,7 @@ impl Datapath {
             cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
             hold: classifier(HOLD_PROGRAM)?,
             maps,
+            policy: None,
             upgraded: false,
             migration: None,
         })

@@ -9,6 +9,8 @@
 //!   epcache4 epcache6                          the endpoint records again, by slot (cache.rs)
 //!   counters port_slots slot_owners                     per-veth counters (see xdpcni.h)
 //!   policy_namespaces policy_gate                      what the CNI reads to hold a new pod
+//!   pol_pods pol_peers pol_ports pol_named     NetworkPolicy verdicts of isolated pods
+//!   pol_flows pol_state pol_stats              the flows they allowed, their generation, counts
 //!   progs/xdpcni_from_pod progs/xdpcni_cpumap  the programs in use
 //!   progs/xdpcni_hold                          the tc program of a held pod
 //!   progs/xdpcni_tc_from_pod                   the datapath on the tc hook (mode tc)
@@ -37,6 +39,7 @@ pub(crate) mod links;
 mod load;
 pub(crate) mod maps;
 mod pod;
+pub(crate) mod policy;
 pub(crate) mod types;
 
 use std::path::{Path, PathBuf};
@@ -46,6 +49,7 @@ use aya::programs::{SchedClassifier, Xdp};
 pub use links::is_held;
 pub use maps::{MapFill, Maps};
 pub use pod::{Collected, NatSync, CPUMAP_QUEUE};
+pub use policy::{PodVerdicts, PolicyMaps, PolicyStats, PolicySynced};
 pub use types::{AttachMode, Attachment, Counters, Filled, HoldHook, L4Proto, Migration};
 
 /// Name of the program attached to pod host veths.
@@ -93,6 +97,9 @@ pub struct Datapath {
     cpumap: Xdp,
     pub(crate) hold: SchedClassifier,
     pub(crate) maps: Maps,
+    /// The NetworkPolicy maps; `None` where only the pins were opened
+    /// ([`Datapath::open_existing`]: the CNI plugin never writes them).
+    policy: Option<PolicyMaps>,
     upgraded: bool,
     migration: Option<Migration>,
 }

@@ -67,7 +67,7 @@ pub fn svc_layout_dir(pin_dir: &Path) -> PathBuf {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the programs' bpf_ktime_get_ns().
-fn monotonic_ns() -> Result<u64> {
+pub fn monotonic_ns() -> Result<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -1,0 +1,394 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * NetworkPolicy on the fast path: the check of a flow to or from a pod whose
+ * endpoint carries XDPCNI_EP_POLICY, after every other stage said the fast
+ * path may carry it. The agent compiles each such pod's policies (the model
+ * that writes the nftables table too) into pol_pods / pol_peers / pol_ports
+ * / pol_named (xdpcni.h); this file only reads them, and keeps pol_flows.
+ *
+ * Stateful as the kernel path is: a flow's first packet is checked from its
+ * own direction (the source's egress, the destination's ingress, the
+ * destination's port) and the flow recorded; its later packets, both ways,
+ * pass by the record while the record's generation is pol_state's; under a
+ * newer one the flow is checked again from its original direction and
+ * dropped if no longer allowed (the nftables side does the same with its
+ * ruleset generation). Where the fast path cannot know what the kernel path
+ * would say, the packet goes there (the nftables rules decide): a TCP packet
+ * that is not a SYN with no record (picked up mid-stream), an ICMP echo
+ * reply with no record, a UDP packet with no record whose flow conntrack
+ * has (begun on the kernel path: it stays there), a pod with no verdicts.
+ * Included once, by xdpcni.bpf.c, after ct.bpf.h.
+ */
+
+/* One packet per CPU: what the policy check reads (policy.bpf.h's pol_query); not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct packet);
+} pol_scratch SEC(".maps");
+
+#define XDPCNI_NS_PER_S 1000000000ULL
+#define TCP_FIN_	0x01
+#define TCP_SYN_	0x02
+#define TCP_RST_	0x04
+#define TCP_ACK_	0x10
+
+/* 16 address bytes, as four words (the arrays are 4-aligned in every struct here). */
+static __always_inline void pol_copy16(void *dst, const void *src)
+{
+	__u32 *d = dst;
+	const __u32 *s = src;
+
+	d[0] = s[0];
+	d[1] = s[1];
+	d[2] = s[2];
+	d[3] = s[3];
+}
+
+static __always_inline void pol_count(__u32 what)
+{
+	__u64 *v;
+
+#ifdef XDPCNI_STAGES
+	return;
+#endif
+	v = bpf_map_lookup_elem(&pol_stats, &what);
+	if (v)
+		*v += 1;
+}
+
+/*
+ * What the check reads of the L4 header, kept in p->l4_info by the caller
+ * (the check is a function of its own, verified once, which cannot read
+ * the packet): TCP's flags (unreadable: 0xff, not a plain SYN), ICMP's type.
+ */
+static __always_inline __u8 pol_l4_info(const struct packet *p, const struct frame *f)
+{
+	__u8 *flags = (__u8 *)p->l4 + 13;
+
+	if (p->proto != IPPROTO_TCP)
+		return ((__u8 *)p->l4)[0];
+	if ((void *)(flags + 1) > f->data_end)
+		return 0xff;
+	return *flags;
+}
+
+/* The flow's key, its lower end first; 1 when the packet comes from that end. */
+static __always_inline int pol_key(const struct packet *p, struct pol_flow_key *k)
+{
+	const __u32 *s = (const __u32 *)p->src.addr, *d = (const __u32 *)p->dst.addr;
+	__u16 sp = p->sport, dp = p->dport;
+	int cmp = 0;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		sp = dp = (__u16)p->flow_id;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		if (!cmp && s[i] != d[i])
+			cmp = s[i] < d[i] ? -1 : 1;
+	if (!cmp)
+		cmp = sp <= dp ? -1 : 1;
+	k->proto = p->proto;
+	k->family = p->src.family;
+	if (cmp < 0) {
+		pol_copy16(k->lo, p->src.addr);
+		pol_copy16(k->hi, p->dst.addr);
+		k->lo_port = sp;
+		k->hi_port = dp;
+		return 1;
+	}
+	pol_copy16(k->lo, p->dst.addr);
+	pol_copy16(k->hi, p->src.addr);
+	k->lo_port = dp;
+	k->hi_port = sp;
+	return 0;
+}
+
+/* Whether a recorded flow has been idle longer than conntrack would keep it. */
+static __always_inline int pol_expired(const struct pol_flow *fl, __u8 proto, __u64 now)
+{
+	__u64 t = 30;
+
+	if (proto == IPPROTO_TCP)
+		t = fl->state & XDPCNI_POL_RST	     ? 10
+		    : fl->state & XDPCNI_POL_FIN     ? 120
+		    : fl->state & XDPCNI_POL_REPLIED ? 432000
+						     : 120;
+	else if (proto == IPPROTO_UDP && (fl->state & XDPCNI_POL_REPLIED))
+		t = 120;
+	return now > fl->last_ns && now - fl->last_ns > t * XDPCNI_NS_PER_S;
+}
+
+/* The verdicts of a pod address, if it has any. */
+static __always_inline struct pol_pod *pol_pod_of(const struct addr *a)
+{
+	struct pol_pod_key k __attribute__((aligned(8))) = {.family = a->family};
+
+	pol_copy16(k.addr, a->addr);
+	return bpf_map_lookup_elem(&pol_pods, &k);
+}
+
+/*
+ * Whether pod `pp` (NULL: no policy isolates it) lets the flow with `peer`
+ * at the other end, to destination port `dport`, through in direction `dir`.
+ */
+static __noinline int pol_allows(const struct pol_pod *pp, __u32 dir, const struct addr *peer,
+				 __u8 proto, __u16 dport)
+{
+	int ported = proto == IPPROTO_TCP || proto == IPPROTO_UDP;
+	__u64 peers, ports, *m;
+
+	if (!pp)
+		return 1;
+	dir &= 1;
+	if (!(pp->flags &
+	      (dir == XDPCNI_POL_EGRESS ? XDPCNI_POL_ISOLATED_OUT : XDPCNI_POL_ISOLATED_IN)))
+		return 1;
+	peers = pp->any_peer[dir];
+	ports = pp->any_port[dir];
+	{
+		struct pol_peer_key k __attribute__((aligned(8))) = {
+		    .prefixlen = XDPCNI_POL_PEER_FIXED_BITS +
+				 (peer->family == XDPCNI_FAMILY_IPV4 ? 32 : 128),
+		    .id = pp->id,
+		    .dir = dir,
+		    .family = peer->family,
+		};
+
+		pol_copy16(k.addr, peer->addr);
+		m = bpf_map_lookup_elem(&pol_peers, &k);
+		if (m)
+			peers |= *m;
+	}
+	if (peers && ported) {
+		struct pol_port_key k = {
+		    .prefixlen = XDPCNI_POL_PORT_FIXED_BITS + 16,
+		    .id = pp->id,
+		    .dir = dir,
+		    .proto = proto,
+		    .port = dport,
+		};
+
+		m = bpf_map_lookup_elem(&pol_ports, &k);
+		if (m)
+			ports |= *m;
+	}
+	if (peers & ports)
+		return 1;
+	if (dir == XDPCNI_POL_EGRESS && ported && (pp->flags & XDPCNI_POL_NAMED_OUT)) {
+		struct pol_named_key k __attribute__((aligned(8))) = {
+		    .id = pp->id,
+		    .family = peer->family,
+		    .proto = proto,
+		    .port = dport,
+		};
+
+		pol_copy16(k.addr, peer->addr);
+		if (bpf_map_lookup_elem(&pol_named, &k))
+			return 1;
+	}
+	return 0;
+}
+
+/* A flow from `a` (verdicts `pa`) to `b` (`pb`), to port `dport`: both ends allow it. */
+static __always_inline int pol_flow_allowed(const struct addr *a, const struct pol_pod *pa,
+					    const struct addr *b, const struct pol_pod *pb,
+					    __u8 proto, __u16 dport)
+{
+	return pol_allows(pa, XDPCNI_POL_EGRESS, b, proto, dport) &&
+	       pol_allows(pb, XDPCNI_POL_INGRESS, a, proto, dport);
+}
+
+/*
+ * The verdicts of both ends (NULL for an end without XDPCNI_EP_POLICY: no
+ * policy isolates it); 0, or the kernel's verdict when an end that should
+ * have them has none.
+ */
+static __always_inline int pol_ends(const struct packet *p, const struct endpoint_info *src,
+				    const struct endpoint_info *dst, struct pol_pod **ps,
+				    struct pol_pod **pd)
+{
+	*ps = 0;
+	*pd = 0;
+	if (src->flags & XDPCNI_EP_POLICY) {
+		*ps = pol_pod_of(&p->src);
+		if (!*ps)
+			return XDPCNI_V_PASS_POLICY;
+	}
+	if (dst->flags & XDPCNI_EP_POLICY) {
+		*pd = pol_pod_of(&p->dst);
+		if (!*pd)
+			return XDPCNI_V_PASS_POLICY;
+	}
+	return 0;
+}
+
+/* Whether either end is in its window (a new UDP flow is then checked both ways). */
+static __always_inline int pol_in_window(const struct pol_pod *a, const struct pol_pod *b,
+					 __u64 now)
+{
+	return (a && a->window_until > now) || (b && b->window_until > now);
+}
+
+/* Whether a UDP packet's flow is one conntrack has (begun on the kernel path). */
+static __noinline int pol_conntrack_has(void *ctx, const struct packet *p, int xdp)
+{
+	struct nf_conn___xdpcni *ct;
+	struct bpf_sock_tuple t;
+	struct ct_opts o;
+	__u32 len;
+
+	if (!xdpcni_ct_kfuncs)
+		return 1;
+	len = ct_tuple(p, &t);
+	ct = ct_lookup(ctx, p, &t, len, &o, xdp);
+	if (ct) {
+		xdpcni_ct_release(ct);
+		return 1;
+	}
+	return o.error != -XDPCNI_ENOENT;
+}
+
+/*
+ * The check: STAGE_OK (the fast path carries it), XDPCNI_V_DROP_POLICY or
+ * XDPCNI_V_PASS_POLICY. `xdp`: a constant in each caller.
+ */
+static __always_inline int pol_check(void *ctx, const struct packet *p,
+				     const struct endpoint_info *src,
+				     const struct endpoint_info *dst, int xdp)
+{
+	struct pol_flow_key k __attribute__((aligned(8))) = {};
+	struct pol_flow nf = {};
+	struct pol_pod *ps, *pd;
+	struct pol_state *st;
+	struct pol_flow *fl;
+	__u32 zero = 0;
+	__u8 flags = p->proto == IPPROTO_TCP ? p->l4_info : 0;
+	int from_lo = pol_key(p, &k), r, allowed;
+	__u64 now, gen;
+
+	st = bpf_map_lookup_elem(&pol_state, &zero);
+	if (!st)
+		return XDPCNI_V_PASS_POLICY;
+	gen = st->generation;
+	now = bpf_ktime_get_coarse_ns();
+	fl = bpf_map_lookup_elem(&pol_flows, &k);
+	if (fl && !pol_expired(fl, p->proto, now)) {
+		int orig = fl->orig_lo == from_lo;
+		int syn = (flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_;
+
+		/* A SYN the other way, or after a close: a new connection. */
+		if (!(syn && (!orig || (fl->state & (XDPCNI_POL_FIN | XDPCNI_POL_RST))))) {
+			__u8 state = fl->state;
+
+			if (!orig)
+				state |= XDPCNI_POL_REPLIED;
+			if (flags & TCP_FIN_ && flags != 0xff)
+				state |= XDPCNI_POL_FIN;
+			if (flags & TCP_RST_ && flags != 0xff)
+				state |= XDPCNI_POL_RST;
+			if (state != fl->state)
+				fl->state = state;
+			if (fl->generation == gen) {
+				fl->last_ns = now;
+				pol_count(XDPCNI_POL_HIT);
+				return STAGE_OK;
+			}
+			/* Allowed under older verdicts: checked again, as it began. */
+			r = pol_ends(p, src, dst, &ps, &pd);
+			if (r) {
+				pol_count(XDPCNI_POL_KERNEL);
+				return r;
+			}
+			allowed =
+			    orig ? pol_flow_allowed(&p->src, ps, &p->dst, pd, p->proto, p->dport)
+				 : pol_flow_allowed(&p->dst, pd, &p->src, ps, p->proto, p->sport);
+			if (!allowed) {
+				pol_count(XDPCNI_POL_REFUSED);
+				return XDPCNI_V_DROP_POLICY;
+			}
+			fl->generation = gen;
+			fl->last_ns = now;
+			pol_count(XDPCNI_POL_RECHECK);
+			return STAGE_OK;
+		}
+	}
+	/* No record: a new flow, where one may begin; else the kernel's rules. */
+	if (p->proto == IPPROTO_TCP &&
+	    (flags == 0xff || (flags & (TCP_SYN_ | TCP_ACK_ | TCP_RST_ | TCP_FIN_)) != TCP_SYN_))
+		goto kernel;
+	if (p->proto == IPPROTO_ICMP && p->l4_info != ICMP_ECHO_)
+		goto kernel;
+	if (p->proto == IPPROTO_ICMPV6_ && p->l4_info != ICMPV6_ECHO_REQUEST_)
+		goto kernel;
+	if (p->proto == IPPROTO_UDP && pol_conntrack_has(ctx, p, xdp))
+		goto kernel;
+	r = pol_ends(p, src, dst, &ps, &pd);
+	if (r) {
+		pol_count(XDPCNI_POL_KERNEL);
+		return r;
+	}
+	allowed = pol_flow_allowed(&p->src, ps, &p->dst, pd, p->proto, p->dport);
+	/* In a window (xdpcni.h), a new UDP flow must be allowed whichever end began it. */
+	if (allowed && p->proto == IPPROTO_UDP && pol_in_window(ps, pd, now))
+		allowed = pol_flow_allowed(&p->dst, pd, &p->src, ps, p->proto, p->sport);
+	if (!allowed) {
+		pol_count(XDPCNI_POL_REFUSED);
+		return XDPCNI_V_DROP_POLICY;
+	}
+	nf.generation = gen;
+	nf.last_ns = now;
+	nf.orig_lo = from_lo;
+	if (bpf_map_update_elem(&pol_flows, &k, &nf, BPF_ANY))
+		goto kernel;
+	pol_count(XDPCNI_POL_NEW);
+	return STAGE_OK;
+kernel:
+	pol_count(XDPCNI_POL_KERNEL);
+	return XDPCNI_V_PASS_POLICY;
+}
+
+/*
+ * The packet as the check gets it: a copy in this CPU's pol_scratch, with
+ * its l4_info set. Not the caller's own: the verifier takes memory on the
+ * stack that a global function gets as overwritten (the packet pointers
+ * the caller keeps there would be lost), and the stacks of the caller and
+ * the check together must fit 512 bytes.
+ */
+static __always_inline struct packet *pol_query(const struct packet *p, const struct frame *f)
+{
+	__u32 zero = 0;
+	struct packet *q = bpf_map_lookup_elem(&pol_scratch, &zero);
+
+	if (q) {
+		*q = *p;
+		q->l4_info = pol_l4_info(p, f);
+	}
+	return q;
+}
+
+/*
+ * The check as one global function per hook, which the verifier checks once
+ * on its own (a static one it checks again for every state a caller reaches
+ * it in: four times the instructions verified). Global functions take five
+ * arguments at most, and pointers to memory, never into the packet: the
+ * caller fills p->l4_info first (pol_l4_info).
+ */
+__attribute__((noinline)) int pol_check_xdp(struct xdp_md *ctx, const struct packet *p,
+					    const struct endpoint_info *src,
+					    const struct endpoint_info *dst)
+{
+	if (!ctx || !p || !src || !dst)
+		return XDPCNI_V_PASS_POLICY;
+	return pol_check(ctx, p, src, dst, 1);
+}
+
+__attribute__((noinline)) int pol_check_tc(struct __sk_buff *ctx, const struct packet *p,
+					   const struct endpoint_info *src,
+					   const struct endpoint_info *dst)
+{
+	if (!ctx || !p || !src || !dst)
+		return XDPCNI_V_PASS_POLICY;
+	return pol_check(ctx, p, src, dst, 0);
+}
