@@ -102,20 +102,24 @@ pub fn endpoint_info(rec: &Record, want: &Wish) -> EndpointInfo {
 
 /// Brings the pod of `rec` to `want`; `kernel_only` forces kernel routing
 /// both ways (a NetworkPolicy isolates it, a FORWARD rule names it, it is
-/// held).
+/// held); `policy`: the datapath enforces the policies that isolate it (its
+/// records say `EP_KERNEL_ONLY | EP_POLICY`: programs that do not know the
+/// second flag leave it to the kernel path).
 pub fn apply(
     dp: &mut Datapath,
     rec: &Record,
     want: &Wish,
     kernel_only: bool,
+    policy: bool,
 ) -> Result<Applied, ApplyError> {
     if want.redirect == RedirectPolicy::Cpumap {
         dp.enable_cpus(want.cpu_mask)?;
     }
-    let pod = Pod {
-        rec,
-        info: endpoint_info(rec, want),
-    };
+    let mut info = endpoint_info(rec, want);
+    if policy && !kernel_only {
+        info.flags = xdpcni_ebpf::abi::EP_KERNEL_ONLY | xdpcni_ebpf::abi::EP_POLICY;
+    }
+    let pod = Pod { rec, info };
     let target = if kernel_only { XdpMode::Off } else { want.mode };
     match pod.converge(dp, target) {
         Err(ApplyError::Datapath(e @ xdpcni_ebpf::Error::MapFull { .. })) => {

@@ -125,6 +125,20 @@ pub struct Config {
     /// (Kubernetes mode; docs/services.md).
     #[serde(default, skip_serializing_if = "ServicesConfig::is_default")]
     pub services: ServicesConfig,
+    /// NetworkPolicy verdicts in the datapath: pods a policy isolates keep
+    /// the fast path, which enforces their policies (docs/netpol.md); off:
+    /// such pods take the kernel path, where the nftables rules are.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub policy_datapath: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_yes(v: &bool) -> bool {
+    *v
 }
 
 /// Where the Service programs attach when no path is given: the host's
@@ -256,6 +270,7 @@ impl Config {
             forward_scan_ms: default_forward_scan(),
             routing: RoutingConfig::default(),
             services: ServicesConfig::default(),
+            policy_datapath: true,
         }
     }
 

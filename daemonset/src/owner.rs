@@ -17,7 +17,7 @@ use std::{
 
 use tokio::sync::oneshot;
 use tracing::Span;
-use xdpcni_ebpf::{abi::SvcAddr, L4Proto, ServiceWant};
+use xdpcni_ebpf::{abi::SvcAddr, L4Proto, PodVerdicts, PolicySynced, ServiceWant};
 use xdpcni_host::state::Record;
 
 use crate::{
@@ -32,6 +32,9 @@ use crate::{
 pub struct OwnerGone;
 
 type Reply<T> = oneshot::Sender<T>;
+/// Each isolated pod's addresses, its verdicts, and when its window closes
+/// (CLOCK_MONOTONIC ns).
+pub type PolicyWant = Vec<(Vec<IpAddr>, PodVerdicts, u64)>;
 type DatapathResult<T> = Result<T, xdpcni_ebpf::Error>;
 
 /// What the owner can be asked to do: each is one method of the
@@ -53,6 +56,8 @@ enum Command {
         BTreeSet<(IpAddr, L4Proto, u16)>,
         Reply<DatapathResult<(usize, usize)>>,
     ),
+    /// Make the NetworkPolicy verdicts in the datapath these.
+    SyncPolicy(PolicyWant, Reply<DatapathResult<PolicySynced>>),
     /// Load and attach the Service programs (pin directory, cgroup).
     OpenServices(Box<(PathBuf, PathBuf)>, Reply<DatapathResult<()>>),
     /// Renew the lease on the Service maps.
@@ -87,6 +92,9 @@ impl Command {
             }
             Self::SyncNatPorts(want, reply) => {
                 let _ = reply.send(r.sync_nat_ports(&want));
+            }
+            Self::SyncPolicy(want, reply) => {
+                let _ = reply.send(r.sync_policy(&want));
             }
             Self::OpenServices(at, reply) => {
                 let _ = reply.send(r.open_services(&at.0, &at.1));
@@ -201,5 +209,13 @@ impl Owner {
         want: BTreeSet<(IpAddr, L4Proto, u16)>,
     ) -> Result<DatapathResult<(usize, usize)>, OwnerGone> {
         self.ask(|r| Command::SyncNatPorts(want, r)).await
+    }
+
+    /// [`Reconciler::sync_policy`].
+    pub async fn sync_policy(
+        &self,
+        want: PolicyWant,
+    ) -> Result<DatapathResult<PolicySynced>, OwnerGone> {
+        self.ask(|r| Command::SyncPolicy(want, r)).await
     }
 }

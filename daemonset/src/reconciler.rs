@@ -64,6 +64,9 @@ pub struct PolicyFacts {
     /// Every pod is classified (standalone mode, where no policy can select
     /// one).
     pub all_classified: bool,
+    /// The isolated pods whose verdicts are in the datapath (the `pol_*`
+    /// maps): they keep the fast path, which enforces their policies.
+    pub in_datapath: BTreeSet<PodKey>,
 }
 
 impl PolicyFacts {
@@ -79,6 +82,11 @@ impl PolicyFacts {
     /// The policies isolating pod `key`, if any.
     pub fn isolating(&self, key: &PodKey) -> Option<&Vec<String>> {
         self.isolated.get(key)
+    }
+
+    /// Whether the datapath enforces the policies isolating pod `key`.
+    pub fn in_datapath(&self, key: &PodKey) -> bool {
+        self.in_datapath.contains(key)
     }
 
     /// What these facts say of the hold of the pod `key` whose record is
@@ -119,6 +127,11 @@ impl PolicyFacts {
                 .filter(|(k, id)| self.hold(k, id) != other.hold(k, id))
                 .map(|(k, _)| k.clone()),
         );
+        out.extend(
+            self.in_datapath
+                .symmetric_difference(&other.in_datapath)
+                .cloned(),
+        );
         out
     }
 }
@@ -131,6 +144,9 @@ pub struct PodInput {
     pub annotations: Annotations,
     /// Kernel routing both ways, and why.
     pub kernel_only: Option<KernelOnly>,
+    /// The policies isolating it, when the datapath enforces them (it
+    /// keeps the fast path, flagged `EP_POLICY`).
+    pub policy_in_datapath: Option<Vec<String>>,
     /// Its hold.
     pub hold: Hold,
 }
@@ -219,6 +235,13 @@ fn why(wish: &Wish, pod: &PodInput, held: bool, applied: &Applied) -> Why {
                 format!("node default {}", wish.mode.as_str()),
             ),
         }
+    };
+    let text = match &pod.policy_in_datapath {
+        Some(names) if !code.is_kernel_only() => format!(
+            "{text}; fast path, NetworkPolicy {} enforced in the datapath",
+            names.join(", ")
+        ),
+        _ => text,
     };
     Why { code, text }
 }
@@ -336,7 +359,8 @@ impl Reconciler {
             Err(e) => return Err(e.into()),
         };
         let kernel_only = pod.kernel_only.is_some() || held;
-        let applied = match apply(&mut self.dp, rec, &wish, kernel_only) {
+        let policy = !kernel_only && pod.policy_in_datapath.is_some();
+        let applied = match apply(&mut self.dp, rec, &wish, kernel_only, policy) {
             Ok(a) => a,
             // Its DEL took the veth away meanwhile: the normal end of a
             // pod, not a failure to retry or report.
@@ -471,6 +495,24 @@ impl Reconciler {
         Ok(collected.len())
     }
 
+    /// Makes the datapath's NetworkPolicy verdicts those of `want` (each
+    /// isolated pod's addresses, verdicts and window end).
+    pub fn sync_policy(
+        &mut self,
+        want: &[(Vec<IpAddr>, xdpcni_ebpf::PodVerdicts, u64)],
+    ) -> Result<xdpcni_ebpf::PolicySynced, xdpcni_ebpf::Error> {
+        let done = self.dp.sync_policy(want)?;
+        if done.written > 0 || done.removed > 0 {
+            info!(
+                written = done.written,
+                removed = done.removed,
+                generation = done.generation,
+                "NetworkPolicy verdicts in the datapath"
+            );
+        }
+        Ok(done)
+    }
+
     /// Makes the datapath's NAT'd ports equal `want`: the (address, protocol,
     /// port) of local pods that are Service backends or hostPort targets,
     /// whose replies conntrack must translate, and every endpoint's no-NAT
@@ -503,6 +545,7 @@ mod tests {
             classified: ["ca".to_string()].into(),
             in_force: true,
             all_classified: false,
+            in_datapath: BTreeSet::new(),
         };
         assert_eq!(
             f.hold(&a, "ca"),

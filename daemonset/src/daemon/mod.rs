@@ -259,9 +259,11 @@ impl Core {
     /// `annotations`, whether (and why) it is kernel-only, and its hold. The
     /// one place the input is put together, for both modes.
     pub fn pod_input(&self, rec: &Record, annotations: Annotations) -> PodInput {
+        let key = pod_key(rec);
         PodInput {
             annotations,
-            kernel_only: self.kernel_only(&pod_key(rec)),
+            kernel_only: self.kernel_only(&key),
+            policy_in_datapath: self.policy_in_datapath(&key),
             hold: self.hold_of(rec),
         }
     }
@@ -280,11 +282,22 @@ impl Core {
             .policy_facts
             .borrow()
             .as_ref()
+            .filter(|f| !f.in_datapath(key))
             .and_then(|f| f.isolating(key))
         {
             return Some(KernelOnly::Policies(names.clone()));
         }
         self.forward.rule_of(key).map(KernelOnly::ForwardRule)
+    }
+
+    /// The policies isolating the pod `key` when the datapath enforces them.
+    pub fn policy_in_datapath(&self, key: &PodKey) -> Option<Vec<String>> {
+        self.policy_facts
+            .borrow()
+            .as_ref()
+            .filter(|f| f.in_datapath(key))
+            .and_then(|f| f.isolating(key))
+            .cloned()
     }
 
     /// The configuration.
@@ -329,6 +342,20 @@ impl Core {
             self.metrics.error(Stage::Gate);
         }
         written.map(drop).map_err(Into::into)
+    }
+
+    /// Makes the datapath's NetworkPolicy verdicts `want`; a failure is
+    /// counted, logged and returned (the pods then stay on the kernel path).
+    pub async fn sync_policy(
+        &self,
+        want: crate::owner::PolicyWant,
+    ) -> Result<xdpcni_ebpf::PolicySynced> {
+        let done = self.owner.sync_policy(want).await?;
+        if let Err(e) = &done {
+            warn!(error = %e, "writing the NetworkPolicy verdicts: their pods take the kernel path");
+            self.metrics.error(Stage::Netpol);
+        }
+        done.map_err(Into::into)
     }
 
     /// Re-creates the datapath if its pins were removed; whether it did

@@ -6,20 +6,25 @@
 //! 1. writes the policy gate (the namespaces with policies), so that from
 //!    then on every new pod a policy may select is held at its ADD;
 //! 2. puts the rules in force (one nftables transaction);
-//! 3. publishes the facts pod reconciles read ([`PolicyFacts`]: which pods
-//!    policies isolate, which are classified, whether the rules are in
-//!    force); a failure is an Event on each policy involved;
-//! 4. reconciles at once the pods whose isolation or hold the facts change
-//!    (a newly isolated pod goes kernel-only, a classified one's hold goes,
+//! 3. writes the verdicts of the isolated pods into the datapath (the
+//!    `pol_*` maps, compiled from the same model), for the pods whose
+//!    verdicts fit there;
+//! 4. publishes the facts pod reconciles read ([`PolicyFacts`]: which pods
+//!    policies isolate, which of them the datapath enforces, which are
+//!    classified, whether the rules are in force); a failure is an Event on
+//!    each policy involved;
+//! 5. reconciles at once the pods whose isolation or hold the facts change
+//!    (a newly isolated pod is flagged for the datapath's check, or goes
+//!    kernel-only where its verdicts do not fit, a classified one's hold goes,
 //!    a pod whose rules failed is held: fail closed), and hands the pod
 //!    controller those whose reconcile failed, to retry. The task never
 //!    writes the datapath itself: each pod's reconcile turns the facts into
 //!    its state;
-//! 5. deletes the conntrack entries of pods isolated anew, once their fast
+//! 6. deletes the conntrack entries of pods isolated anew, once their fast
 //!    path traffic has drained (conntrack never saw what XDP carried).
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     net::IpAddr,
     sync::Arc,
     time::Duration,
@@ -38,7 +43,7 @@ use kube::{
     Resource, ResourceExt,
 };
 use tokio::sync::{mpsc, Notify};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use xdpcni_ebpf::is_held;
 use xdpcni_host::state::Record;
 
@@ -46,9 +51,9 @@ use crate::{
     daemon::{Core, Shutdown},
     metrics::Stage,
     netpol::{
-        forget_connections,
+        compile, forget_connections,
         model::{self, Cluster, LocalPod},
-        Applied, Enforcer, NetpolError,
+        Applied, Enforcer, NetpolError, SWITCH_WINDOW,
     },
     reconciler::{Hold, PolicyFacts},
     records::{is_live, pod_key, PodKey},
@@ -77,6 +82,9 @@ pub struct PolicyTask {
     pub changed: Arc<Notify>,
     /// The nftables table: the task's own, nothing else writes it.
     pub enforcer: Enforcer,
+    /// Pods isolated anew while on the fast path, and when (CLOCK_MONOTONIC
+    /// ns) their window closes in the datapath's check.
+    pub windows: BTreeMap<PodKey, u64>,
 }
 
 impl PolicyTask {
@@ -97,6 +105,7 @@ impl PolicyTask {
             trigger,
             changed,
             enforcer: Enforcer::new(),
+            windows: BTreeMap::new(),
         }
     }
 
@@ -143,16 +152,22 @@ impl PolicyTask {
         let local_ips: BTreeSet<IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
         let applied = self.enforce(&e, local_ips.clone()).await;
+        // 3. The verdicts in the datapath, once the rules are in force.
+        let in_datapath = match &applied {
+            Ok(a) => self.datapath_verdicts(&e, a).await,
+            Err(_) => BTreeSet::new(),
+        };
         let core = &self.core;
-        // 3. The facts every pod reconcile reads.
-        let changed = core.set_policy_facts(facts(&e, &records, applied.is_ok()), &records);
+        // 4. The facts every pod reconcile reads.
+        let changed =
+            core.set_policy_facts(facts(&e, &records, applied.is_ok(), in_datapath), &records);
         match &applied {
             Ok(_) => reported.clear(),
             Err(err) => self.report_failure(&e, &err.to_string(), reported).await,
         }
-        // 4. The pods those facts change, reconciled at once.
+        // 5. The pods those facts change, reconciled at once.
         let failed = self.reconcile_changed(&records, &pods, changed).await;
-        // 5. Pods isolated anew: their conntrack entries, once drained.
+        // 6. Pods isolated anew: their conntrack entries, once drained.
         if let Ok(a) = &applied {
             let ips: BTreeSet<IpAddr> = records
                 .iter()
@@ -171,6 +186,46 @@ impl PolicyTask {
                 return;
             }
         }
+    }
+
+    /// Writes the verdicts of the pods of `e` that compile into the
+    /// datapath (the others' go) and returns those pods: the datapath
+    /// enforces their policies from the next reconcile. A pod isolated
+    /// anew (`a`) gets a window: its flows so far ran unchecked on the fast
+    /// path, so for [`SWITCH_WINDOW`] a new UDP flow of it must be allowed
+    /// whichever end began it.
+    async fn datapath_verdicts(&mut self, e: &model::Enforcement, a: &Applied) -> BTreeSet<PodKey> {
+        let now = xdpcni_ebpf::monotonic_ns().unwrap_or(0);
+        let window = u64::try_from(SWITCH_WINDOW.as_nanos()).unwrap_or(u64::MAX);
+        for k in &a.newly_isolated {
+            self.windows.insert(k.clone(), now.saturating_add(window));
+        }
+        self.windows
+            .retain(|k, until| *until > now && e.pods.contains_key(k));
+        let mut want = Vec::new();
+        let mut keys = Vec::new();
+        for (key, verdicts) in compile::compile(e) {
+            match verdicts {
+                Ok(v) if self.core.config().policy_datapath => {
+                    let until = self.windows.get(&key).copied().unwrap_or(0);
+                    want.push((e.pods[&key].addrs.clone(), v, until));
+                    keys.push(key);
+                }
+                Ok(_) => {}
+                Err(why) => {
+                    debug!(pod = %format!("{}/{}", key.0, key.1), %why, "kernel path: verdicts do not fit");
+                }
+            }
+        }
+        let Ok(done) = self.core.sync_policy(want.clone()).await else {
+            return BTreeSet::new();
+        };
+        let failed: BTreeSet<&IpAddr> = done.failed.iter().flat_map(|(a, _)| a).collect();
+        keys.into_iter()
+            .zip(&want)
+            .filter(|(_, (addrs, _, _))| !addrs.iter().any(|ip| failed.contains(ip)))
+            .map(|(k, _)| k)
+            .collect()
     }
 
     /// What the policies mean for this node's pods of `records`.
@@ -323,7 +378,12 @@ impl PolicyTask {
 
 /// The facts of a pass over `records` whose rules are `in_force` or not:
 /// who is isolated (and by which policies), which records are classified.
-fn facts(e: &model::Enforcement, records: &[Record], in_force: bool) -> PolicyFacts {
+fn facts(
+    e: &model::Enforcement,
+    records: &[Record],
+    in_force: bool,
+    in_datapath: BTreeSet<PodKey>,
+) -> PolicyFacts {
     PolicyFacts {
         isolated: e
             .pods
@@ -337,6 +397,7 @@ fn facts(e: &model::Enforcement, records: &[Record], in_force: bool) -> PolicyFa
             .collect(),
         in_force,
         all_classified: false,
+        in_datapath,
     }
 }
 

@@ -9,6 +9,7 @@
 //! the agent has classified it (see `xdpcni_host::gate`).
 
 pub mod addrs;
+pub mod compile;
 pub mod conntrack;
 pub mod model;
 pub mod nft;

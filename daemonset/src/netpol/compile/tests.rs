@@ -1,0 +1,266 @@
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::netpol::model::PodRules;
+
+/// What the programs compute from `v` (policy.bpf.h's pol_allows, with
+/// LPM lookups as the kernel's: the entries never overlap).
+fn datapath_allows(v: &PodVerdicts, dir: u8, peer: IpAddr, proto: u8, port: u16) -> bool {
+    let isolated = if dir == POL_EGRESS {
+        POL_ISOLATED_OUT
+    } else {
+        POL_ISOLATED_IN
+    };
+    if v.flags & isolated == 0 {
+        return true;
+    }
+    let d = usize::from(dir);
+    let mut peers = v.any_peer[d];
+    let hits: Vec<u64> = v
+        .peers
+        .iter()
+        .filter(|(dd, net, plen, _)| *dd == dir && contains(*net, *plen, peer))
+        .map(|e| e.3)
+        .collect();
+    assert!(hits.len() <= 1, "overlapping peer prefixes for {peer}");
+    peers |= hits.first().copied().unwrap_or(0);
+    let mut ports = v.any_port[d];
+    if proto == IPPROTO_TCP || proto == IPPROTO_UDP {
+        let hits: Vec<u64> = v
+            .ports
+            .iter()
+            .filter(|(dd, p, first, plen, _)| {
+                *dd == dir && *p == proto && {
+                    let span = 1u32 << (16 - u32::from(*plen));
+                    u32::from(port) >= u32::from(*first)
+                        && u32::from(port) < u32::from(*first) + span
+                }
+            })
+            .map(|e| e.4)
+            .collect();
+        assert!(hits.len() <= 1, "overlapping port prefixes for {port}");
+        ports |= hits.first().copied().unwrap_or(0);
+    }
+    if peers & ports != 0 {
+        return true;
+    }
+    dir == POL_EGRESS && v.named.contains(&(peer, proto, port))
+}
+
+fn contains(net: IpAddr, plen: u8, ip: IpAddr) -> bool {
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(i)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(plen)).unwrap_or(0);
+            u32::from(n) & mask == u32::from(i) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(i)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(plen)).unwrap_or(0);
+            u128::from(n) & mask == u128::from(i) & mask
+        }
+        _ => false,
+    }
+}
+
+/// What the rules say, read as the table's chains read them.
+fn rules_allow(
+    rules: &[Rule],
+    sets: &BTreeMap<String, AddrSet>,
+    egress: bool,
+    peer: IpAddr,
+    proto: u8,
+    port: u16,
+) -> bool {
+    rules.iter().any(|r| {
+        let peer_ok = match &r.peers {
+            Peers::Any => true,
+            Peers::Set(n) => sets[n].contains(peer),
+        };
+        let port_ok = match &r.ports {
+            Ports::Any => true,
+            Ports::Only { numeric, named } => {
+                numeric
+                    .iter()
+                    .any(|pr| ipproto(pr.proto) == Some(proto) && pr.lo <= port && port <= pr.hi)
+                    || (egress
+                        && named.iter().any(|(ip, p, n)| {
+                            *ip == peer && ipproto(*p) == Some(proto) && *n == port
+                        }))
+            }
+        };
+        peer_ok && port_ok
+    })
+}
+
+#[test]
+fn prefixes_cover_exactly() {
+    assert_eq!(prefixes(0, u128::from(u32::MAX), 32), vec![(0, 0)]);
+    assert_eq!(prefixes(0, u128::MAX, 128), vec![(0, 0)]);
+    assert_eq!(prefixes(5, 5, 16), vec![(5, 16)]);
+    // 10.0.0.4 - 10.0.0.255: /30, /29, /28, /27, /26, /25.
+    let lo = u128::from(u32::from(Ipv4Addr::new(10, 0, 0, 4)));
+    let p = prefixes(lo, lo + 251, 32);
+    assert_eq!(
+        p.iter().map(|x| x.1).collect::<Vec<_>>(),
+        vec![30, 29, 28, 27, 26, 25]
+    );
+    assert_eq!(prefixes(1, 65534, 16).len(), 30);
+}
+
+#[test]
+fn too_many_port_sets_stay_in_the_kernel() {
+    let rules: Vec<Rule> = (0..65u16)
+        .map(|i| Rule {
+            peers: Peers::Any,
+            ports: Ports::Only {
+                numeric: vec![PortRange {
+                    proto: Proto::Tcp,
+                    lo: i,
+                    hi: i,
+                }],
+                named: vec![],
+            },
+            policy: "x/p".into(),
+        })
+        .collect();
+    let pod = PodRules {
+        ingress: Some(rules),
+        ..PodRules::default()
+    };
+    assert_eq!(
+        compile_pod(&pod, &BTreeMap::new()),
+        Err(NotCompiled::TooManyGroups(65))
+    );
+}
+
+/// A small address space, so that generated peers and probes meet.
+fn addr() -> impl Strategy<Value = IpAddr> {
+    prop_oneof![
+        (0u8..4, 0u8..8).prop_map(|(a, b)| IpAddr::V4(Ipv4Addr::new(10, 0, a, b))),
+        (0u16..4, 0u16..8)
+            .prop_map(|(a, b)| IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, a, b))),
+    ]
+}
+
+fn set() -> impl Strategy<Value = AddrSet> {
+    proptest::collection::vec((addr(), 0u8..4), 0..4).prop_map(|v| {
+        let mut s = AddrSet::new();
+        for (ip, widen) in v {
+            let plen = match ip {
+                IpAddr::V4(_) => 32 - widen,
+                IpAddr::V6(_) => 128 - widen,
+            };
+            if let Ok(net) = ipnet::IpNet::new(ip, plen) {
+                s.add_net(&net.trunc());
+            }
+        }
+        s.normalize();
+        s
+    })
+}
+
+fn port_range() -> impl Strategy<Value = PortRange> {
+    (
+        prop_oneof![Just(Proto::Tcp), Just(Proto::Udp), Just(Proto::Sctp)],
+        0u16..12,
+        0u16..4,
+    )
+        .prop_map(|(proto, lo, w)| PortRange {
+            proto,
+            lo,
+            hi: lo + w,
+        })
+}
+
+fn rule(i: usize) -> impl Strategy<Value = (Rule, AddrSet)> {
+    (
+        any::<bool>(),
+        set(),
+        proptest::option::of(proptest::collection::vec(port_range(), 0..3)),
+        proptest::collection::vec((addr(), 0u16..12), 0..2),
+    )
+        .prop_map(move |(any_peer, mut s, ports, named)| {
+            // The model resolves named ports on the rule's peer pods only.
+            for (ip, _) in &named {
+                s.add_ip(*ip);
+            }
+            s.normalize();
+            let ports = match ports {
+                None => Ports::Any,
+                Some(numeric) => Ports::Only {
+                    numeric,
+                    named: named
+                        .into_iter()
+                        .map(|(ip, p)| (ip, Proto::Udp, p))
+                        .collect(),
+                },
+            };
+            let peers = if any_peer {
+                Peers::Any
+            } else {
+                Peers::Set(format!("s{i}"))
+            };
+            (
+                Rule {
+                    peers,
+                    ports,
+                    policy: "x/p".into(),
+                },
+                s,
+            )
+        })
+}
+
+fn rules() -> impl Strategy<Value = Vec<(Rule, AddrSet)>> {
+    (0usize..5).prop_flat_map(|n| (0..n).map(rule).collect::<Vec<_>>())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    /// For random rules and probes, the compiled verdicts say what the rules say.
+    #[test]
+    fn compiled_verdicts_equal_the_rules(
+        ingress in proptest::option::of(rules()),
+        egress in proptest::option::of(rules()),
+        probes in proptest::collection::vec(
+            (addr(), prop_oneof![Just(IPPROTO_TCP), Just(IPPROTO_UDP), Just(1u8)], 0u16..16),
+            40,
+        ),
+    ) {
+        let mut sets = BTreeMap::new();
+        let mut split = |v: Option<Vec<(Rule, AddrSet)>>, tag: &str| {
+            v.map(|v| {
+                v.into_iter()
+                    .map(|(mut r, s)| {
+                        if let Peers::Set(n) = &r.peers {
+                            let name = format!("{tag}{n}");
+                            sets.insert(name.clone(), s);
+                            r.peers = Peers::Set(name);
+                        }
+                        r
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
+        let pod = PodRules {
+            ingress: split(ingress, "in"),
+            egress: split(egress, "eg"),
+            ..PodRules::default()
+        };
+        let v = compile_pod(&pod, &sets).unwrap();
+        for (peer, proto, port) in probes {
+            for (dir, rules) in [(POL_INGRESS, &pod.ingress), (POL_EGRESS, &pod.egress)] {
+                let want = rules.as_ref().is_none_or(|r| {
+                    rules_allow(r, &sets, dir == POL_EGRESS, peer, proto, port)
+                });
+                prop_assert_eq!(
+                    datapath_allows(&v, dir, peer, proto, port),
+                    want,
+                    "dir {} peer {} proto {} port {}: {:?}",
+                    dir, peer, proto, port, v
+                );
+            }
+        }
+    }
+}
