@@ -372,7 +372,7 @@ impl Lab {
                 cpu_mask: pod::online_cpus(),
             };
             for r in &recs {
-                let done = xdpcni_agent::apply::apply(&mut dp, r, &policy, false)?;
+                let done = xdpcni_agent::apply::apply(&mut dp, r, &policy, false, false)?;
                 anyhow::ensure!(done.mode == mode, "{} refused: {:?}", mode, done.problems);
             }
             Ok(())

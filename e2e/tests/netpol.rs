@@ -27,7 +27,10 @@ use xdpcni_e2e::{
     cluster::{KubeNode, TestPod},
     in_netns,
 };
-use xdpcni_ebpf::{abi::Verdict, Maps};
+use xdpcni_ebpf::{
+    abi::{self, Verdict},
+    Maps,
+};
 
 /// The pods in matrix order (rows: sources, columns: destinations).
 const PODS: [(&str, &str); 9] = [
@@ -210,7 +213,7 @@ enum Refused {
 #[derive(Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Check {
-    KernelOnly(String),
+    Isolated(String),
     FastPath(String),
     IngressDrops(String),
 }
@@ -395,9 +398,57 @@ fn run_op(node: &KubeNode, pods: &[TestPod], op: &Op) {
     }
 }
 
-fn run_check(node: &KubeNode, pods: &[TestPod], check: &Check) {
+/// Packets the datapath dropped by policy, from every pod's host veth.
+fn policy_drops(node: &KubeNode, pods: &[TestPod]) -> u64 {
+    let maps = Maps::open_pinned(node.pin_dir()).unwrap();
+    pods.iter()
+        .map(|p| {
+            let idx = node.net.node.ifindex(&p.host).unwrap();
+            maps.counters(idx).unwrap().packets(Verdict::DropPolicy)
+        })
+        .sum()
+}
+
+/// The pods of `pattern` keep the fast path: the node's default mode, and
+/// a round of probes moves their forward counters.
+fn assert_fast_path(node: &KubeNode, pods: &[TestPod], pattern: &str) {
+    for i in pods_of(pattern) {
+        let p = &pods[i];
+        assert_eq!(
+            mode_of(&node.net.node, &p.host).unwrap(),
+            xdpcni_e2e::agent::default_shown(),
+            "{} on the fast path",
+            p.id()
+        );
+        let before = forwarded(node, p);
+        round(pods, &|_, _, _| false);
+        assert!(
+            forwarded(node, p) > before,
+            "{} forwarded by the fast path",
+            p.id()
+        );
+    }
+}
+
+fn run_check(node: &KubeNode, pods: &[TestPod], check: &Check, datapath: bool) {
     match check {
-        Check::KernelOnly(pattern) => {
+        Check::Isolated(pattern) if datapath => {
+            let maps = Maps::open_pinned(node.pin_dir()).unwrap();
+            for i in pods_of(pattern) {
+                let p = &pods[i];
+                for v6 in [false, true] {
+                    let flags = maps.endpoint(p.ip(v6)).unwrap().expect("a record").flags;
+                    assert_eq!(
+                        flags & (abi::EP_KERNEL_ONLY | abi::EP_POLICY),
+                        abi::EP_KERNEL_ONLY | abi::EP_POLICY,
+                        "{} flagged for the datapath's policy check",
+                        p.id()
+                    );
+                }
+            }
+            assert_fast_path(node, pods, pattern);
+        }
+        Check::Isolated(pattern) => {
             for i in pods_of(pattern) {
                 let p = &pods[i];
                 assert_eq!(
@@ -408,23 +459,14 @@ fn run_check(node: &KubeNode, pods: &[TestPod], check: &Check) {
                 );
             }
         }
-        Check::FastPath(pattern) => {
-            for i in pods_of(pattern) {
-                let p = &pods[i];
-                assert_eq!(
-                    mode_of(&node.net.node, &p.host).unwrap(),
-                    xdpcni_e2e::agent::default_shown(),
-                    "{} on the fast path",
-                    p.id()
-                );
-                let before = forwarded(node, p);
-                round(pods, &|_, _, _| false);
-                assert!(
-                    forwarded(node, p) > before,
-                    "{} forwarded by the fast path",
-                    p.id()
-                );
-            }
+        Check::FastPath(pattern) => assert_fast_path(node, pods, pattern),
+        Check::IngressDrops(pattern) if datapath => {
+            let before = policy_drops(node, pods);
+            round(pods, &|_, _, _| false);
+            assert!(
+                policy_drops(node, pods) > before,
+                "{pattern}: the datapath counted refused packets (drop_policy)"
+            );
         }
         Check::IngressDrops(pattern) => {
             let m = node.metrics().unwrap();
@@ -440,12 +482,25 @@ fn run_check(node: &KubeNode, pods: &[TestPod], check: &Check) {
     }
 }
 
+/// The truth table with the isolated pods on the fast path: the datapath
+/// enforces their policies (the agent's default).
 #[test]
 fn netpol_truth_table_ipv4_and_ipv6() {
+    truth_table(true);
+}
+
+/// The same matrix with the isolated pods on the kernel path (the agent's
+/// `policyDatapath: false`): the nftables rules alone.
+#[test]
+fn netpol_truth_table_kernel_path_ipv4_and_ipv6() {
+    truth_table(false);
+}
+
+fn truth_table(datapath: bool) {
     let started = Instant::now();
     let table: Table =
         serde_json::from_str(include_str!("data/netpol-truth-table.json")).expect("the table");
-    let node = KubeNode::start(|_| {}).unwrap();
+    let node = KubeNode::start(|c| c.policy_datapath = datapath).unwrap();
     for ns in ["x", "y", "z"] {
         node.namespace(ns, json!({ "ns": ns })).unwrap();
     }
@@ -469,7 +524,7 @@ fn netpol_truth_table_ipv4_and_ipv6() {
         }
         apply_latency.push(settle(&node, &pods, &step.name, &expect));
         for check in &step.checks {
-            run_check(&node, &pods, check);
+            run_check(&node, &pods, check, datapath);
         }
     }
 
@@ -480,7 +535,8 @@ fn netpol_truth_table_ipv4_and_ipv6() {
         .collect();
     lat.sort_by(f64::total_cmp);
     eprintln!(
-        "netpol: {} steps, change -> matrix matched p50 {:.0} ms, max {:.0} ms (a round of {} probes is part of it); suite {:?}",
+        "netpol ({}): {} steps, change -> matrix matched p50 {:.0} ms, max {:.0} ms (a round of {} probes is part of it); suite {:?}",
+        if datapath { "fast path" } else { "kernel path" },
         apply_latency.len(),
         lat[lat.len() / 2],
         lat[lat.len() - 1],
