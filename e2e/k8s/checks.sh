@@ -45,6 +45,7 @@ x() {
 	shift
 	kc exec -n "$NS" "$pod" -- "$@"
 }
+status_of() { kc -n kube-system exec ds/xdpcni-agent -c agent -- xdpcni-agent status "$@"; }
 metrics() {
 	in_node python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9965/metrics", timeout=5).read().decode())'
 }
@@ -388,7 +389,7 @@ reached_within() {
 	return 1
 }
 c_netpol() {
-	local a b c ip svc t0 ms out ready eps drops
+	local a b c ip svc t0 ms out ready eps drops fast0 fast1 line
 	read -r a b <<<"$(pods_of web)"
 	c=$(pods_of client)
 	svc=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
@@ -397,9 +398,15 @@ c_netpol() {
 	kc apply -f "$M/netpol.yaml" >/dev/null || return 1
 	refused_within "$c" "$svc" 80 100 || fail "the client still reaches the Service of pods the policy closes to it"
 	ms=$((($(date +%s%N) - t0) / 1000000))
-	wait_mode "$a" off && wait_mode "$b" off || return 1
+	# The isolated web pods keep the fast path: the datapath enforces their policy.
+	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" || return 1
+	line=$(status_of | grep "^$NS/$a ") || fail "no status line for $a"
+	grep -q "NetworkPolicy $NS/web-from-allowed enforced in the datapath\$" <<<"$line" || fail "status of $a: $line"
 	kc label -n "$NS" pod "$c" role=allowed --overwrite >/dev/null
+	fast0=$(counter "$c" "redirect_.*")
 	out=$(reached_within "$c" "$svc" 80 20) || fail "a role=allowed client is refused through the Service: $out"
+	fast1=$(counter "$c" "redirect_.*")
+	[ "$fast1" -gt "$fast0" ] || fail "the allowed client's packets did not take the fast path ($fast0 -> $fast1)"
 	x "$c" podtool greet "$ip" 9090 1 >/dev/null 2>&1 && fail "the client reached $a:9090, a port the policy does not name"
 	# The kubelet's readiness probes (from the node) keep passing.
 	sleep 3
@@ -407,12 +414,13 @@ c_netpol() {
 	[ "$ready" = "True True " ] || fail "web pods not Ready under the policy: $ready"
 	eps=$(kc get endpoints -n "$NS" web -o jsonpath='{.subsets[*].addresses[*].ip}' | wc -w)
 	[ "$eps" -eq 2 ] || fail "the Service lost backends under the policy: $eps"
-	drops=$(metrics | awk -v pod="$a" '/^xdpcni_policy_drop_packets_total\{/ && index($0, "pod=\"" pod "\"") && /direction="ingress"/ { s += $NF } END { print s + 0 }')
-	[ "$drops" -gt 0 ] || fail "no drop counted for $a"
+	# Refused by the datapath (drop_policy, counted on the sender's veth) or by the rules.
+	drops=$(($(counter "$c" "drop_policy") + $(metrics | awk -v pod="$a" '/^xdpcni_policy_drop_packets_total\{/ && index($0, "pod=\"" pod "\"") && /direction="ingress"/ { s += $NF } END { print s + 0 }')))
+	[ "$drops" -gt 0 ] || fail "no refusal counted for $c -> $a"
 	kc delete -f "$M/netpol.yaml" >/dev/null
 	kc label -n "$NS" pod "$c" role- >/dev/null
 	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" || return 1
-	echo "in force ${ms} ms after kubectl apply: the Service refused to an unlabelled client, 20/20 for role=allowed ($(echo "$out" | tr '\n' ' ')), $a:9090 refused; web pods Ready (kubelet probes), 2 endpoints; $a drops $drops; back to $DEFAULT_MODE when it goes"
+	echo "in force ${ms} ms after kubectl apply, web pods on $DEFAULT_MODE with the policy in the datapath: the Service refused to an unlabelled client, 20/20 for role=allowed ($(echo "$out" | tr '\n' ' ')) on the fast path ($((fast1 - fast0)) packets redirected), $a:9090 refused; web pods Ready (kubelet probes), 2 endpoints; $drops refusals counted"
 }
 c_netpol_hostport() {
 	local c out
@@ -424,9 +432,9 @@ c_netpol_hostport() {
 	echo "$NODE_IP:30080 refused while a deny-all policy selects the pod (portmap's DNAT leads into its rules), back when it goes"
 }
 # xdpcni-agent status the way the chart's NOTES say (kubectl exec into the
-# agent): a pod in each mode, and the web pods kernel-only by a NetworkPolicy,
-# each with its reason, in the table and in the JSON.
-status_of() { kc -n kube-system exec ds/xdpcni-agent -c agent -- xdpcni-agent status "$@"; }
+# agent): a pod in each mode, and the web pods a NetworkPolicy isolates on the
+# fast path with the policy in the datapath, each with its reason, in the
+# table and in the JSON.
 c_status_tool() {
 	local a b m json table line
 	read -r a b <<<"$(pods_of web)"
@@ -439,11 +447,11 @@ c_status_tool() {
 	done
 	kc apply -f "$M/netpol.yaml" >/dev/null || return 1
 	for m in native generic off; do wait_mode "st-$m" "$m" || return 1; done
-	wait_mode "$a" off && wait_mode "$b" off || return 1
+	wait_mode "$a" "$DEFAULT_MODE" && wait_mode "$b" "$DEFAULT_MODE" || return 1
 	json=$(status_of -o json) || fail "status -o json failed: $json"
-	STATUS_JSON=$json python3 - "$NS" "$a" "$b" <<'PY' || fail "status -o json: $json"
+	STATUS_JSON=$json python3 - "$NS" "$a" "$b" "$DEFAULT_MODE" <<'PY' || fail "status -o json: $json"
 import json, os, sys
-ns, a, b = sys.argv[1:]
+ns, a, b, default = sys.argv[1:]
 s = json.loads(os.environ["STATUS_JSON"])
 assert s["ready"] and s["agentMode"] == "kubernetes", (s["ready"], s["agentMode"])
 assert s["datapath"]["layout"] >= 2 and all(p["id"] > 0 for p in s["datapath"]["programs"]), s["datapath"]
@@ -451,13 +459,13 @@ assert f"{ns}/web-from-allowed" in s["policies"]["inForce"], s["policies"]
 pods = {(p["namespace"], p["name"]): p for p in s["pods"]}
 want = {
     "st-native": ("native", "annotation"), "st-generic": ("generic", "annotation"),
-    "st-off": ("off", "annotation"), a: ("off", "network-policy"), b: ("off", "network-policy"),
+    "st-off": ("off", "annotation"), a: (default, "node-default"), b: (default, "node-default"),
 }
 for name, (mode, code) in want.items():
     p = pods[(ns, name)]
     assert (p["mode"], p["why"]["code"]) == (mode, code), (name, p["mode"], p["why"])
     assert p["ips"] and p["hostVeth"].startswith("xdp"), p
-assert f"NetworkPolicy {ns}/web-from-allowed" in pods[(ns, a)]["why"]["text"], pods[(ns, a)]["why"]
+assert f"NetworkPolicy {ns}/web-from-allowed enforced in the datapath" in pods[(ns, a)]["why"]["text"], pods[(ns, a)]["why"]
 PY
 	table=$(status_of) || fail "status failed: $table"
 	for m in native generic off; do
@@ -465,12 +473,12 @@ PY
 		grep -q " $m .*annotation xdpcni.io/xdp-mode=$m\$" <<<"$line" || fail "st-$m: $line"
 	done
 	line=$(grep "^$NS/$a " <<<"$table") || fail "no line for $a: $table"
-	grep -q " off .*kernel-only: NetworkPolicy $NS/web-from-allowed isolates it\$" <<<"$line" || fail "$a: $line"
+	grep -q " $DEFAULT_MODE .*fast path, NetworkPolicy $NS/web-from-allowed enforced in the datapath\$" <<<"$line" || fail "$a: $line"
 	grep -q "^Agent: .*(kubernetes), node .*, ready" <<<"$table" || fail "no node summary: $table"
 	kc delete -f "$M/netpol.yaml" >/dev/null
 	kc delete -n "$NS" pod st-native st-generic st-off --wait=true --timeout=60s >/dev/null
 	wait_mode "$a" "$DEFAULT_MODE" || return 1
-	echo "$(grep -c "^$NS/" <<<"$table") pods listed; native, generic, off by annotation and $a, $b kernel-only by $NS/web-from-allowed, in the table and the JSON"
+	echo "$(grep -c "^$NS/" <<<"$table") pods listed; native, generic, off by annotation and $a, $b on $DEFAULT_MODE with $NS/web-from-allowed enforced in the datapath, in the table and the JSON"
 }
 # Pods created at once: for each, from its CNI ADD (its record written) to
 # its fast path (XDP attached by the agent), p50/p99.

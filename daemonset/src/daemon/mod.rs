@@ -176,6 +176,10 @@ impl Core {
             Box::new(|| Enforcer::counters().unwrap_or_default()),
             {
                 let pin_dir = cfg.pin_dir.clone();
+                Box::new(move || xdpcni_ebpf::PolicyStats::read_pinned(&pin_dir).ok())
+            },
+            {
+                let pin_dir = cfg.pin_dir.clone();
                 Box::new(move || {
                     xdpcni_ebpf::ServiceStats::read_pinned(&pin_dir)
                         .ok()

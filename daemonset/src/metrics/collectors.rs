@@ -232,10 +232,14 @@ impl PodsCollector {
 /// Reads the policy table's named counters: name -> (packets, bytes).
 pub type PolicyCounterSource = Box<dyn Fn() -> BTreeMap<String, (u64, u64)> + Send + Sync>;
 
-/// The NetworkPolicy families: what is in force, and the drops by pod read
-/// from nftables counters at scrape time.
+/// Reads the datapath's policy check counts (none where unreadable).
+pub type PolicyStatsSource = Box<dyn Fn() -> Option<xdpcni_ebpf::PolicyStats> + Send + Sync>;
+
+/// The NetworkPolicy families: what is in force, the drops by pod read
+/// from nftables counters, and the datapath's check counts, at scrape time.
 pub struct PolicyCollector {
     pub(super) source: PolicyCounterSource,
+    pub(super) datapath: PolicyStatsSource,
     pub(super) book: Arc<Book>,
 }
 
@@ -256,7 +260,7 @@ impl Collector for PolicyCollector {
         };
         let mut family = encoder.encode_descriptor(
             "xdpcni_policy_isolated_pods",
-            "Pods of this node that NetworkPolicies isolate, by direction (their traffic takes the kernel path, where the rules are)",
+            "Pods of this node that NetworkPolicies isolate, by direction (the datapath enforces their policies where their verdicts fit it, the nftables rules everywhere else)",
             None,
             MetricType::Gauge,
         )?;
@@ -292,6 +296,22 @@ impl Collector for PolicyCollector {
             MetricType::Counter,
         )?;
         ConstCounter::new(invalid).encode(family)?;
+        let st = (self.datapath)().unwrap_or_default();
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_policy_datapath_packets",
+            "Packets to or from pods whose NetworkPolicies the datapath enforces, by its verdict: new (a flow's first packet, allowed and recorded), established (a packet of a recorded flow, either way), recheck (a recorded flow allowed again after a policy change), refused (dropped: drop_policy), kernel (left to the nftables rules: begun on the kernel path, TCP mid-stream, not decidable)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (verdict, n) in [
+            ("new", st.new),
+            ("established", st.hit),
+            ("recheck", st.recheck),
+            ("refused", st.refused),
+            ("kernel", st.kernel),
+        ] {
+            ConstCounter::new(n).encode(family.encode_family(&[("verdict", verdict)])?)?;
+        }
         Ok(())
     }
 }

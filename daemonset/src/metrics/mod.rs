@@ -103,8 +103,8 @@ impl Stage {
 mod collectors;
 
 pub use collectors::{
-    family_name, PodsCollector, PolicyCollector, PolicyCounterSource, ServiceStatsSource,
-    ServicesCollector,
+    family_name, PodsCollector, PolicyCollector, PolicyCounterSource, PolicyStatsSource,
+    ServiceStatsSource, ServicesCollector,
 };
 
 /// What scrapes and /v1/status read of the datapath: the pinned maps in
@@ -174,11 +174,13 @@ fn duration_histogram() -> Histogram {
 impl Metrics {
     /// Metrics whose per-pod and policy families read `book` and the
     /// counters in `maps` at scrape time, the policy drop counters
-    /// `policy_source`, and the Service programs' counters `service_source`.
+    /// `policy_source`, the datapath's policy check counts `policy_stats`,
+    /// and the Service programs' counters `service_source`.
     pub fn new(
         maps: Arc<dyn DatapathReader>,
         book: Arc<Book>,
         policy_source: PolicyCounterSource,
+        policy_stats: PolicyStatsSource,
         service_source: ServiceStatsSource,
     ) -> Self {
         let mut r = Registry::default();
@@ -275,6 +277,7 @@ impl Metrics {
         }));
         r.register_collector(Box::new(PolicyCollector {
             source: policy_source,
+            datapath: policy_stats,
             book: Arc::clone(&book),
         }));
         r.register_collector(Box::new(ServicesCollector {
@@ -396,6 +399,13 @@ mod tests {
             Arc::clone(&book),
             Box::new(BTreeMap::new),
             Box::new(|| {
+                Some(xdpcni_ebpf::PolicyStats {
+                    new: 3,
+                    refused: 5,
+                    ..Default::default()
+                })
+            }),
+            Box::new(|| {
                 Some(xdpcni_ebpf::ServiceStats {
                     translated: 4,
                     no_backend: 1,
@@ -434,7 +444,8 @@ mod tests {
         assert!(text.contains("\nxdpcni_map_full_pods 0\n"), "{text}");
         // The Service programs' counters, and the frontends from the book.
         assert!(
-            text.contains(r#"xdpcni_service_calls_total{result="translated"} 4"#),
+            text.contains(r#"xdpcni_service_calls_total{result="translated"} 4"#)
+                && text.contains(r#"xdpcni_policy_datapath_packets_total{verdict="refused"} 5"#),
             "{text}"
         );
         assert!(

@@ -89,6 +89,36 @@ pub struct PolicyStats {
     pub kernel: u64,
 }
 
+impl PolicyStats {
+    /// The counts in the `pol_stats` pinned under `pin_dir` (this build's
+    /// layout), without opening the other maps: what a scrape reads.
+    pub fn read_pinned(pin_dir: &std::path::Path) -> Result<Self> {
+        let path = super::layout_dir(pin_dir).join("pol_stats");
+        let data = MapData::from_pin(&path)
+            .map_err(|e| Error::map(format!("opening {}", path.display()), e))?;
+        let map: PerCpuArray<MapData, u64> = typed("pol_stats", Some(Map::PerCpuArray(data)))?;
+        stats_of(&map)
+    }
+}
+
+/// The counts of `map` (`pol_stats`), summed over CPUs.
+fn stats_of(map: &PerCpuArray<MapData, u64>) -> Result<PolicyStats> {
+    let mut v = [0u64; POL_STATS as usize];
+    for (i, slot) in v.iter_mut().enumerate() {
+        let per_cpu = map
+            .get(&(i as u32), 0)
+            .map_err(map_err("reading pol_stats".into()))?;
+        *slot = per_cpu.iter().sum();
+    }
+    Ok(PolicyStats {
+        new: v[0],
+        hit: v[1],
+        recheck: v[2],
+        refused: v[3],
+        kernel: v[4],
+    })
+}
+
 /// The policy maps of a datapath.
 pub struct PolicyMaps {
     pods: BpfHash<MapData, PolPodKey, PolPod>,
@@ -429,21 +459,7 @@ impl PolicyMaps {
 
     /// The counts of the policy check, summed over CPUs.
     pub fn stats(&self) -> Result<PolicyStats> {
-        let mut v = [0u64; POL_STATS as usize];
-        for (i, slot) in v.iter_mut().enumerate() {
-            let per_cpu = self
-                .stats
-                .get(&(i as u32), 0)
-                .map_err(map_err("reading pol_stats".into()))?;
-            *slot = per_cpu.iter().sum();
-        }
-        Ok(PolicyStats {
-            new: v[0],
-            hit: v[1],
-            recheck: v[2],
-            refused: v[3],
-            kernel: v[4],
-        })
+        stats_of(&self.stats)
     }
 
     /// How many flows the table holds (a walk of the map).
