@@ -706,7 +706,7 @@ fn netpol_uninstall_removes_the_table_over_netlink() {
                 ..Default::default()
             },
         );
-        Enforcer::new().apply(&e, &Default::default())?;
+        Enforcer::new().apply(&e, &Default::default(), &Default::default())?;
         Ok(())
     })
     .unwrap();

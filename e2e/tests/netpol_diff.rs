@@ -296,8 +296,8 @@ impl Lab {
         // Twice, the second time by a fresh enforcer: the first opens the
         // newly isolated pods' windows, the second writes the table without.
         in_netns(&self.net.node, || {
-            Enforcer::new().apply(&e, &all)?;
-            Enforcer::new().apply(&e, &all)?;
+            Enforcer::new().apply(&e, &all, &Default::default())?;
+            Enforcer::new().apply(&e, &all, &Default::default())?;
             Ok(())
         })
         .unwrap();

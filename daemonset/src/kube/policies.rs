@@ -85,6 +85,8 @@ pub struct PolicyTask {
     /// Pods isolated anew while on the fast path, and when (CLOCK_MONOTONIC
     /// ns) their window closes in the datapath's check.
     pub windows: BTreeMap<PodKey, u64>,
+    /// The pods whose verdicts the last pass put in the datapath.
+    pub in_datapath: BTreeSet<PodKey>,
 }
 
 impl PolicyTask {
@@ -106,6 +108,7 @@ impl PolicyTask {
             changed,
             enforcer: Enforcer::new(),
             windows: BTreeMap::new(),
+            in_datapath: BTreeSet::new(),
         }
     }
 
@@ -151,12 +154,21 @@ impl PolicyTask {
         // 2. The rules.
         let local_ips: BTreeSet<IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
-        let applied = self.enforce(&e, local_ips.clone()).await;
+        let compiled = self.compile(&e, &pods);
+        // Isolated pods the datapath checked that it will not any more.
+        let leaving: BTreeSet<PodKey> = self
+            .in_datapath
+            .iter()
+            .filter(|k| e.pods.contains_key(*k) && !compiled.iter().any(|(c, _)| c == *k))
+            .cloned()
+            .collect();
+        let applied = self.enforce(&e, local_ips.clone(), leaving).await;
         // 3. The verdicts in the datapath, once the rules are in force.
         let in_datapath = match &applied {
-            Ok(a) => self.datapath_verdicts(&e, a).await,
+            Ok(a) => self.datapath_verdicts(&e, a, compiled).await,
             Err(_) => BTreeSet::new(),
         };
+        self.in_datapath.clone_from(&in_datapath);
         let core = &self.core;
         // 4. The facts every pod reconcile reads.
         let changed =
@@ -188,13 +200,57 @@ impl PolicyTask {
         }
     }
 
-    /// Writes the verdicts of the pods of `e` that compile into the
-    /// datapath (the others' go) and returns those pods: the datapath
-    /// enforces their policies from the next reconcile. A pod isolated
-    /// anew (`a`) gets a window: its flows so far ran unchecked on the fast
-    /// path, so for [`SWITCH_WINDOW`] a new UDP flow of it must be allowed
-    /// whichever end began it.
-    async fn datapath_verdicts(&mut self, e: &model::Enforcement, a: &Applied) -> BTreeSet<PodKey> {
+    /// The verdicts of the isolated pods of `e` that the datapath may
+    /// check: all that compile and whose mode (annotation or node default,
+    /// `pods` the Pod objects) is a fast path, unless `policyDatapath` is
+    /// off.
+    fn compile(
+        &self,
+        e: &model::Enforcement,
+        pods: &[Arc<Pod>],
+    ) -> Vec<(PodKey, xdpcni_ebpf::PodVerdicts)> {
+        let cfg = self.core.config();
+        let online = xdpcni_host::pod::online_cpus();
+        let Ok(defaults) = cfg.defaults(online) else {
+            return Vec::new();
+        };
+        if !cfg.policy_datapath {
+            return Vec::new();
+        }
+        let fast = |key: &PodKey| {
+            let annotations = pods
+                .iter()
+                .find(|p| p.namespace().as_deref() == Some(key.0.as_str()) && p.name_any() == key.1)
+                .map(|p| p.annotations().clone())
+                .unwrap_or_default();
+            crate::wish::resolve(&annotations, &defaults, online).0.mode
+                != xdpcni_host::pod::XdpMode::Off
+        };
+        compile::compile(e)
+            .into_iter()
+            .filter(|(key, _)| fast(key))
+            .filter_map(|(key, v)| match v {
+                Ok(v) => Some((key, v)),
+                Err(why) => {
+                    debug!(pod = %format!("{}/{}", key.0, key.1), %why, "kernel path: verdicts do not fit");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Writes the `compiled` verdicts of the pods of `e` into the datapath
+    /// (the others' go) and returns those pods: the datapath enforces their
+    /// policies from the next reconcile. A pod isolated anew (`a`) gets a
+    /// window: its flows so far ran unchecked on the fast path, so for
+    /// [`SWITCH_WINDOW`] a new UDP flow of it must be allowed whichever end
+    /// began it.
+    async fn datapath_verdicts(
+        &mut self,
+        e: &model::Enforcement,
+        a: &Applied,
+        compiled: Vec<(PodKey, xdpcni_ebpf::PodVerdicts)>,
+    ) -> BTreeSet<PodKey> {
         let now = xdpcni_ebpf::monotonic_ns().unwrap_or(0);
         let window = u64::try_from(SWITCH_WINDOW.as_nanos()).unwrap_or(u64::MAX);
         for k in &a.newly_isolated {
@@ -202,21 +258,14 @@ impl PolicyTask {
         }
         self.windows
             .retain(|k, until| *until > now && e.pods.contains_key(k));
-        let mut want = Vec::new();
-        let mut keys = Vec::new();
-        for (key, verdicts) in compile::compile(e) {
-            match verdicts {
-                Ok(v) if self.core.config().policy_datapath => {
-                    let until = self.windows.get(&key).copied().unwrap_or(0);
-                    want.push((e.pods[&key].addrs.clone(), v, until));
-                    keys.push(key);
-                }
-                Ok(_) => {}
-                Err(why) => {
-                    debug!(pod = %format!("{}/{}", key.0, key.1), %why, "kernel path: verdicts do not fit");
-                }
-            }
-        }
+        let (keys, want): (Vec<PodKey>, Vec<_>) = compiled
+            .into_iter()
+            .map(|(key, v)| {
+                let until = self.windows.get(&key).copied().unwrap_or(0);
+                let addrs = e.pods[&key].addrs.clone();
+                (key, (addrs, v, until))
+            })
+            .unzip();
         let Ok(done) = self.core.sync_policy(want.clone()).await else {
             return BTreeSet::new();
         };
@@ -300,11 +349,12 @@ impl PolicyTask {
         &mut self,
         e: &model::Enforcement,
         local: BTreeSet<IpAddr>,
+        leaving: BTreeSet<PodKey>,
     ) -> Result<Applied, NetpolError> {
         let mut enforcer = std::mem::take(&mut self.enforcer);
         let want = e.clone();
         let done = tokio::task::spawn_blocking(move || {
-            let applied = enforcer.apply(&want, &local);
+            let applied = enforcer.apply(&want, &local, &leaving);
             (enforcer, applied)
         })
         .await;

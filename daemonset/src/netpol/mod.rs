@@ -60,9 +60,10 @@ pub struct Applied {
     pub rules: usize,
     /// How long the transaction took, in seconds (0 when unchanged).
     pub seconds: f64,
-    /// Pods isolated now that the ruleset before did not isolate at all:
-    /// their connections so far may have run on the fast path, unseen by
-    /// conntrack (see [`forget_connections`]).
+    /// Pods isolated now that the ruleset before did not isolate at all,
+    /// or that leave the datapath's check for the rules: their connections
+    /// so far may have run on the fast path, unseen by conntrack (see
+    /// [`forget_connections`]).
     pub newly_isolated: Vec<PodKey>,
 }
 
@@ -133,12 +134,16 @@ impl Enforcer {
     }
 
     /// Makes the table enforce `e`, in one transaction; `local` are the
-    /// addresses of every pod of the node. Nothing runs when `e` is what is
-    /// in force already and no window opened or closed.
+    /// addresses of every pod of the node; `leaving` the isolated pods that
+    /// leave the datapath's check for these rules (their flows so far ran
+    /// on the fast path, unseen by conntrack: they are switched as a pod
+    /// isolated anew is). Nothing runs when `e` is what is in force already
+    /// and no window opened or closed.
     pub fn apply(
         &mut self,
         e: &Enforcement,
         local: &BTreeSet<IpAddr>,
+        leaving: &BTreeSet<PodKey>,
     ) -> Result<Applied, NetpolError> {
         let before = match &self.objects {
             Some(o) => o.clone(),
@@ -155,6 +160,7 @@ impl Enforcer {
                 [model::Direction::Ingress, model::Direction::Egress]
                     .into_iter()
                     .all(|d| !before.chains.contains(&nft::chain_name(k, d, false)))
+                    || leaving.contains(*k)
             })
             .map(|(k, _)| k.clone())
             .collect();
