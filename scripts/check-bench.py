@@ -61,6 +61,14 @@ SERVICE = [
 ]
 for w in ["Service: TCP 1 stream (iperf3)", "Service: UDP 64-byte frames", "Service: TCP RTT p50 (busy-poll)"]:
     ROWS[w] = SERVICE
+POLICY = ["fast path, policy in the datapath", "kernel path, the same policy", "fast path, no policy"]
+for w in ["NetworkPolicy: TCP 1 stream (iperf3)", "NetworkPolicy: UDP 64-byte frames", "NetworkPolicy: TCP RTT p50 (busy-poll)"]:
+    ROWS[w] = POLICY
+SCALE = ["fast path, no policy"] + [f"fast path, {n} allow {'policy' if n == 1 else 'policies'} (+ deny-all)" for n in (1, 100, 1000)]
+for w in ["NetworkPolicy: UDP 64-byte, policies selecting the server", "NetworkPolicy: program per packet (bpf_stats)"]:
+    ROWS[w] = SCALE
+for w in ["enforced p50", "enforced p99", "allowed p50", "allowed p99"]:
+    ROWS[f"NetworkPolicy changed -> {w}, 1000 in force"] = POLICY[:2]
 TARGETS = {
     "tc_vs_peer_udp64": ">= 1",
     "tc_vs_peer_fwd64_raw": ">= 1",
@@ -79,6 +87,9 @@ TARGETS = {
     "svc_vs_podip_tcp": ">= 0.97",
     "svc_vs_kubeproxy_udp64": ">= 1.15",
     "svc_vs_kubeproxy_rr": ">= 1.15",
+    "policy_fast_vs_kernel_udp64": ">= 1.2",
+    "policy_fast_vs_nopolicy_udp64": ">= 0.95",
+    "policy_update_p99_1000_ms": "<= 100",
 }
 LINE = re.compile(r"^target ([a-z0-9_]+): (-?[0-9]+\.[0-9]+|none) \(goal (>=|<=) ([0-9.]+)\) (met|missed)$")
 

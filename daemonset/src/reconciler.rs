@@ -501,12 +501,14 @@ impl Reconciler {
         &mut self,
         want: &[(Vec<IpAddr>, xdpcni_ebpf::PodVerdicts, u64)],
     ) -> Result<xdpcni_ebpf::PolicySynced, xdpcni_ebpf::Error> {
+        let started = std::time::Instant::now();
         let done = self.dp.sync_policy(want)?;
         if done.written > 0 || done.removed > 0 {
             info!(
                 written = done.written,
                 removed = done.removed,
                 generation = done.generation,
+                ms = started.elapsed().as_secs_f64() * 1e3,
                 "NetworkPolicy verdicts in the datapath"
             );
         }

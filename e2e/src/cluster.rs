@@ -412,6 +412,42 @@ impl KubeNode {
         })
     }
 
+    /// Creates every policy of `policies`, 32 requests at a time.
+    pub fn create_policies(&self, policies: Vec<Value>) -> Result<()> {
+        use futures::{StreamExt, TryStreamExt};
+        let nps: Vec<NetworkPolicy> = policies
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<std::result::Result<_, _>>()?;
+        self.client(|c| async move {
+            futures::stream::iter(nps.into_iter().map(|np| {
+                let c = c.clone();
+                async move {
+                    let ns = np.metadata.namespace.clone().context("policy namespace")?;
+                    Api::<NetworkPolicy>::namespaced(c, &ns)
+                        .create(&PostParams::default(), &np)
+                        .await?;
+                    anyhow::Ok(())
+                }
+            }))
+            .buffer_unordered(32)
+            .try_collect::<Vec<()>>()
+            .await?;
+            Ok(())
+        })
+    }
+
+    /// Deletes NetworkPolicy `name` of `namespace`.
+    pub fn delete_policy(&self, namespace: &str, name: &str) -> Result<()> {
+        let (ns, name) = (namespace.to_string(), name.to_string());
+        self.client(|c| async move {
+            Api::<NetworkPolicy>::namespaced(c, &ns)
+                .delete(&name, &DeleteParams::default())
+                .await?;
+            Ok(())
+        })
+    }
+
     /// Deletes every NetworkPolicy of the cluster.
     pub fn delete_policies(&self) -> Result<()> {
         self.client(|c| async move {

@@ -24,6 +24,7 @@ use xdpcni_ebpf::testing::RawDatapath;
 mod migration;
 mod netpol;
 mod paths;
+mod policy;
 mod same_node;
 mod services;
 mod targets;
@@ -32,6 +33,7 @@ mod xnode;
 use migration::*;
 use netpol::*;
 use paths::*;
+use policy::*;
 use same_node::*;
 use services::*;
 use targets::*;
@@ -392,6 +394,10 @@ fn measure(o: &Opts) -> Result<Measured> {
     if o.full() || o.workload("Service") {
         eprintln!("bench: Services on a Kubernetes node (ClusterIP, pod IP, kube-proxy's path)...");
         services_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
+    }
+    if o.full() || o.workload("NetworkPolicy:") {
+        eprintln!("bench: NetworkPolicy on the fast path (fast, kernel, no policy; 1-1000 policies; updates)...");
+        policy_fast_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }
     if o.full() || o.workload(W_XNODE_TCP) {
         eprintln!("bench: TCP across nodes (hostGateway, vxlan) on two nodes with agents...");

@@ -33,6 +33,20 @@ pub const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
 pub const W_SVC_TCP: &str = "Service: TCP 1 stream (iperf3)";
 pub const W_SVC_UDP64: &str = "Service: UDP 64-byte frames";
 pub const W_SVC_RR: &str = "Service: TCP RTT p50 (busy-poll)";
+pub const W_NPF_TCP: &str = "NetworkPolicy: TCP 1 stream (iperf3)";
+pub const W_NPF_UDP64: &str = "NetworkPolicy: UDP 64-byte frames";
+pub const W_NPF_RR: &str = "NetworkPolicy: TCP RTT p50 (busy-poll)";
+pub const W_NPF_SCALE: &str = "NetworkPolicy: UDP 64-byte, policies selecting the server";
+pub const W_NPF_PROG: &str = "NetworkPolicy: program per packet (bpf_stats)";
+pub const W_NPF_CLOSE_P50: &str = "NetworkPolicy changed -> enforced p50, 1000 in force";
+pub const W_NPF_CLOSE_P99: &str = "NetworkPolicy changed -> enforced p99, 1000 in force";
+pub const W_NPF_OPEN_P50: &str = "NetworkPolicy changed -> allowed p50, 1000 in force";
+pub const W_NPF_OPEN_P99: &str = "NetworkPolicy changed -> allowed p99, 1000 in force";
+/// The policy scale rows' paths: allow policies selecting the server, all
+/// on the fast path with the namespace's deny-all.
+pub const NPF_1: &str = "fast path, 1 allow policy (+ deny-all)";
+pub const NPF_100: &str = "fast path, 100 allow policies (+ deny-all)";
+pub const NPF_1000: &str = "fast path, 1000 allow policies (+ deny-all)";
 /// The headroom rows: native devmap with no headroom asked, and the default
 /// native devmap measured again beside it.
 pub const HEADROOM_0: &str = "native devmap, headroom 0";
@@ -80,6 +94,15 @@ pub const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_SVC_TCP, "Gbit/s", true),
     (W_SVC_UDP64, "Mpps", true),
     (W_SVC_RR, "us", false),
+    (W_NPF_TCP, "Gbit/s", true),
+    (W_NPF_UDP64, "Mpps", true),
+    (W_NPF_RR, "us", false),
+    (W_NPF_SCALE, "Mpps", true),
+    (W_NPF_PROG, "ns", false),
+    (W_NPF_CLOSE_P50, "ms", false),
+    (W_NPF_CLOSE_P99, "ms", false),
+    (W_NPF_OPEN_P50, "ms", false),
+    (W_NPF_OPEN_P99, "ms", false),
 ];
 
 pub const XNODE_HG: &str = "xdpcni hostGateway";
@@ -284,6 +307,38 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             },
         });
     }
+    // NetworkPolicy on the fast path (issue 35), same node, same run.
+    for (name, q, goal) in [
+        ("policy_fast_vs_kernel_udp64", NPF_KERNEL, 1.2),
+        ("policy_fast_vs_nopolicy_udp64", NPF_NONE, 0.95),
+    ] {
+        out.push(Target {
+            name,
+            value: vs(W_NPF_UDP64, NPF_FAST, q),
+            op: Op::AtLeast,
+            goal,
+            what: format!("{W_NPF_UDP64}: {NPF_FAST} vs {q}"),
+        });
+    }
+    let worst = [NPF_FAST, NPF_KERNEL]
+        .iter()
+        .filter_map(|p| get(W_NPF_CLOSE_P99, p).map(|v| (v, *p)))
+        .chain(
+            [NPF_FAST, NPF_KERNEL]
+                .iter()
+                .filter_map(|p| get(W_NPF_OPEN_P99, p).map(|v| (v, *p))),
+        )
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    out.push(Target {
+        name: "policy_update_p99_1000_ms",
+        value: worst.map(|w| w.0),
+        op: Op::AtMost,
+        goal: 100.0,
+        what: format!(
+            "with 1000 policies in force, a policy deleted or created -> enforced, p99, the slower of both paths and both changes ({})",
+            worst.map_or("none measured", |w| w.1)
+        ),
+    });
     let cpumap: Vec<&str> = PINNED_CPUMAP.iter().map(|p| p.label).collect();
     let (c, d) = (
         best_of(W_PINNED, &cpumap),

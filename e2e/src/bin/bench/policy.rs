@@ -1,0 +1,368 @@
+//! NetworkPolicy on the fast path: a client and a server pod in a
+//! namespace whose policies deny all ingress but the client's, three ways
+//! side by side in each repetition: the fast path with the policies in the
+//! datapath, the kernel path with the same policies (both pods `off`: the
+//! nftables rules), and the fast path with no policy at all; then the
+//! program's cost per packet with 1, 100 and 1000 policies selecting the
+//! server, and how long a change takes to be enforced with 1000 policies in
+//! force, on both paths.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+use xdpcni_e2e::cluster::TestPod;
+
+/// The paths of the policy rows.
+pub const NPF_FAST: &str = "fast path, policy in the datapath";
+pub const NPF_KERNEL: &str = "kernel path, the same policy";
+pub const NPF_NONE: &str = "fast path, no policy";
+
+/// The ports the allow policy names (iperf3, the UDP sink, the
+/// request/response echo) and the test pods' UDP echo on 80.
+const PORTS: [(&str, u16); 4] = [("TCP", 5201), ("UDP", 9000), ("TCP", 7000), ("UDP", 80)];
+
+/// Namespaces of the three pairs, in path order.
+const PAIRS: [(&str, &str); 3] = [
+    (NPF_FAST, "np-fast"),
+    (NPF_KERNEL, "np-kernel"),
+    (NPF_NONE, "np-none"),
+];
+
+fn allow_ports() -> Value {
+    Value::Array(
+        PORTS
+            .iter()
+            .map(|(p, port)| json!({ "protocol": p, "port": port }))
+            .collect(),
+    )
+}
+
+/// The policies of a namespace `ns`: deny all ingress, then the client
+/// allowed into the server on the bench's ports.
+fn policies(ns: &str) -> Vec<Value> {
+    vec![
+        json!({ "metadata": { "name": "deny-all", "namespace": ns },
+                "spec": { "podSelector": {}, "policyTypes": ["Ingress"] } }),
+        allow_client(ns),
+    ]
+}
+
+fn allow_client(ns: &str) -> Value {
+    json!({ "metadata": { "name": "allow-client", "namespace": ns },
+            "spec": { "podSelector": { "matchLabels": { "app": "server" } },
+                      "ingress": [{ "from": [{ "podSelector": { "matchLabels": { "app": "client" } } }],
+                                    "ports": allow_ports() }] } })
+}
+
+/// `n` more policies selecting `ns`'s server, each allowing a /32 that is
+/// no pod's on the same ports (one rule group: the datapath's masks).
+fn more_policies(ns: &str, from: usize, n: usize) -> Vec<Value> {
+    (from..from + n)
+        .map(|i| {
+            json!({ "metadata": { "name": format!("extra-{i:04}"), "namespace": ns },
+                    "spec": { "podSelector": { "matchLabels": { "app": "server" } },
+                              "ingress": [{ "from": [{ "ipBlock": { "cidr": format!("172.16.{}.{}/32", i / 250, i % 250 + 1) } }],
+                                            "ports": allow_ports() }] } })
+        })
+        .collect()
+}
+
+/// The policy rows, on a node of their own (API server, agent in
+/// Kubernetes mode, the default tc mode).
+pub fn policy_fast_bench(
+    reps: usize,
+    secs: u32,
+    rounds: usize,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use xdpcni_e2e::{cluster::KubeNode, traffic::tcp_rr_via};
+    let node = KubeNode::start(|_| {})?;
+    let mut pairs = Vec::new();
+    for (label, ns) in PAIRS {
+        node.namespace(ns, json!({ "ns": ns }))?;
+        let client = node.add_pod(ns, "client", json!({ "app": "client" }), json!([]))?;
+        let server = node.add_pod(ns, "server", json!({ "app": "server" }), json!([]))?;
+        pairs.push((label, ns, client, server));
+    }
+    for p in ["client", "server"] {
+        node.annotate("np-kernel", p, json!({ "xdpcni.io/xdp-mode": "off" }))?;
+    }
+    let mut all = policies("np-fast");
+    all.extend(policies("np-kernel"));
+    node.create_policies(all)?;
+    let maps = Maps::open_pinned(node.pin_dir())?;
+    // In force: the kernel pair on kernel routing, the fast pair's server
+    // flagged for the datapath's check, 4 policies.
+    let start = Instant::now();
+    loop {
+        let fast_server = &pairs[0].3;
+        let flagged = maps
+            .endpoint(fast_server.ip(false))?
+            .is_some_and(|e| e.flags & xdpcni_ebpf::abi::EP_POLICY != 0);
+        let kernel = xdpcni_e2e::agent::mode_of(&node.net.node, &pairs[1].3.host)? == "none";
+        if flagged && kernel && node.metrics()?.get("xdpcni_policy_policies").copied() == Some(4.0)
+        {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(30),
+            "the policies are not in force (fast server flagged: {flagged}, kernel pair off: {kernel})\n{}",
+            node.agent_log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Past the windows of the pods just isolated (a new UDP flow of theirs
+    // is checked both ways for 2 s: the client is isolated by the deny-all
+    // too, so the server could not answer it).
+    std::thread::sleep(Duration::from_millis(2500));
+    let dur = Duration::from_secs(u64::from(secs));
+    let mut share: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let order: Vec<usize> = (0..pairs.len()).collect();
+    for rep in 0..reps {
+        for &i in rep_order(&order, rep) {
+            let (label, _, client, server) = &pairs[i];
+            let sip = server.ip(false);
+            let idx = node.net.node.ifindex(&client.host)?;
+            let before = maps.counters(idx)?;
+            push(
+                W_NPF_TCP,
+                label,
+                rep,
+                iperf_via(
+                    &client.netns,
+                    &server.netns,
+                    SocketAddr::new(sip, PORTS[0].1),
+                    sip,
+                    secs,
+                )?,
+            );
+            let to = SocketAddr::new(sip, PORTS[1].1);
+            push(
+                W_NPF_UDP64,
+                label,
+                rep,
+                pps_via(&client.netns, &server.netns, to, to, 22, dur)? / 1e6,
+            );
+            check_interrupt()?;
+            let to = SocketAddr::new(sip, PORTS[2].1);
+            let mut rtts = tcp_rr_via(&client.netns, &server.netns, to, to, rounds, 100)?;
+            push(W_NPF_RR, label, rep, percentile(&mut rtts, 0.5));
+            let after = maps.counters(idx)?;
+            let s = share.entry(label).or_default();
+            s.0 += after.forwarded() - before.forwarded();
+            s.1 += after.passed() - before.passed();
+        }
+    }
+    for (label, (fast, kernel)) in &share {
+        extra.push(format!(
+            "NetworkPolicy rows, {label}: {:.1}% of the client's packets on the fast path ({fast} redirected, {kernel} to the kernel)",
+            100.0 * *fast as f64 / (*fast + *kernel).max(1) as f64
+        ));
+    }
+    let fast_share = share.get(NPF_FAST).copied().unwrap_or_default();
+    ensure!(
+        fast_share.0 > 50 * fast_share.1.max(1),
+        "the policy pair's packets did not take the fast path: {fast_share:?}"
+    );
+    let st = xdpcni_ebpf::PolicyStats::read_pinned(node.pin_dir())?;
+    extra.push(format!(
+        "NetworkPolicy rows: the datapath's policy check {st:?}"
+    ));
+
+    // The program per packet with 1, 100 and 1000 policies selecting the server.
+    let (_, _, client, server) = &pairs[0];
+    let prog = || -> Result<aya::programs::ProgramInfo> {
+        let progs = xdpcni_ebpf::layout_dir(node.pin_dir()).join("progs");
+        Ok(
+            aya::programs::SchedClassifier::from_pin(progs.join(xdpcni_ebpf::TC_FROM_POD_PROGRAM))?
+                .info()?,
+        )
+    };
+    let mut have = 1;
+    let prog_ns = |client: &TestPod, server: &TestPod| -> Result<(f64, f64)> {
+        let stats = BpfStats::enable()?;
+        let before = prog()?;
+        let to = SocketAddr::new(server.ip(false), PORTS[1].1);
+        let rate = pps_via(&client.netns, &server.netns, to, to, 22, dur)?;
+        let after = prog()?;
+        drop(stats);
+        let runs = after.run_count().saturating_sub(before.run_count());
+        ensure!(runs > 0, "the program did not run");
+        let ns = after
+            .run_time()
+            .saturating_sub(before.run_time())
+            .as_nanos() as f64
+            / runs as f64;
+        Ok((rate, ns))
+    };
+    // No policy at all, on the same program: the pair of np-none.
+    for rep in 0..reps {
+        let (rate, ns) = prog_ns(&pairs[2].2, &pairs[2].3)?;
+        push(W_NPF_PROG, NPF_NONE, rep, ns);
+        push(W_NPF_SCALE, NPF_NONE, rep, rate / 1e6);
+    }
+    for (n, label) in [(1, NPF_1), (100, NPF_100), (1000, NPF_1000)] {
+        // The allow policy is one of them; the deny-all selects the server too.
+        if n > have {
+            node.create_policies(more_policies("np-fast", have, n - have))?;
+            have = n;
+        }
+        let want = (n + 3) as f64;
+        let start = Instant::now();
+        while node.metrics()?.get("xdpcni_policy_policies").copied() != Some(want) {
+            ensure!(
+                start.elapsed() < Duration::from_secs(120),
+                "{n} policies not in force"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // And the server still in the datapath (its verdicts fit).
+        ensure!(
+            maps.endpoint(server.ip(false))?
+                .is_some_and(|e| e.flags & xdpcni_ebpf::abi::EP_POLICY != 0),
+            "the server left the fast path with {n} policies"
+        );
+        for rep in 0..reps {
+            let (rate, ns) = prog_ns(client, server)?;
+            push(W_NPF_PROG, label, rep, ns);
+            push(W_NPF_SCALE, label, rep, rate / 1e6);
+        }
+    }
+
+    // Changed -> enforced with 1000 policies in force, on both paths: the
+    // client's UDP echo to the server every millisecond, the allow policy
+    // deleted (enforced: no echo for 500 ms) and made again.
+    for (label, ns) in [PAIRS[0], PAIRS[1]] {
+        let pair = pairs.iter().find(|p| p.1 == ns).context("pair")?;
+        let (mut closed, mut opened) = (Vec::new(), Vec::new());
+        let echo = Echo::start(&pair.2.netns, SocketAddr::new(pair.3.ip(false), 80))?;
+        // 20 samples a path (p99: the largest but for noise), one in --quick.
+        for _ in 0..netpol::latency_rounds(reps).min(20) {
+            check_interrupt()?;
+            std::thread::sleep(Duration::from_millis(300));
+            let t0 = Instant::now();
+            node.delete_policy(ns, "allow-client")?;
+            closed.push(echo.silent_since(t0, Duration::from_secs(20))?);
+            let t1 = Instant::now();
+            node.create_policy(allow_client(ns))?;
+            opened.push(echo.answered_since(t1, Duration::from_secs(20))?);
+        }
+        echo.stop()?;
+        for (w50, w99, v) in [
+            (W_NPF_CLOSE_P50, W_NPF_CLOSE_P99, &mut closed),
+            (W_NPF_OPEN_P50, W_NPF_OPEN_P99, &mut opened),
+        ] {
+            push(w50, label, 0, percentile(v, 0.5));
+            push(w99, label, 0, percentile(v, 0.99));
+        }
+    }
+    // The agent's own share: its log times each datapath write.
+    let mut writes: Vec<f64> = node
+        .agent_log()
+        .lines()
+        .filter(|l| l.contains("NetworkPolicy verdicts in the datapath"))
+        .filter_map(|l| {
+            let rest = &l[l.find("ms=")? + 3..];
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .collect();
+    if !writes.is_empty() {
+        extra.push(format!(
+            "NetworkPolicy rows: {} writes of the datapath's verdicts, median {:.1} ms, largest {:.1} ms",
+            writes.len(),
+            median(&mut writes),
+            writes.iter().copied().fold(0.0, f64::max)
+        ));
+    }
+    let m = node.metrics()?;
+    let tx = |k: &str| {
+        m.get(&format!("xdpcni_policy_apply_duration_seconds_{k}"))
+            .copied()
+    };
+    if let (Some(s), Some(c)) = (tx("sum"), tx("count")) {
+        extra.push(format!(
+            "NetworkPolicy rows: {c:.0} nftables transactions, {:.1} ms on average (the whole table, rebuilt at each change, with up to {} policies)",
+            s / c.max(1.0) * 1e3,
+            have + 3
+        ));
+    }
+    Ok(())
+}
+
+/// A UDP echo every millisecond from a pod to a server, in a thread:
+/// when the last answer came.
+struct Echo {
+    base: Instant,
+    last: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Echo {
+    fn start(from: &Netns, to: SocketAddr) -> Result<Self> {
+        use std::sync::{atomic::AtomicU64, Arc};
+        let base = Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let netns = from.path();
+        let (l, s) = (Arc::clone(&last), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || -> Result<()> {
+            let ns = std::fs::File::open(&netns)?;
+            // SAFETY: a valid namespace fd; only this thread changes namespace.
+            if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } != 0
+            {
+                bail!("setns: {}", std::io::Error::last_os_error());
+            }
+            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            sock.set_read_timeout(Some(Duration::from_millis(1)))?;
+            let mut buf = [0u8; 64];
+            while !s.load(Ordering::Relaxed) {
+                let _ = sock.send_to(b"x", to);
+                if sock.recv_from(&mut buf).is_ok() {
+                    l.store(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        });
+        Ok(Self {
+            base,
+            last,
+            stop,
+            thread,
+        })
+    }
+
+    fn at(&self, t: Instant) -> u64 {
+        t.duration_since(self.base).as_nanos() as u64
+    }
+
+    /// Milliseconds from `t0` to the last answer, once none has come for
+    /// 500 ms.
+    fn silent_since(&self, t0: Instant, within: Duration) -> Result<f64> {
+        while self.last.load(Ordering::Relaxed) + 500_000_000 > self.at(Instant::now()) {
+            ensure!(t0.elapsed() < within, "the change is not enforced");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(self
+            .last
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.at(t0)) as f64
+            / 1e6)
+    }
+
+    /// Milliseconds from `t0` to the first answer after it.
+    fn answered_since(&self, t0: Instant, within: Duration) -> Result<f64> {
+        while self.last.load(Ordering::Relaxed) < self.at(t0) {
+            ensure!(t0.elapsed() < within, "not allowed again");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok((self.last.load(Ordering::Relaxed) - self.at(t0)) as f64 / 1e6)
+    }
+
+    fn stop(self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("echo thread panicked"))?
+    }
+}
