@@ -3,7 +3,7 @@
 //! the node and backed by namespaces made through the real CNI plugin with
 //! the matching K8S_POD_* args; annotations switch modes (seen over
 //! netlink), a bad value becomes an Event and a fallback, and a
-//! NetworkPolicy makes the pods it selects kernel-only.
+//! NetworkPolicy keeps the pods it selects on XDP, the datapath enforcing it.
 //! Needs root, bpffs, containernetworking-plugins, and scripts/k8s-build.sh.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
@@ -33,7 +33,7 @@ use xdpcni_e2e::{
     PinDir,
 };
 use xdpcni_ebpf::{
-    abi::{Verdict, EP_KERNEL_ONLY},
+    abi::{Verdict, EP_KERNEL_ONLY, EP_POLICY},
     Maps,
 };
 
@@ -435,9 +435,9 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         !a_kernel_only() && mode(&ha) == "xdp"
     });
 
-    // A NetworkPolicy isolating b for ingress, allowing nothing: b becomes
-    // kernel-only (a's frames to it are handed to the kernel), and the
-    // kernel path refuses them; b's own connections still get their replies.
+    // A NetworkPolicy isolating b for ingress, allowing nothing: b keeps
+    // XDP, flagged for the datapath's policy check, which refuses a's
+    // frames to it (drop_policy); b's own connections still get their replies.
     api.with_client(&net.node, |c| async move {
         let nps: Api<NetworkPolicy> = Api::namespaced(c, "default");
         nps.create(
@@ -451,50 +451,40 @@ fn annotations_events_and_network_policies_from_the_api_server() {
         Ok(())
     })
     .unwrap();
-    wait_for("b kernel-only", Duration::from_secs(2), || {
-        maps.endpoint(b_ip)
-            .unwrap()
-            .is_some_and(|e| e.flags & EP_KERNEL_ONLY != 0)
-    });
+    wait_for(
+        "b flagged for the policy check",
+        Duration::from_secs(2),
+        || {
+            maps.endpoint(b_ip).unwrap().is_some_and(|e| {
+                e.flags & (EP_KERNEL_ONLY | EP_POLICY) == EP_KERNEL_ONLY | EP_POLICY
+            })
+        },
+    );
     let a_idx = net.node.ifindex(&ha).unwrap();
-    let before = maps
-        .counters(a_idx)
-        .unwrap()
-        .packets(Verdict::PassKernelOnly);
+    let before = maps.counters(a_idx).unwrap().packets(Verdict::DropPolicy);
     assert!(
         ping(&pods[0].0, b_ip, 3).is_err(),
         "a -> b refused by the policy"
     );
-    let after = maps
-        .counters(a_idx)
-        .unwrap()
-        .packets(Verdict::PassKernelOnly);
+    let after = maps.counters(a_idx).unwrap().packets(Verdict::DropPolicy);
     assert!(
         after >= before + 3,
-        "a->b counted as passed to the kernel: {before} -> {after}"
+        "a->b refused by the datapath (drop_policy): {before} -> {after}"
     );
     ping(&pods[1].0, ipv4(&pods[0].1), 2).unwrap();
     let hb = pods[1].1["interfaces"][0]["name"]
         .as_str()
         .unwrap()
         .to_string();
-    assert_eq!(
-        mode(&hb),
-        "none",
-        "a policy-selected pod has no XDP program"
-    );
+    assert_eq!(mode(&hb), "xdp", "a policy-selected pod keeps XDP");
     let (_, body) = http_get(&net.node, LISTEN, "/metrics").unwrap();
     let drops = body
         .lines()
-        .find(|l| {
-            l.starts_with("xdpcni_policy_drop_packets_total{")
-                && l.contains("pod=\"b\"")
-                && l.contains("direction=\"ingress\"")
-        })
+        .find(|l| l.starts_with("xdpcni_policy_datapath_packets_total{verdict=\"refused\"}"))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
     assert!(
         drops.is_some_and(|d| d >= 3.0),
-        "b's ingress drops: {drops:?}\n{body}"
+        "refused by the datapath's policy check: {drops:?}\n{body}"
     );
 
     // Another node: a route to its pod CIDR via its InternalIP appears, and

@@ -59,9 +59,9 @@ const PODS: [(&str, &str, &str, &str, WhyCode, &str); 6] = [
         "db",
         "pg",
         r#"{"xdpcni.io/xdp-mode": "native"}"#,
-        "off",
-        WhyCode::NetworkPolicy,
-        "kernel-only: NetworkPolicy db/deny-in isolates it",
+        "native",
+        WhyCode::Annotation,
+        "annotation xdpcni.io/xdp-mode=native; fast path, NetworkPolicy db/deny-in enforced in the datapath",
     ),
 ];
 
@@ -191,7 +191,7 @@ fn status_shows_each_pod_mode_and_why_as_a_table_and_as_json() {
     );
     assert!(table.contains("1 in force (db/deny-in)"), "{table}");
     assert!(
-        table.contains("Pods:      6 (4 on the fast path)"),
+        table.contains("Pods:      6 (5 on the fast path)"),
         "{table}"
     );
     let header = table.lines().find(|l| l.starts_with("POD")).unwrap();
@@ -210,7 +210,14 @@ fn status_shows_each_pod_mode_and_why_as_a_table_and_as_json() {
     let (code, one, _) = node.status(&["--pod", "db/pg", "-o", "json"]).unwrap();
     assert_eq!(code, Some(0));
     let v: Value = serde_json::from_str(&one).unwrap();
-    assert_eq!(v["why"]["code"], "network-policy");
+    assert_eq!(v["why"]["code"], "annotation");
+    assert!(
+        v["why"]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with("NetworkPolicy db/deny-in enforced in the datapath"),
+        "{v}"
+    );
     assert_eq!(v["name"], "pg");
     let (code, one, _) = node.status(&["--pod", "default/d"]).unwrap();
     assert_eq!(code, Some(0));

@@ -78,6 +78,26 @@ fn kernel_ids(btf: Option<&Btf>) -> Option<Vec<u32>> {
         .collect()
 }
 
+/// The file ranges (offset, size) of `object`'s executable sections: its
+/// instructions, and nothing else (its BTF and strings may hold any bytes).
+fn code_ranges(object: &[u8]) -> Result<Vec<(usize, usize)>> {
+    let elf = object::File::parse(object).map_err(|e| Error::Invalid {
+        what: "BPF object",
+        why: e.to_string(),
+    })?;
+    Ok(elf
+        .sections()
+        .filter(|s| match s.flags() {
+            SectionFlags::Elf { sh_flags } => sh_flags & SHF_EXECINSTR != 0,
+            _ => false,
+        })
+        .filter_map(|s| {
+            let (off, size) = s.file_range()?;
+            Some((usize::try_from(off).ok()?, usize::try_from(size).ok()?))
+        })
+        .collect())
+}
+
 /// `object` with every call of an `XDPCNI_KFUNC_*` number bound to the
 /// kernel function (by its id in `btf`, the running kernel's), or made
 /// `r0 = 0` when the kernel lacks one.
@@ -100,22 +120,7 @@ pub(crate) fn bind(object: &[u8], btf: Option<&Btf>) -> Result<Bound> {
     bound.words = words;
     let ids = kernel_ids(btf);
     bound.available = ids.is_some();
-    let ranges: Vec<(usize, usize)> = {
-        let elf = object::File::parse(object).map_err(|e| Error::Invalid {
-            what: "BPF object",
-            why: e.to_string(),
-        })?;
-        elf.sections()
-            .filter(|s| match s.flags() {
-                SectionFlags::Elf { sh_flags } => sh_flags & SHF_EXECINSTR != 0,
-                _ => false,
-            })
-            .filter_map(|s| {
-                let (off, size) = s.file_range()?;
-                Some((usize::try_from(off).ok()?, usize::try_from(size).ok()?))
-            })
-            .collect()
-    };
+    let ranges = code_ranges(object)?;
     let bytes = bound.bytes_mut();
     let mut calls = 0;
     for (off, size) in ranges {
@@ -152,6 +157,16 @@ pub(crate) fn bind(object: &[u8], btf: Option<&Btf>) -> Result<Bound> {
 mod tests {
     use super::*;
 
+    /// The instructions of `object`'s executable sections.
+    fn code_of(object: &[u8]) -> Vec<[u8; INSN]> {
+        code_ranges(object)
+            .unwrap()
+            .into_iter()
+            .flat_map(|(off, size)| object[off..off + size].chunks_exact(INSN))
+            .map(|i| <[u8; INSN]>::try_from(i).unwrap())
+            .collect()
+    }
+
     /// The datapath's calls: every kfunc called at least once, each bound
     /// on this kernel (CONFIG_NF_CONNTRACK=y puts them in vmlinux's BTF).
     #[test]
@@ -163,9 +178,9 @@ mod tests {
         assert!(b.calls >= 4, "{} calls", b.calls);
         assert_eq!(b.bytes().len(), crate::DATAPATH_OBJECT.len());
         let ids = kernel_ids(Some(&btf)).unwrap();
-        let raw = b.bytes();
+        let code = code_of(b.bytes());
         let found = |id: u32| {
-            raw.chunks_exact(INSN).any(|i| {
+            code.iter().any(|i| {
                 i[0] == BPF_JMP_CALL
                     && i[1] == BPF_PSEUDO_KFUNC_CALL << 4
                     && u32::from_le_bytes([i[4], i[5], i[6], i[7]]) == id
@@ -173,7 +188,7 @@ mod tests {
         };
         assert!(ids.iter().all(|id| found(*id)), "{ids:?}");
         // No helper call of a kfunc number is left.
-        let left = raw.chunks_exact(INSN).any(|i| {
+        let left = code.iter().any(|i| {
             i[0] == BPF_JMP_CALL
                 && i[1] == 0
                 && KFUNCS
@@ -188,9 +203,8 @@ mod tests {
         let b = bind(crate::DATAPATH_OBJECT, None).unwrap();
         assert!(!b.available);
         assert!(b.calls >= 4);
-        let raw = b.bytes();
-        assert!(!raw
-            .chunks_exact(INSN)
+        assert!(!code_of(b.bytes())
+            .iter()
             .any(|i| i[0] == BPF_JMP_CALL && (i[1] >> 4) == BPF_PSEUDO_KFUNC_CALL));
     }
 }
