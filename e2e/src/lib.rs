@@ -4,6 +4,7 @@
 //! hand-built packets.
 
 pub mod agent;
+pub mod capture;
 pub mod cgroup;
 pub mod cluster;
 pub mod cni;

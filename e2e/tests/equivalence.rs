@@ -28,7 +28,6 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, OwnedFd},
     path::Path,
     time::{Duration, Instant},
 };
@@ -36,11 +35,12 @@ use xdpcni_ebpf::testing::RawMaps;
 
 use serde_json::json;
 use xdpcni_e2e::{
+    capture::{silence_stack, Capture},
     cni::{Call, Network},
     in_netns,
     netns::Netns,
     packet::{self, checksum, eth, ETH_P_IP, ETH_P_IPV6},
-    traffic::{self, ping, PacketUse},
+    traffic::ping,
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, AttachMode, Datapath, Maps};
@@ -149,8 +149,8 @@ struct Pod {
     rec: Record,
     v4: Ipv4Addr,
     v6: Ipv6Addr,
-    /// AF_PACKET socket on eth0: sends, and captures what arrives.
-    sock: OwnedFd,
+    /// eth0: sends, and captures what arrives.
+    eth0: Capture,
     /// The CNI ADD result (the prevResult of a chained plugin).
     result: serde_json::Value,
 }
@@ -165,45 +165,13 @@ impl Pod {
     }
 
     fn send(&self, frame: &[u8]) {
-        // SAFETY: a valid socket and buffer.
-        let n = unsafe { libc::send(self.sock.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(
-            n,
-            frame.len() as isize,
-            "send: {}",
-            std::io::Error::last_os_error()
-        );
+        self.eth0.send(frame).unwrap();
     }
 
     /// Everything received since the last call.
     fn drain(&self) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; 65536];
-        loop {
-            // SAFETY: a valid socket and buffer of the given size.
-            let n = unsafe {
-                libc::recv(
-                    self.sock.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n <= 0 {
-                return out;
-            }
-            out.push(buf[..n as usize].to_vec());
-        }
+        self.eth0.drain()
     }
-}
-
-/// A raw socket on `ifname` in `ns` that ignores its own transmissions.
-fn packet_socket(ns: &Netns, ifname: &str) -> OwnedFd {
-    let ifname = ifname.to_string();
-    in_netns(ns, move || {
-        traffic::packet_socket(&ifname, PacketUse::Capture)
-    })
-    .unwrap()
 }
 
 struct Lab {
@@ -260,46 +228,19 @@ impl Lab {
                 .unwrap();
             assert_eq!(out.status, 0, "ADD {id}: {:?} {}", out.json, net.log());
             // Silence the pod's own stack: only the node's doing is captured.
-            for cmd in [
-                vec!["iptables", "-A", "INPUT", "-j", "DROP"],
-                vec![
-                    "ip6tables",
-                    "-A",
-                    "INPUT",
-                    "-p",
-                    "icmpv6",
-                    "--icmpv6-type",
-                    "neighbour-solicitation",
-                    "-j",
-                    "ACCEPT",
-                ],
-                vec![
-                    "ip6tables",
-                    "-A",
-                    "INPUT",
-                    "-p",
-                    "icmpv6",
-                    "--icmpv6-type",
-                    "neighbour-advertisement",
-                    "-j",
-                    "ACCEPT",
-                ],
-                vec!["ip6tables", "-A", "INPUT", "-j", "DROP"],
-            ] {
-                ns.exec(&cmd).unwrap();
-            }
+            silence_stack(&ns).unwrap();
             let rec = state::list(&net.dir.path().join("state"))
                 .unwrap()
                 .into_iter()
                 .find(|r| r.container_id == id)
                 .unwrap();
-            let sock = packet_socket(&ns, "eth0");
+            let eth0 = Capture::open(&ns, "eth0").unwrap();
             Pod {
                 v4: first_v4(&rec.ips),
                 v6: first_v6(&rec.ips),
                 ns,
                 rec,
-                sock,
+                eth0,
                 result: out.json,
             }
         };

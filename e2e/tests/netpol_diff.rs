@@ -29,7 +29,6 @@ use std::{
     cell::Cell,
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsRawFd, OwnedFd},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -49,11 +48,11 @@ use xdpcni_agent::netpol::{
     Enforcer,
 };
 use xdpcni_e2e::{
+    capture::{silence_stack, Capture},
     cni::{Call, Network},
     env_or, in_netns,
     netns::Netns,
     packet::{self, checksum, eth, ETH_P_IP, ETH_P_IPV6},
-    traffic::{self, PacketUse},
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, Datapath, Maps, PodVerdicts};
@@ -83,7 +82,7 @@ struct Pod {
     rec: Record,
     v4: Ipv4Addr,
     v6: Ipv6Addr,
-    sock: OwnedFd,
+    eth0: Capture,
 }
 
 impl Pod {
@@ -96,35 +95,11 @@ impl Pod {
     }
 
     fn send(&self, frame: &[u8]) {
-        // SAFETY: a valid socket and buffer.
-        let n = unsafe { libc::send(self.sock.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-        assert_eq!(
-            n,
-            frame.len() as isize,
-            "send: {}",
-            std::io::Error::last_os_error()
-        );
+        self.eth0.send(frame).unwrap();
     }
 
-    /// Everything received since the last call.
     fn drain(&self) -> Vec<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; 65536];
-        loop {
-            // SAFETY: a valid socket and buffer of the given size.
-            let n = unsafe {
-                libc::recv(
-                    self.sock.as_raw_fd(),
-                    buf.as_mut_ptr().cast(),
-                    buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n <= 0 {
-                return out;
-            }
-            out.push(buf[..n as usize].to_vec());
-        }
+        self.eth0.drain()
     }
 }
 
@@ -157,42 +132,13 @@ impl Lab {
                 .call(&Call::new("ADD", &id, Some(&ns.path())), &json!({}))
                 .unwrap();
             assert_eq!(out.status, 0, "ADD {id}: {:?} {}", out.json, net.log());
-            // Silence the pod's own stack (neighbour discovery excepted).
-            for cmd in [
-                vec!["iptables", "-A", "INPUT", "-j", "DROP"],
-                vec![
-                    "ip6tables",
-                    "-A",
-                    "INPUT",
-                    "-p",
-                    "icmpv6",
-                    "--icmpv6-type",
-                    "neighbour-solicitation",
-                    "-j",
-                    "ACCEPT",
-                ],
-                vec![
-                    "ip6tables",
-                    "-A",
-                    "INPUT",
-                    "-p",
-                    "icmpv6",
-                    "--icmpv6-type",
-                    "neighbour-advertisement",
-                    "-j",
-                    "ACCEPT",
-                ],
-                vec!["ip6tables", "-A", "INPUT", "-j", "DROP"],
-            ] {
-                ns.exec(&cmd).unwrap();
-            }
+            silence_stack(&ns).unwrap();
             let rec = state::list(&net.dir.path().join("state"))
                 .unwrap()
                 .into_iter()
                 .find(|r| r.container_id == id)
                 .unwrap();
-            let sock =
-                in_netns(&ns, || traffic::packet_socket("eth0", PacketUse::Capture)).unwrap();
+            let eth0 = Capture::open(&ns, "eth0").unwrap();
             let web = if i % 3 == 0 { 80 } else { 81 };
             objects.push(Arc::new(
                 serde_json::from_value::<PodObject>(json!({
@@ -217,7 +163,7 @@ impl Lab {
                 }),
                 _ns: ns,
                 rec,
-                sock,
+                eth0,
             });
         }
         let namespaces = ["x", "y"]
@@ -726,10 +672,7 @@ fn netpol_diff_fast_path_verdicts_equal_the_kernel_path_packet_for_packet() {
             )))
         }
     });
-    let stats = xdpcni_ebpf::PolicyMaps::open_pinned(lab.pins.path())
-        .unwrap()
-        .stats()
-        .unwrap();
+    let stats = xdpcni_ebpf::PolicyStats::read_pinned(lab.pins.path()).unwrap();
     eprintln!(
         "netpol_diff: {} cases ({} with an isolated end), {:?}; datapath policy check: {stats:?}; fast path forwarded {} packets",
         cases.get(),

@@ -137,17 +137,21 @@ fn netpol_flows_keep_their_verdict_when_their_pod_changes_path_both_ways() {
     .unwrap();
     let shown = xdpcni_e2e::agent::default_shown();
     let stats = || PolicyStats::read_pinned(node.pin_dir()).unwrap();
+    // The server's mode: `off` (the kernel path) or the node default.
+    let server_mode = |off: bool| {
+        let (annotation, shown) = if off {
+            (json!("off"), "none")
+        } else {
+            (json!(null), shown)
+        };
+        node.annotate("x", "server", json!({ "xdpcni.io/xdp-mode": annotation }))
+            .unwrap();
+        wait_mode(&node.net.node, &server.host, shown, Duration::from_secs(10)).unwrap();
+        wait_flagged(&node, &server, !off);
+    };
 
     // Kernel path first: the server annotated off, the rules decide.
-    node.annotate("x", "server", json!({ "xdpcni.io/xdp-mode": "off" }))
-        .unwrap();
-    wait_mode(
-        &node.net.node,
-        &server.host,
-        "none",
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    server_mode(true);
     assert!(refused(&other, &server), "other refused on the kernel path");
     let mut tcp = connect(&client, &server);
     let u = udp(&client, &server);
@@ -156,10 +160,7 @@ fn netpol_flows_keep_their_verdict_when_their_pod_changes_path_both_ways() {
         "on the kernel path"
     );
     // To the fast path: the policy in the datapath.
-    node.annotate("x", "server", json!({ "xdpcni.io/xdp-mode": null }))
-        .unwrap();
-    wait_mode(&node.net.node, &server.host, shown, Duration::from_secs(10)).unwrap();
-    wait_flagged(&node, &server, true);
+    server_mode(false);
     let before = stats();
     assert!(
         carries(&mut tcp),
@@ -188,16 +189,7 @@ fn netpol_flows_keep_their_verdict_when_their_pod_changes_path_both_ways() {
     assert!(after.refused > 0, "other's SYNs refused by the datapath");
 
     // And back: the flows the datapath carried go on on the kernel path.
-    node.annotate("x", "server", json!({ "xdpcni.io/xdp-mode": "off" }))
-        .unwrap();
-    wait_mode(
-        &node.net.node,
-        &server.host,
-        "none",
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    wait_flagged(&node, &server, false);
+    server_mode(true);
     assert!(carries(&mut tcp2), "the fast path's TCP connection goes on");
     // The first exchanges may meet the switch's window (2 s: a new UDP
     // flow of the pod is checked both ways); the client is allowed both

@@ -7,7 +7,7 @@
 //! go. A program sees the old verdicts or the new, never a mix.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeSet, HashMap},
     net::IpAddr,
 };
 
@@ -22,8 +22,8 @@ use aya::{
 use super::maps::{is_full, removed};
 use crate::{
     abi::{
-        family_addr, PolFlow, PolFlowKey, PolNamedKey, PolPeerKey, PolPod, PolPodKey, PolPortKey,
-        PolState, MAX_POL_NAMED, MAX_POL_PEERS, MAX_POL_PODS, MAX_POL_PORTS, POL_NAMED_OUT,
+        family_addr, PolNamedKey, PolPeerKey, PolPod, PolPodKey, PolPortKey, PolState,
+        MAX_POL_NAMED, MAX_POL_PEERS, MAX_POL_PODS, MAX_POL_PORTS, POL_NAMED_OUT,
         POL_PEER_FIXED_BITS, POL_PORT_FIXED_BITS, POL_STATS,
     },
     Error, Result,
@@ -125,7 +125,6 @@ pub struct PolicyMaps {
     peers: LpmTrie<MapData, PolPeerKey, u64>,
     ports: LpmTrie<MapData, PolPortKey, u64>,
     named: BpfHash<MapData, PolNamedKey, u32>,
-    flows: BpfHash<MapData, PolFlowKey, PolFlow>,
     state: Array<MapData, PolState>,
     stats: PerCpuArray<MapData, u64>,
     /// Id -> what it occupies; filled from the maps at open.
@@ -159,24 +158,12 @@ impl PolicyMaps {
         Self::build(|name| Ok(ebpf.take_map(name)))
     }
 
-    /// The policy maps pinned in `dir`.
-    fn open_dir(dir: &std::path::Path) -> Result<Self> {
-        Self::build(|name| {
-            let data = MapData::from_pin(dir.join(name))
-                .map_err(|e| Error::map(format!("opening pinned map {name}"), e))?;
-            Map::from_map_data(data)
-                .map(Some)
-                .map_err(|e| Error::map(format!("map {name}"), e))
-        })
-    }
-
     fn build(mut get: impl FnMut(&'static str) -> Result<Option<Map>>) -> Result<Self> {
         let mut m = Self {
             pods: typed("pol_pods", get("pol_pods")?)?,
             peers: typed("pol_peers", get("pol_peers")?)?,
             ports: typed("pol_ports", get("pol_ports")?)?,
             named: typed("pol_named", get("pol_named")?)?,
-            flows: typed("pol_flows", get("pol_flows")?)?,
             state: typed("pol_state", get("pol_state")?)?,
             stats: typed("pol_stats", get("pol_stats")?)?,
             written: HashMap::new(),
@@ -231,11 +218,11 @@ impl PolicyMaps {
     /// anything changed.
     pub fn sync(&mut self, want: &[(Vec<IpAddr>, PodVerdicts, u64)]) -> Result<PolicySynced> {
         let mut out = PolicySynced::default();
-        let mut keep: BTreeMap<PolPodKey, ()> = BTreeMap::new();
+        let mut keep: BTreeSet<PolPodKey> = BTreeSet::new();
         let mut stale: Vec<u32> = Vec::new();
         for (addrs, verdicts, window) in want {
             for ip in addrs {
-                keep.insert(PolPodKey::of(*ip), ());
+                keep.insert(PolPodKey::of(*ip));
             }
             match self.write_pod(addrs, verdicts, *window) {
                 Ok(Some(old)) => {
@@ -259,7 +246,7 @@ impl PolicyMaps {
             .collect::<std::result::Result<_, _>>()
             .map_err(map_err("reading pol_pods".into()))?;
         for (k, p) in have {
-            if keep.contains_key(&k) {
+            if keep.contains(&k) {
                 continue;
             }
             removed(self.pods.remove(&k), || "removing a pol_pods record".into())?;
@@ -461,23 +448,6 @@ impl PolicyMaps {
     pub fn stats(&self) -> Result<PolicyStats> {
         stats_of(&self.stats)
     }
-
-    /// How many flows the table holds (a walk of the map).
-    pub fn flows(&self) -> usize {
-        self.flows.keys().filter(|k| k.is_ok()).count()
-    }
-
-    /// The addresses with verdicts, and their ids.
-    pub fn pods(&self) -> Result<Vec<(IpAddr, u32)>> {
-        let mut out = Vec::new();
-        for kv in self.pods.iter() {
-            let (k, p) = kv.map_err(map_err("reading pol_pods".into()))?;
-            if let Some(ip) = crate::abi::ip_of(k.family, k.addr) {
-                out.push((ip, p.id));
-            }
-        }
-        Ok(out)
-    }
 }
 
 /// The verdicts a pol_pods record says alone (its entries are not read
@@ -494,14 +464,6 @@ fn verdicts_of(p: &PolPod) -> PodVerdicts {
         } else {
             Vec::new()
         },
-    }
-}
-
-impl PolicyMaps {
-    /// The policy maps of the datapath pinned under `pin_dir` (this build's
-    /// layout): for `status` and tests, which read them.
-    pub fn open_pinned(pin_dir: &std::path::Path) -> Result<Self> {
-        Self::open_dir(&super::layout_dir(pin_dir))
     }
 }
 

@@ -30,7 +30,6 @@ pub fn netpol_bench(
     push: &mut dyn FnMut(&str, &str, usize, f64),
     extra: &mut Vec<String>,
 ) -> Result<()> {
-    use std::sync::atomic::AtomicU64;
     use xdpcni_e2e::cluster::KubeNode;
     let node = KubeNode::start(|c| c.xdp_mode = "off".into())?;
     node.namespace("bench", json!({}))?;
@@ -58,36 +57,7 @@ pub fn netpol_bench(
     for h in [&a.host, &b.host] {
         wait_mode(&node.net.node, h, "xdpgeneric", Duration::from_secs(10))?;
     }
-    let base = Instant::now();
-    let last = std::sync::Arc::new(AtomicU64::new(0));
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let echo = {
-        let (last, stop, to) = (
-            std::sync::Arc::clone(&last),
-            std::sync::Arc::clone(&stop),
-            SocketAddr::new(b.ip(false), 80),
-        );
-        let netns = a.netns.path();
-        std::thread::spawn(move || -> Result<()> {
-            let ns = std::fs::File::open(&netns)?;
-            // SAFETY: a valid namespace fd; only this thread changes namespace.
-            if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } != 0
-            {
-                bail!("setns: {}", std::io::Error::last_os_error());
-            }
-            let s = UdpSocket::bind("0.0.0.0:0")?;
-            s.set_read_timeout(Some(Duration::from_millis(1)))?;
-            let mut buf = [0u8; 64];
-            while !stop.load(Ordering::Relaxed) {
-                let _ = s.send_to(b"x", to);
-                if s.recv_from(&mut buf).is_ok() {
-                    last.store(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                }
-            }
-            Ok(())
-        })
-    };
-    let at = |t: Instant| t.duration_since(base).as_nanos() as u64;
+    let echo = Echo::start(&a.netns, SocketAddr::new(b.ip(false), 80))?;
     let closing = np_json(
         "close-b",
         json!({ "podSelector": { "matchLabels": { "app": "b" } }, "policyTypes": ["Ingress"] }),
@@ -101,39 +71,31 @@ pub fn netpol_bench(
         let t0 = Instant::now();
         node.create_policy(closing.clone())?;
         writes.push(t0.elapsed().as_secs_f64() * 1e3);
-        // Enforced once no echo comes back for 500 ms.
-        while last.load(Ordering::Relaxed) + 500_000_000 > at(Instant::now()) {
-            ensure!(
-                t0.elapsed() < Duration::from_secs(10),
-                "the policy is not enforced: {}\nconntrack:\n{}\n{}",
-                node.net
-                    .node
-                    .exec(&["nft", "list", "table", "inet", "xdpcni"])
-                    .unwrap_or_default(),
-                node.net
-                    .node
-                    .exec(&["conntrack", "-L", "-o", "id,extended"])
-                    .unwrap_or_default(),
-                node.agent_log()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let ms = (last.load(Ordering::Relaxed).saturating_sub(at(t0))) as f64 / 1e6;
+        let ms = echo
+            .silent_since(t0, Duration::from_secs(10))
+            .with_context(|| {
+                format!(
+                    "{}\nconntrack:\n{}\n{}",
+                    node.net
+                        .node
+                        .exec(&["nft", "list", "table", "inet", "xdpcni"])
+                        .unwrap_or_default(),
+                    node.net
+                        .node
+                        .exec(&["conntrack", "-L", "-o", "id,extended"])
+                        .unwrap_or_default(),
+                    node.agent_log()
+                )
+            })?;
         applied.push(ms);
         push(W_NP_APPLY_P50, NP_AGENT, rep, ms);
         let t1 = Instant::now();
         node.delete_policies()?;
-        while last.load(Ordering::Relaxed) < at(t1) {
-            ensure!(t1.elapsed() < Duration::from_secs(10), "not allowed again");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let ms = (last.load(Ordering::Relaxed) - at(t1)) as f64 / 1e6;
+        let ms = echo.answered_since(t1, Duration::from_secs(10))?;
         removed.push(ms);
         push(W_NP_REMOVE_P50, NP_AGENT, rep, ms);
     }
-    stop.store(true, Ordering::Relaxed);
-    echo.join()
-        .map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
+    echo.stop()?;
     push(W_NP_APPLY_P99, NP_AGENT, 0, percentile(&mut applied, 0.99));
     push(W_NP_REMOVE_P99, NP_AGENT, 0, percentile(&mut removed, 0.99));
     // Where the time goes: the API write (until the create call returns:
@@ -207,4 +169,82 @@ pub fn netpol_bench(
 /// A NetworkPolicy `name` in namespace `bench`.
 pub fn np_json(name: &str, spec: Value) -> Value {
     json!({ "metadata": { "name": name, "namespace": "bench" }, "spec": spec })
+}
+
+/// A UDP echo every millisecond from a pod to a server, in a thread:
+/// when the last answer came.
+pub struct Echo {
+    base: Instant,
+    last: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Result<()>>,
+}
+
+impl Echo {
+    pub fn start(from: &Netns, to: SocketAddr) -> Result<Self> {
+        use std::sync::{atomic::AtomicU64, Arc};
+        let base = Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let netns = from.path();
+        let (l, s) = (Arc::clone(&last), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || -> Result<()> {
+            let ns = std::fs::File::open(&netns)?;
+            // SAFETY: a valid namespace fd; only this thread changes namespace.
+            if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } != 0
+            {
+                bail!("setns: {}", std::io::Error::last_os_error());
+            }
+            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            sock.set_read_timeout(Some(Duration::from_millis(1)))?;
+            let mut buf = [0u8; 64];
+            while !s.load(Ordering::Relaxed) {
+                let _ = sock.send_to(b"x", to);
+                if sock.recv_from(&mut buf).is_ok() {
+                    l.store(base.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        });
+        Ok(Self {
+            base,
+            last,
+            stop,
+            thread,
+        })
+    }
+
+    fn at(&self, t: Instant) -> u64 {
+        t.duration_since(self.base).as_nanos() as u64
+    }
+
+    /// Milliseconds from `t0` to the last answer, once none has come for
+    /// 500 ms.
+    pub fn silent_since(&self, t0: Instant, within: Duration) -> Result<f64> {
+        while self.last.load(Ordering::Relaxed) + 500_000_000 > self.at(Instant::now()) {
+            ensure!(t0.elapsed() < within, "the change is not enforced");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(self
+            .last
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.at(t0)) as f64
+            / 1e6)
+    }
+
+    /// Milliseconds from `t0` to the first answer after it.
+    pub fn answered_since(&self, t0: Instant, within: Duration) -> Result<f64> {
+        while self.last.load(Ordering::Relaxed) < self.at(t0) {
+            ensure!(t0.elapsed() < within, "not allowed again");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok((self.last.load(Ordering::Relaxed) - self.at(t0)) as f64 / 1e6)
+    }
+
+    pub fn stop(self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("echo thread panicked"))?
+    }
 }
