@@ -97,26 +97,21 @@ impl PolicyStats {
         let data = MapData::from_pin(&path)
             .map_err(|e| Error::map(format!("opening {}", path.display()), e))?;
         let map: PerCpuArray<MapData, u64> = typed("pol_stats", Some(Map::PerCpuArray(data)))?;
-        stats_of(&map)
+        let mut v = [0u64; POL_STATS as usize];
+        for (i, slot) in v.iter_mut().enumerate() {
+            let per_cpu = map
+                .get(&(i as u32), 0)
+                .map_err(map_err("reading pol_stats".into()))?;
+            *slot = per_cpu.iter().sum();
+        }
+        Ok(Self {
+            new: v[0],
+            hit: v[1],
+            recheck: v[2],
+            refused: v[3],
+            kernel: v[4],
+        })
     }
-}
-
-/// The counts of `map` (`pol_stats`), summed over CPUs.
-fn stats_of(map: &PerCpuArray<MapData, u64>) -> Result<PolicyStats> {
-    let mut v = [0u64; POL_STATS as usize];
-    for (i, slot) in v.iter_mut().enumerate() {
-        let per_cpu = map
-            .get(&(i as u32), 0)
-            .map_err(map_err("reading pol_stats".into()))?;
-        *slot = per_cpu.iter().sum();
-    }
-    Ok(PolicyStats {
-        new: v[0],
-        hit: v[1],
-        recheck: v[2],
-        refused: v[3],
-        kernel: v[4],
-    })
 }
 
 /// The policy maps of a datapath.
@@ -126,7 +121,6 @@ pub struct PolicyMaps {
     ports: LpmTrie<MapData, PolPortKey, u64>,
     named: BpfHash<MapData, PolNamedKey, u32>,
     state: Array<MapData, PolState>,
-    stats: PerCpuArray<MapData, u64>,
     /// Id -> what it occupies; filled from the maps at open.
     written: HashMap<u32, Written>,
     next_id: u32,
@@ -165,7 +159,6 @@ impl PolicyMaps {
             ports: typed("pol_ports", get("pol_ports")?)?,
             named: typed("pol_named", get("pol_named")?)?,
             state: typed("pol_state", get("pol_state")?)?,
-            stats: typed("pol_stats", get("pol_stats")?)?,
             written: HashMap::new(),
             next_id: 1,
         };
@@ -443,11 +436,6 @@ impl PolicyMaps {
             .map_err(map_err("writing pol_state".into()))?;
         Ok(generation)
     }
-
-    /// The counts of the policy check, summed over CPUs.
-    pub fn stats(&self) -> Result<PolicyStats> {
-        stats_of(&self.stats)
-    }
 }
 
 /// The verdicts a pol_pods record says alone (its entries are not read
@@ -482,10 +470,5 @@ impl super::Datapath {
         want: &[(Vec<IpAddr>, PodVerdicts, u64)],
     ) -> Result<PolicySynced> {
         self.policy_maps()?.sync(want)
-    }
-
-    /// The counts of the policy check.
-    pub fn policy_stats(&mut self) -> Result<PolicyStats> {
-        self.policy_maps()?.stats()
     }
 }
