@@ -112,6 +112,12 @@ struct Lab {
     next_port: Cell<u16>,
     /// Kubernetes objects of the pods and namespaces (the model's input).
     objects: (Vec<Arc<PodObject>>, Vec<Arc<Namespace>>),
+    /// The node's enforcer, kept from round to round as the agent keeps
+    /// it: after the first, its transactions write only what changed.
+    enforcer: Mutex<Enforcer>,
+    /// Where each round's table is also written whole, by a fresh
+    /// enforcer, to compare with the node's.
+    whole: Netns,
 }
 
 fn first<T>(ips: &[IpAddr], f: impl Fn(&IpAddr) -> Option<T>) -> T {
@@ -184,6 +190,8 @@ impl Lab {
             dp: Mutex::new(dp),
             next_port: Cell::new(10_000),
             objects: (objects, namespaces),
+            enforcer: Mutex::new(Enforcer::new()),
+            whole: Netns::new("xw").unwrap(),
         };
         // The node's neighbour entries of every pod, as traffic would make
         // them (the pods' stacks answer neighbour discovery alone).
@@ -239,14 +247,31 @@ impl Lab {
             &local,
         );
         let all: BTreeSet<IpAddr> = self.pods.iter().flat_map(|p| p.rec.ips.clone()).collect();
-        // Twice, the second time by a fresh enforcer: the first opens the
-        // newly isolated pods' windows, the second writes the table without.
+        // Twice: the first opens the newly isolated pods' windows, the
+        // second writes the table without them.
+        let enforcer = &self.enforcer;
         in_netns(&self.net.node, || {
+            let mut enforcer = enforcer.lock().unwrap();
+            enforcer.apply(&e, &all, &Default::default())?;
+            enforcer.close_windows();
+            enforcer.apply(&e, &all, &Default::default())?;
+            Ok(())
+        })
+        .unwrap();
+        // The table the changes made is the table written whole (twice
+        // by fresh enforcers: the second sees no pod isolated anew, so
+        // opens no window).
+        in_netns(&self.whole, || {
             Enforcer::new().apply(&e, &all, &Default::default())?;
             Enforcer::new().apply(&e, &all, &Default::default())?;
             Ok(())
         })
         .unwrap();
+        assert_eq!(
+            table_listing(&self.net.node),
+            table_listing(&self.whole),
+            "the table after changes differs from the table written whole"
+        );
         let isolated: BTreeSet<usize> = local
             .iter()
             .enumerate()
@@ -688,6 +713,35 @@ fn netpol_diff_fast_path_verdicts_equal_the_kernel_path_packet_for_packet() {
         stats.new > 0 && stats.refused > 0 && stats.hit > 0,
         "the datapath allowed, refused and followed flows itself: {stats:?}"
     );
+}
+
+/// `nft list table inet xdpcni` in `ns`, with what two enforcers name or
+/// number apart taken out: the epoch and content hash of set names, the
+/// generation on the conntrack mark, the counters' counts, the order the
+/// objects were made in (their blocks sorted).
+fn table_listing(ns: &Netns) -> String {
+    let text = ns
+        .exec(&[
+            "nft",
+            "list",
+            "table",
+            "inet",
+            xdpcni_agent::netpol::nft::TABLE,
+        ])
+        .unwrap();
+    let hash = regex::Regex::new(r"\.[0-9a-f]{16}").unwrap();
+    let mark = regex::Regex::new(r"0x[0-9a-f]{4}(0000|ffff)").unwrap();
+    let counts = regex::Regex::new(r"packets \d+ bytes \d+").unwrap();
+    let text = hash.replace_all(&text, ".H");
+    let text = mark.replace_all(&text, "GEN");
+    let text = counts.replace_all(&text, "");
+    let body = text
+        .trim_end()
+        .trim_start_matches(|c| c != '\n')
+        .trim_end_matches('}');
+    let mut blocks: Vec<&str> = body.split("\n\n").map(str::trim).collect();
+    blocks.sort_unstable();
+    blocks.join("\n\n")
 }
 
 /// Packets the fast path forwarded from every pod's veth.

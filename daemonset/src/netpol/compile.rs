@@ -76,38 +76,47 @@ pub fn prefixes(lo: u128, hi: u128, width: u32) -> Vec<(u128, u8)> {
     }
 }
 
-/// `ranges[g]`: group g's sorted, disjoint inclusive ranges. The
-/// intervals between every range end, merged where neighbours have the
-/// same groups, with their nonzero group masks.
-fn partition(ranges: &[Vec<(u128, u128)>], max: u128) -> Vec<(u128, u128, u64)> {
-    let mut points: Vec<u128> = Vec::new();
-    for (lo, hi) in ranges.iter().flatten() {
-        points.push(*lo);
-        if *hi < max {
-            points.push(hi + 1);
-        }
-    }
-    points.sort_unstable();
-    points.dedup();
-    let mut out: Vec<(u128, u128, u64)> = Vec::new();
-    for (i, start) in points.iter().enumerate() {
-        let end = points.get(i + 1).map_or(max, |n| n - 1);
-        let mut mask = 0u64;
-        for (g, rs) in ranges.iter().enumerate() {
-            let idx = rs.partition_point(|(_, hi)| hi < start);
-            if rs.get(idx).is_some_and(|(lo, _)| lo <= start) {
-                mask |= 1 << g;
+/// `ranges[g]`: group g's inclusive ranges. The intervals between every
+/// range end, merged where neighbours are held by the same groups, each
+/// with those groups (ascending); what no group holds is left out. A sweep
+/// over the ends: any number of groups.
+pub fn partition(ranges: &[Vec<(u128, u128)>], max: u128) -> Vec<(u128, u128, Vec<usize>)> {
+    // (point, group, +1 at a start / -1 past an end)
+    let mut events: Vec<(u128, usize, i32)> = Vec::new();
+    for (g, rs) in ranges.iter().enumerate() {
+        for &(lo, hi) in rs {
+            events.push((lo, g, 1));
+            if hi < max {
+                events.push((hi + 1, g, -1));
             }
         }
-        if mask == 0 {
+    }
+    events.sort_unstable();
+    let mut held = vec![0i32; ranges.len()];
+    let mut out: Vec<(u128, u128, Vec<usize>)> = Vec::new();
+    let mut i = 0;
+    while i < events.len() {
+        let start = events[i].0;
+        while i < events.len() && events[i].0 == start {
+            held[events[i].1] += events[i].2;
+            i += 1;
+        }
+        let end = events.get(i).map_or(max, |e| e.0 - 1);
+        let groups: Vec<usize> = (0..held.len()).filter(|g| held[*g] > 0).collect();
+        if groups.is_empty() {
             continue;
         }
         match out.last_mut() {
-            Some(last) if last.2 == mask && last.1.checked_add(1) == Some(*start) => last.1 = end,
-            _ => out.push((*start, end, mask)),
+            Some(last) if last.2 == groups && last.1.checked_add(1) == Some(start) => last.1 = end,
+            _ => out.push((start, end, groups)),
         }
     }
     out
+}
+
+/// The bit mask of `groups` (all below 64).
+fn mask(groups: &[usize]) -> u64 {
+    groups.iter().fold(0, |m, g| m | 1 << g)
 }
 
 /// One group: rules with the same ports.
@@ -195,16 +204,20 @@ fn direction(
             }
         }
     }
-    for (lo, hi, mask) in partition(&v4, u128::from(u32::MAX)) {
+    for (lo, hi, groups) in partition(&v4, u128::from(u32::MAX)) {
         for (a, plen) in prefixes(lo, hi, 32) {
             let ip = IpAddr::from(std::net::Ipv4Addr::from(a as u32));
-            v.peers.push((dir, ip, plen, mask));
+            v.peers.push((dir, ip, plen, mask(&groups)));
         }
     }
-    for (lo, hi, mask) in partition(&v6, u128::MAX) {
+    for (lo, hi, groups) in partition(&v6, u128::MAX) {
         for (a, plen) in prefixes(lo, hi, 128) {
-            v.peers
-                .push((dir, IpAddr::from(std::net::Ipv6Addr::from(a)), plen, mask));
+            v.peers.push((
+                dir,
+                IpAddr::from(std::net::Ipv6Addr::from(a)),
+                plen,
+                mask(&groups),
+            ));
         }
     }
     for (proto, mut per) in by_proto {
@@ -212,9 +225,9 @@ fn direction(
             rs.sort_unstable();
             merge(rs);
         }
-        for (lo, hi, mask) in partition(&per, u128::from(u16::MAX)) {
+        for (lo, hi, groups) in partition(&per, u128::from(u16::MAX)) {
             for (a, plen) in prefixes(lo, hi, 16) {
-                v.ports.push((dir, proto, a as u16, plen, mask));
+                v.ports.push((dir, proto, a as u16, plen, mask(&groups)));
             }
         }
     }
@@ -231,6 +244,127 @@ fn merge(v: &mut Vec<(u128, u128)>) {
         }
     }
     *v = out;
+}
+
+/// What one direction's rules allow, cut into pieces that never overlap:
+/// the elements of the table's per-pod sets (nftables refuses overlapping
+/// elements in an interval set), from the same groups as the datapath's
+/// verdicts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allowed {
+    /// Peers allowed on every protocol and port: disjoint inclusive
+    /// ranges, `[IPv4, IPv6]`.
+    pub any_port: [Vec<(u128, u128)>; 2],
+    /// Peers allowed on some ports, `[IPv4, IPv6]`: disjoint address
+    /// ranges, each with its ports (disjoint per protocol).
+    pub by_port: [Vec<(u128, u128, Vec<PortRange>)>; 2],
+    /// Named ports resolved on the peer: exact (peer, protocol, port).
+    pub named: Vec<(IpAddr, Proto, u16)>,
+}
+
+/// The ranges of `set` in family `v6`, as numbers.
+fn ranges_of(set: &AddrSet, v6: bool) -> Vec<(u128, u128)> {
+    if v6 {
+        set.v6()
+            .map(|(a, b)| (u128::from(a), u128::from(b)))
+            .collect()
+    } else {
+        set.v4()
+            .map(|(a, b)| (u128::from(u32::from(a)), u128::from(u32::from(b))))
+            .collect()
+    }
+}
+
+/// The largest address of a family.
+fn family_max(v6: bool) -> u128 {
+    if v6 {
+        u128::MAX
+    } else {
+        u128::from(u32::MAX)
+    }
+}
+
+/// What `rules` (one direction's) allow; `sets` are the model's peer sets.
+/// Rules with the same ports form a group; the address space is cut where
+/// any group's peers begin or end, and each piece gets the union of its
+/// groups' ports, merged per protocol.
+pub fn allowed(rules: &[Rule], sets: &BTreeMap<String, AddrSet>) -> Allowed {
+    let mut out = Allowed::default();
+    let mut any_port = AddrSet::new();
+    let mut any_port_any_peer = false;
+    // Ports as written -> (any peer, peers).
+    let mut groups: BTreeMap<&[PortRange], (bool, AddrSet)> = BTreeMap::new();
+    for rule in rules {
+        let (any_peer, peers) = match &rule.peers {
+            Peers::Any => (true, None),
+            Peers::Set(name) => (false, sets.get(name)),
+        };
+        let numeric = match &rule.ports {
+            Ports::Any => {
+                any_port_any_peer |= any_peer;
+                if let Some(p) = peers {
+                    any_port.extend(p);
+                }
+                continue;
+            }
+            Ports::Only { numeric, named } => {
+                out.named.extend(named.iter().copied());
+                numeric
+            }
+        };
+        if numeric.is_empty() {
+            continue;
+        }
+        let group = groups.entry(numeric.as_slice()).or_default();
+        group.0 |= any_peer;
+        if let Some(p) = peers {
+            group.1.extend(p);
+        }
+    }
+    any_port.normalize();
+    for v6 in [false, true] {
+        let f = usize::from(v6);
+        let max = family_max(v6);
+        out.any_port[f] = if any_port_any_peer {
+            vec![(0, max)]
+        } else {
+            ranges_of(&any_port, v6)
+        };
+        let ranges: Vec<Vec<(u128, u128)>> = groups
+            .values_mut()
+            .map(|(any_peer, peers)| {
+                if *any_peer {
+                    vec![(0, max)]
+                } else {
+                    peers.normalize();
+                    ranges_of(peers, v6)
+                }
+            })
+            .collect();
+        let ports: Vec<&[PortRange]> = groups.keys().copied().collect();
+        for (lo, hi, held) in partition(&ranges, max) {
+            out.by_port[f].push((lo, hi, merged_ports(held.iter().map(|g| ports[*g]))));
+        }
+    }
+    out.named.sort_unstable();
+    out.named.dedup();
+    out
+}
+
+/// The union of `groups`' ports, merged per protocol (sorted, disjoint).
+fn merged_ports<'a>(groups: impl Iterator<Item = &'a [PortRange]>) -> Vec<PortRange> {
+    let mut all: Vec<PortRange> = groups.flatten().copied().collect();
+    all.sort_unstable();
+    let mut out: Vec<PortRange> = Vec::with_capacity(all.len());
+    for r in all {
+        match out.last_mut() {
+            Some(last) if last.proto == r.proto && u32::from(r.lo) <= u32::from(last.hi) + 1 => {
+                last.hi = last.hi.max(r.hi);
+            }
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// The verdicts of one isolated pod's `rules`; `sets` are the model's peer

@@ -28,7 +28,7 @@ use conntrack::Entry;
 
 use self::{
     model::Enforcement,
-    nft::{Objects, Switching},
+    nft::{Before, Objects, Ruleset, Switching},
 };
 use crate::records::PodKey;
 
@@ -78,8 +78,9 @@ pub struct Enforcer {
     /// The objects of the ruleset in force; `None`: read them from the
     /// kernel first (after a start, or a failed transaction).
     objects: Option<Objects>,
-    /// The enforcement in force, its windows, and its rule count.
-    in_force: Option<(Enforcement, Switching, usize)>,
+    /// The enforcement in force, its windows, and the ruleset that holds
+    /// them (what the next transaction writes only the changes to).
+    in_force: Option<(Enforcement, Switching, Ruleset)>,
     /// Addresses of newly isolated pods, and when their window closes.
     windows: BTreeMap<IpAddr, Instant>,
 }
@@ -113,17 +114,12 @@ fn list(args: &[&str], what: &'static str) -> Result<Option<serde_json::Value>, 
         })
 }
 
-/// Runs the transaction `doc`: how many rules it adds, and how long it took.
+/// Runs the transaction `doc`: how many commands it has, and how long it
+/// took.
 fn run(doc: &nftables::schema::Nftables<'_>) -> Result<(usize, f64), NetpolError> {
-    use nftables::schema::{NfCmd, NfListObject, NfObject};
-    let rules = doc
-        .objects
-        .iter()
-        .filter(|o| matches!(o, NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(_)))))
-        .count();
     let started = Instant::now();
     nftables::helper::apply_ruleset(doc)?;
-    Ok((rules, started.elapsed().as_secs_f64()))
+    Ok((doc.objects.len(), started.elapsed().as_secs_f64()))
 }
 
 impl Enforcer {
@@ -165,18 +161,39 @@ impl Enforcer {
             .map(|(k, _)| k.clone())
             .collect();
         let switching = self.open_windows(e, &newly_isolated, local);
-        if let Some((have, open, rules)) = &self.in_force {
+        if let Some((have, open, r)) = &self.in_force {
             if have == e && *open == switching {
                 return Ok(Applied {
                     changed: false,
-                    rules: *rules,
+                    rules: r.rules(),
                     seconds: 0.0,
                     newly_isolated,
                 });
             }
         }
-        let (batch, objects) = nft::transaction(e, &switching, &before);
-        let (rules, seconds) = match run(&batch.to_nftables()) {
+        let generation = nft::next_generation(before.generation);
+        let in_force = self.in_force.as_ref().map(|(_, _, r)| r);
+        let mut now = nft::ruleset(
+            e,
+            &switching,
+            generation,
+            in_force.map_or(generation, |r| r.epoch),
+        );
+        let whole = match in_force {
+            Some(r) if !now.clashes_with(r) => false,
+            Some(_) => {
+                // Two contents under one name: everything anew, under a
+                // new epoch.
+                now = nft::ruleset(e, &switching, generation, generation);
+                true
+            }
+            None => true,
+        };
+        let batch = match in_force {
+            Some(r) if !whole => nft::transaction(&now, &Before::InForce(r)),
+            _ => nft::transaction(&now, &Before::Listed(&before)),
+        };
+        let (commands, seconds) = match run(&batch.to_nftables()) {
             Ok(done) => done,
             Err(err) => {
                 // What is in the kernel is not known for sure now: read it
@@ -187,14 +204,17 @@ impl Enforcer {
                 return Err(err);
             }
         };
+        let rules = now.rules();
         info!(
             pods = e.pods.len(),
             rules,
+            commands,
+            whole,
             ms = seconds * 1e3,
             "NetworkPolicy rules applied"
         );
-        self.objects = Some(objects);
-        self.in_force = Some((e.clone(), switching, rules));
+        self.objects = Some(now.objects());
+        self.in_force = Some((e.clone(), switching, now));
         Ok(Applied {
             changed: true,
             rules,
@@ -232,6 +252,13 @@ impl Enforcer {
                 local: local.clone(),
             }
         }
+    }
+
+    /// Closes every switching window now: the next [`Enforcer::apply`]
+    /// writes the table without them (how a test sees the steady state
+    /// without waiting for [`SWITCH_WINDOW`]).
+    pub fn close_windows(&mut self) {
+        self.windows.clear();
     }
 
     /// The enforcement in force, if a transaction has succeeded.

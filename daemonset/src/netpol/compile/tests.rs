@@ -264,3 +264,133 @@ proptest! {
         }
     }
 }
+
+/// The protocol number of `p`, SCTP included (the table carries it).
+fn proto_number(p: Proto) -> u8 {
+    match p {
+        Proto::Tcp => IPPROTO_TCP,
+        Proto::Udp => IPPROTO_UDP,
+        Proto::Sctp => 132,
+    }
+}
+
+/// What the table's sets say (pod chains: the any-port set, the
+/// peer . protocol . port set, the named set); asserts that no two pieces
+/// overlap, as nftables requires of an interval set.
+fn table_allows(a: &Allowed, peer: IpAddr, proto: u8, port: u16) -> bool {
+    let (f, n) = match peer {
+        IpAddr::V4(v) => (0, u128::from(u32::from(v))),
+        IpAddr::V6(v) => (1, u128::from(v)),
+    };
+    let any = a.any_port[f]
+        .iter()
+        .filter(|(lo, hi)| (*lo..=*hi).contains(&n));
+    let pieces: Vec<_> = a.by_port[f]
+        .iter()
+        .filter(|(lo, hi, _)| (*lo..=*hi).contains(&n))
+        .collect();
+    assert!(
+        any.clone().count() <= 1 && pieces.len() <= 1,
+        "overlapping pieces for {peer}"
+    );
+    let ports = pieces.first().map(|p| p.2.as_slice()).unwrap_or_default();
+    for w in ports.windows(2) {
+        assert!(
+            w[0].proto != w[1].proto || w[0].hi < w[1].lo,
+            "overlapping ports {ports:?}"
+        );
+    }
+    any.count() == 1
+        || ports
+            .iter()
+            .any(|r| proto_number(r.proto) == proto && r.lo <= port && port <= r.hi)
+        || a.named
+            .iter()
+            .any(|(ip, p, n)| *ip == peer && proto_number(*p) == proto && *n == port)
+}
+
+/// The rules read one by one, SCTP included.
+fn rules_allow_sctp(
+    rules: &[Rule],
+    sets: &BTreeMap<String, AddrSet>,
+    peer: IpAddr,
+    proto: u8,
+    port: u16,
+) -> bool {
+    rules.iter().any(|r| {
+        let peer_ok = match &r.peers {
+            Peers::Any => true,
+            Peers::Set(n) => sets[n].contains(peer),
+        };
+        peer_ok
+            && match &r.ports {
+                Ports::Any => true,
+                Ports::Only { numeric, named } => {
+                    numeric
+                        .iter()
+                        .any(|pr| proto_number(pr.proto) == proto && pr.lo <= port && port <= pr.hi)
+                        || named.iter().any(|(ip, p, n)| {
+                            *ip == peer && proto_number(*p) == proto && *n == port
+                        })
+                }
+            }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    /// For random rules and probes, the table's pieces never overlap and
+    /// say what the rules say.
+    #[test]
+    fn the_tables_pieces_equal_the_rules(
+        rules in rules(),
+        probes in proptest::collection::vec(
+            (addr(), prop_oneof![Just(IPPROTO_TCP), Just(IPPROTO_UDP), Just(132u8), Just(1u8)], 0u16..16),
+            40,
+        ),
+    ) {
+        let mut sets = BTreeMap::new();
+        let rules: Vec<Rule> = rules
+            .into_iter()
+            .map(|(r, s)| {
+                if let Peers::Set(n) = &r.peers {
+                    sets.insert(n.clone(), s);
+                }
+                r
+            })
+            .collect();
+        let a = allowed(&rules, &sets);
+        for (peer, proto, port) in probes {
+            prop_assert_eq!(
+                table_allows(&a, peer, proto, port),
+                rules_allow_sctp(&rules, &sets, peer, proto, port),
+                "peer {} proto {} port {}: {:?}",
+                peer, proto, port, a
+            );
+        }
+    }
+}
+
+#[test]
+fn any_number_of_port_sets_fits_the_table() {
+    // 100 distinct port sets over overlapping peers: more groups than a
+    // datapath mask holds, one piece per address range all the same.
+    let rules: Vec<Rule> = (0..100u16)
+        .map(|i| Rule {
+            peers: Peers::Any,
+            ports: Ports::Only {
+                numeric: vec![PortRange {
+                    proto: Proto::Tcp,
+                    lo: i * 2,
+                    hi: i * 2,
+                }],
+                named: vec![],
+            },
+            policy: "x/p".into(),
+        })
+        .collect();
+    let a = allowed(&rules, &BTreeMap::new());
+    assert_eq!(a.by_port[0].len(), 1);
+    assert_eq!(a.by_port[0][0].2.len(), 100);
+    assert_eq!(a.by_port[1].len(), 1);
+}

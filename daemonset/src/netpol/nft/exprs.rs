@@ -1,14 +1,15 @@
 //! Expression builders: the JSON of `nft -j` through the `nftables` crate's
 //! types.
 
-use std::borrow::Cow;
+use std::{
+    borrow::Cow,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use nftables::{
     expr::{self, Expression, NamedExpression, Payload, PayloadField, SetItem},
     stmt::{self, Operator, Statement},
 };
-
-use crate::netpol::addrs::AddrSet;
 
 pub(super) fn s(v: &str) -> Expression<'static> {
     Expression::String(Cow::Owned(v.to_string()))
@@ -70,8 +71,8 @@ pub(super) fn set_ref(name: &str) -> Expression<'static> {
 }
 
 /// `key vmap { element : verdict, ... }`, an anonymous verdict map (a hash
-/// lookup; the whole ruleset is written again at each change, so the map
-/// needs no name to be updated by).
+/// lookup in a base chain, which every transaction writes again, so the
+/// map needs no name to be updated by).
 pub(super) fn vmap(key: Expression<'static>, items: Vec<SetItem<'static>>) -> Statement<'static> {
     Statement::VerdictMap(stmt::VerdictMap {
         key,
@@ -91,23 +92,33 @@ pub(super) fn addr(v6: bool, src: bool) -> Expression<'static> {
     )
 }
 
-/// One element of an address set: an address or a range.
-pub(super) fn addr_elements(set: &AddrSet, v6: bool) -> Vec<Expression<'static>> {
-    let one = |lo: String, hi: String| {
-        if lo == hi {
-            s(&lo)
-        } else {
-            range(s(&lo), s(&hi))
-        }
-    };
+/// An address of family `v6` from its number.
+pub(super) fn ip_of(v6: bool, n: u128) -> IpAddr {
     if v6 {
-        set.v6()
-            .map(|(a, b)| one(a.to_string(), b.to_string()))
-            .collect()
+        IpAddr::V6(Ipv6Addr::from(n))
     } else {
-        set.v4()
-            .map(|(a, b)| one(a.to_string(), b.to_string()))
-            .collect()
+        IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX)))
+    }
+}
+
+/// One element of an address set: an address, or an inclusive range.
+pub(super) fn addr_element(v6: bool, lo: u128, hi: u128) -> Expression<'static> {
+    if lo == hi {
+        s(&ip_of(v6, lo).to_string())
+    } else {
+        range(s(&ip_of(v6, lo).to_string()), s(&ip_of(v6, hi).to_string()))
+    }
+}
+
+/// A port, or an inclusive range of ports.
+pub(super) fn port_element(lo: u16, hi: u16) -> Expression<'static> {
+    if lo == hi {
+        Expression::Number(u32::from(lo))
+    } else {
+        range(
+            Expression::Number(u32::from(lo)),
+            Expression::Number(u32::from(hi)),
+        )
     }
 }
 

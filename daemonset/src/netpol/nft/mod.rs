@@ -1,7 +1,9 @@
 //! The nftables ruleset that enforces an [`Enforcement`](crate::netpol::model::Enforcement), built with the
 //! `nftables` crate's types and applied through `nft -j -f -` as one atomic
 //! transaction: no userspace on the packet path, and no moment where a
-//! packet sees half a change.
+//! packet sees half a change. After the first, a transaction writes only
+//! what changed: the sets whose content changed (under new names), the pod
+//! chains that look them up, and the base chains.
 //!
 //! Layout (table `inet xdpcni`):
 //!
@@ -26,9 +28,17 @@
 //!     path carried)
 //!   (the pod chains allowed it) to or from an isolated pod:
 //!     ct mark set ct mark & 0x0000ffff | generation << 16
-//! chain in_<ns>/<pod>, inr_..: each allow rule `return`s, then `counter drop`
-//! chain eg_<ns>/<pod>, egr_..: the same for egress
-//! set <direction>_<ns>/<policy>_<rule>_4|6: the peers of a rule (interval)
+//! chain in_<ns>/<pod>   ip saddr @in_<ns>/<pod>_a4.<h> return   (any port)
+//!                       ip saddr . meta l4proto . th dport @..._p4.<h> return
+//!                       (the same in IPv6), counter drop
+//! chain inr_<ns>/<pod>  the reply direction: ip daddr, th sport, same sets
+//! chain eg_<ns>/<pod>, egr_..: the same for egress, and named ports
+//!                       ip daddr . meta l4proto . th dport @..._n4.<h>
+//! set in_<ns>/<pod>_a4|6.<h>  peers allowed on any port (interval)
+//! set in_<ns>/<pod>_p4|6.<h>  peer . protocol . port (interval): the
+//!                       pieces of compile::Allowed, that never overlap
+//!   (<h>: a hash of the content and of the epoch, the generation of the
+//!   last whole-table transaction: a changed set is a new set)
 //! counter drop_in_<ns>/<pod>, drop_eg_<ns>/<pod>, drop_invalid
 //! ```
 //!
@@ -48,7 +58,7 @@ mod exprs;
 mod rules;
 mod transaction;
 
-pub use transaction::transaction;
+pub use transaction::{ruleset, transaction, Before, Ruleset};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -113,6 +123,17 @@ pub fn next_generation(g: u16) -> u16 {
     g.checked_add(1).unwrap_or(1).max(1)
 }
 
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `bytes`, from `h` (a name's hash: stable across runs).
+fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// A name nftables accepts (at most 255 bytes): long ones are cut and end
 /// with a hash of the whole, so distinct names stay distinct.
 pub fn nft_name(s: &str) -> String {
@@ -120,11 +141,7 @@ pub fn nft_name(s: &str) -> String {
     if s.len() <= MAX {
         return s.to_string();
     }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = fnv(FNV_OFFSET, s.as_bytes());
     let mut cut = 200;
     while !s.is_char_boundary(cut) {
         cut -= 1;
@@ -155,11 +172,6 @@ pub fn counter_name(key: &PodKey, direction: Direction) -> String {
         Direction::Egress => "drop_eg",
     };
     nft_name(&format!("{kind}_{}", pod_id(key)))
-}
-
-/// The nftables set of peer set `name` in one family.
-fn set_name(name: &str, v6: bool) -> String {
-    nft_name(&format!("{name}_{}", if v6 { 6 } else { 4 }))
 }
 
 /// The objects of `inet xdpcni` in a listing (`nft -j list table`): what
@@ -248,11 +260,20 @@ mod tests {
         (ns.into(), name.into())
     }
 
-    /// The commands of a transaction as JSON values.
-    fn commands(e: &Enforcement, before: &Objects) -> (Vec<Value>, Objects) {
-        let (b, now) = transaction(e, &Switching::default(), before);
+    /// The commands of a whole-table transaction as JSON values.
+    fn commands(e: &Enforcement, before: &Objects) -> (Vec<Value>, Ruleset) {
+        let now = ruleset(
+            e,
+            &Switching::default(),
+            next_generation(before.generation),
+            1,
+        );
+        (json_of(transaction(&now, &Before::Listed(before))), now)
+    }
+
+    fn json_of(b: nftables::batch::Batch<'_>) -> Vec<Value> {
         let doc = serde_json::to_value(b.to_nftables()).unwrap();
-        (doc["nftables"].as_array().unwrap().clone(), now)
+        doc["nftables"].as_array().unwrap().clone()
     }
 
     /// The rules added to `chain`, each as its `expr` list.
@@ -261,6 +282,27 @@ mod tests {
             .filter_map(|c| c.get("add")?.get("rule"))
             .filter(|r| r["chain"] == chain)
             .map(|r| r["expr"].clone())
+            .collect()
+    }
+
+    /// The sets a transaction adds: name -> its elements.
+    fn sets_of(cmds: &[Value]) -> BTreeMap<String, Value> {
+        cmds.iter()
+            .filter_map(|c| c.get("add")?.get("element"))
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e["elem"].clone()))
+            .collect()
+    }
+
+    /// What a transaction does besides adding rules and elements, as
+    /// "verb kind name" lines.
+    fn verbs(cmds: &[Value]) -> Vec<String> {
+        cmds.iter()
+            .flat_map(|c| c.as_object().unwrap().iter())
+            .filter_map(|(verb, o)| {
+                let (kind, v) = o.as_object().unwrap().iter().next().unwrap();
+                (!matches!(kind.as_str(), "rule" | "element" | "table"))
+                    .then(|| format!("{verb} {kind} {}", v["name"].as_str().unwrap_or("")))
+            })
             .collect()
     }
 
@@ -296,6 +338,16 @@ mod tests {
         }
     }
 
+    /// The one set of `cmds` whose name starts with `prefix`.
+    fn set_named(cmds: &[Value], prefix: &str) -> (String, Value) {
+        let mut found: Vec<(String, Value)> = sets_of(cmds)
+            .into_iter()
+            .filter(|(n, _)| n.starts_with(prefix))
+            .collect();
+        assert_eq!(found.len(), 1, "{prefix}: {found:?}");
+        found.remove(0)
+    }
+
     #[test]
     fn both_directions_of_a_connection_are_checked_from_its_own_side() {
         let (cmds, now) = commands(&web_isolated(), &Objects::default());
@@ -311,25 +363,32 @@ mod tests {
             .unwrap()
             .iter()
             .any(|st| st["mangle"]["key"]["ct"]["key"] == "mark")));
+        // The peers and ports allowed in are the pod's set: peer, protocol
+        // and port, one element per piece.
+        let (set, elements) = set_named(&cmds, "in_x/web_p4.");
+        assert_eq!(elements, json!([{ "concat": ["10.0.1.2", "tcp", 80] }]));
+        let key = |addr: &str, port: &str| {
+            json!({ "concat": [
+                { "payload": { "protocol": "ip", "field": addr } },
+                { "meta": { "key": "l4proto" } },
+                { "payload": { "protocol": "th", "field": port } },
+            ] })
+        };
         // Original direction: the client is the source, the port the
         // destination port.
         assert_eq!(
             rules_of(&cmds, "in_x/web")[0],
             json!([
-                { "match": { "op": "==", "left": { "payload": { "protocol": "ip", "field": "saddr" } }, "right": "@ingress_x/p_0_4" } },
-                { "match": { "op": "==", "left": { "meta": { "key": "l4proto" } }, "right": "tcp" } },
-                { "match": { "op": "==", "left": { "payload": { "protocol": "th", "field": "dport" } }, "right": 80 } },
+                { "match": { "op": "==", "left": key("saddr", "dport"), "right": format!("@{set}") } },
                 { "return": null },
             ])
         );
         // Reply direction (the server answers): the client is the
-        // destination, the server's port the source port.
+        // destination, the server's port the source port; the same set.
         assert_eq!(
             rules_of(&cmds, "inr_x/web")[0],
             json!([
-                { "match": { "op": "==", "left": { "payload": { "protocol": "ip", "field": "daddr" } }, "right": "@ingress_x/p_0_4" } },
-                { "match": { "op": "==", "left": { "meta": { "key": "l4proto" } }, "right": "tcp" } },
-                { "match": { "op": "==", "left": { "payload": { "protocol": "th", "field": "sport" } }, "right": 80 } },
+                { "match": { "op": "==", "left": key("daddr", "sport"), "right": format!("@{set}") } },
                 { "return": null },
             ])
         );
@@ -340,7 +399,7 @@ mod tests {
                 &json!([{ "counter": "drop_in_x/web" }, { "drop": null }])
             );
         }
-        // No IPv6 peer: no IPv6 rule.
+        // No IPv6 peer, no peer on any port: one lookup.
         assert_eq!(rules_of(&cmds, "in_x/web").len(), 2);
         let forward = rules_of(&cmds, "forward");
         let text = serde_json::to_string(&forward).unwrap();
@@ -350,26 +409,91 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("eg_x/web"), "egress is not isolated: {text}");
+        let o = now.objects();
         assert_eq!(
-            now.chains,
+            o.chains,
             ["in_x/web".to_string(), "inr_x/web".to_string()].into()
         );
-        assert_eq!(now.sets, ["ingress_x/p_0_4".to_string()].into());
+        assert_eq!(o.sets, [set].into());
         assert_eq!(
-            now.counters,
+            o.counters,
             [DROP_INVALID.to_string(), "drop_in_x/web".to_string()].into()
         );
+        assert_eq!(
+            now.rules(),
+            4 + forward.len() + rules_of(&cmds, "input").len()
+        );
+    }
+
+    #[test]
+    fn overlapping_rules_become_pieces_that_never_overlap() {
+        // Any port from 10.0.1.0/24; TCP 80-81 from 10.0.0.0/16 and UDP
+        // 53 from 10.0.0.128/25 (overlapping peers, other ports), and a
+        // rule with both families.
+        let mut e = web_isolated();
+        let mut wide = AddrSet::new();
+        wide.add_net(&"10.0.0.0/16".parse().unwrap());
+        wide.add_net(&"fd00::/64".parse().unwrap());
+        let mut narrow = AddrSet::new();
+        narrow.add_net(&"10.0.0.128/25".parse().unwrap());
+        let mut any = AddrSet::new();
+        any.add_net(&"10.0.1.0/24".parse().unwrap());
+        for s in [&mut wide, &mut narrow, &mut any] {
+            s.normalize();
+        }
+        e.peer_sets = [
+            ("w".to_string(), wide),
+            ("n".to_string(), narrow),
+            ("a".to_string(), any),
+        ]
+        .into();
+        let only = |proto, lo, hi| Ports::Only {
+            numeric: vec![PortRange { proto, lo, hi }],
+            named: vec![],
+        };
+        let rule = |set: &str, ports| Rule {
+            peers: Peers::Set(set.into()),
+            ports,
+            policy: "x/p".into(),
+        };
+        e.pods.get_mut(&key("x", "web")).unwrap().ingress = Some(vec![
+            rule("w", only(Proto::Tcp, 80, 81)),
+            rule("n", only(Proto::Udp, 53, 53)),
+            rule("a", Ports::Any),
+        ]);
+        let (cmds, _) = commands(&e, &Objects::default());
+        assert_eq!(
+            set_named(&cmds, "in_x/web_p4.").1,
+            json!([
+                { "concat": [{ "range": ["10.0.0.0", "10.0.0.127"] }, "tcp", { "range": [80, 81] }] },
+                { "concat": [{ "range": ["10.0.0.128", "10.0.0.255"] }, "tcp", { "range": [80, 81] }] },
+                { "concat": [{ "range": ["10.0.0.128", "10.0.0.255"] }, "udp", 53] },
+                { "concat": [{ "range": ["10.0.1.0", "10.0.255.255"] }, "tcp", { "range": [80, 81] }] },
+            ])
+        );
+        assert_eq!(
+            set_named(&cmds, "in_x/web_a4.").1,
+            json!([{ "range": ["10.0.1.0", "10.0.1.255"] }])
+        );
+        assert_eq!(
+            set_named(&cmds, "in_x/web_p6.").1,
+            json!([{ "concat": [{ "range": ["fd00::", "fd00::ffff:ffff:ffff:ffff"] }, "tcp", { "range": [80, 81] }] }])
+        );
+        // Any port first, then the ports, per family: 3 lookups and a drop.
+        assert_eq!(rules_of(&cmds, "in_x/web").len(), 4);
     }
 
     #[test]
     fn an_open_window_checks_new_udp_between_local_pods_as_a_reply_too() {
         let window = |sw: &Switching| {
-            let (b, _) = transaction(&web_isolated(), sw, &Objects::default());
-            let doc = serde_json::to_value(b.to_nftables()).unwrap();
-            rules_of(doc["nftables"].as_array().unwrap(), "forward")
-                .into_iter()
-                .filter(|r| serde_json::to_string(r).unwrap().contains("udplite"))
-                .collect::<Vec<_>>()
+            let now = ruleset(&web_isolated(), sw, 1, 1);
+            rules_of(
+                &json_of(transaction(&now, &Before::Listed(&Objects::default()))),
+                "forward",
+            )
+            .into_iter()
+            .filter(|r| serde_json::to_string(r).unwrap().contains("udplite"))
+            .collect::<Vec<_>>()
         };
         assert!(window(&Switching::default()).is_empty(), "no window open");
         let sw = Switching {
@@ -412,9 +536,9 @@ mod tests {
     }
 
     #[test]
-    fn one_transaction_flushes_rebuilds_and_deletes_what_is_gone() {
+    fn a_whole_table_transaction_flushes_rebuilds_and_deletes_what_is_gone() {
         let (_, first) = commands(&web_isolated(), &Objects::default());
-        let (cmds, now) = commands(&Enforcement::default(), &first);
+        let (cmds, now) = commands(&Enforcement::default(), &first.objects());
         assert_eq!(
             cmds[0],
             json!({ "add": { "table": { "family": "inet", "name": "xdpcni" } } })
@@ -423,29 +547,99 @@ mod tests {
             cmds[1],
             json!({ "flush": { "table": { "family": "inet", "name": "xdpcni" } } })
         );
-        let deleted: Vec<String> = cmds
-            .iter()
-            .filter_map(|c| c.get("delete"))
-            .map(|d| {
-                let (kind, v) = d.as_object().unwrap().iter().next().unwrap();
-                format!("{kind} {}", v["name"].as_str().unwrap())
-            })
+        let set = first.objects().sets.into_iter().next().unwrap();
+        let deleted: Vec<String> = verbs(&cmds)
+            .into_iter()
+            .filter(|v| v.starts_with("delete"))
             .collect();
         assert_eq!(
             deleted,
             vec![
-                "chain in_x/web",
-                "chain inr_x/web",
-                "set ingress_x/p_0_4",
-                "counter drop_in_x/web"
+                "delete chain in_x/web".to_string(),
+                "delete chain inr_x/web".to_string(),
+                format!("delete set {set}"),
+                "delete counter drop_in_x/web".to_string(),
             ]
         );
-        assert_eq!(now.counters, [DROP_INVALID.to_string()].into());
+        assert_eq!(now.objects().counters, [DROP_INVALID.to_string()].into());
         // With nothing isolated the base chains have only the ND, ICMP and
         // allowed-already rules.
         assert_eq!(rules_of(&cmds, "forward").len(), 3);
         assert_eq!(rules_of(&cmds, "input").len(), 3);
         assert_eq!((first.generation, now.generation), (1, 2));
+    }
+
+    #[test]
+    fn after_the_first_a_transaction_writes_only_what_changed() {
+        // web and db isolated; then db's peer changes.
+        let mut e = web_isolated();
+        let db = e.pods[&key("x", "web")].clone();
+        e.pods.insert(
+            key("x", "db"),
+            PodRules {
+                addrs: vec!["10.0.0.3".parse().unwrap()],
+                ..db
+            },
+        );
+        let first = ruleset(&e, &Switching::default(), 1, 1);
+        let mut changed = e.clone();
+        let mut other = AddrSet::new();
+        other.add_ip("10.0.1.9".parse().unwrap());
+        changed.peer_sets.insert("ingress_x/other_0".into(), other);
+        changed
+            .pods
+            .get_mut(&key("x", "db"))
+            .unwrap()
+            .ingress
+            .as_mut()
+            .unwrap()[0]
+            .peers = Peers::Set("ingress_x/other_0".into());
+        let now = ruleset(&changed, &Switching::default(), 2, first.epoch);
+        assert!(!now.clashes_with(&first));
+        let cmds = json_of(transaction(&now, &Before::InForce(&first)));
+        let old_db = set_named(
+            &json_of(transaction(&first, &Before::Listed(&Objects::default()))),
+            "in_x/db_p4.",
+        )
+        .0;
+        let (new_db, elements) = set_named(&cmds, "in_x/db_p4.");
+        assert_ne!(old_db, new_db, "a changed set is a new set");
+        assert_eq!(elements, json!([{ "concat": ["10.0.1.9", "tcp", 80] }]));
+        // web's set and chains are left as they are; db's chains are
+        // rewritten to the new set, the base chains (the generation) too,
+        // and db's old set goes once nothing looks it up.
+        assert_eq!(
+            verbs(&cmds),
+            vec![
+                "add chain forward".to_string(),
+                "add chain input".to_string(),
+                format!("add set {new_db}"),
+                "add chain in_x/db".to_string(),
+                "flush chain in_x/db".to_string(),
+                "add chain inr_x/db".to_string(),
+                "flush chain inr_x/db".to_string(),
+                "flush chain forward".to_string(),
+                "flush chain input".to_string(),
+                format!("delete set {old_db}"),
+            ]
+        );
+        assert!(rules_of(&cmds, "in_x/web").is_empty());
+        assert_eq!(rules_of(&cmds, "in_x/db").len(), 2);
+        // Nothing changed but the generation: only the base chains.
+        let again = ruleset(&changed, &Switching::default(), 3, first.epoch);
+        let cmds = json_of(transaction(&again, &Before::InForce(&now)));
+        assert_eq!(
+            verbs(&cmds),
+            vec![
+                "add chain forward",
+                "add chain input",
+                "flush chain forward",
+                "flush chain input"
+            ]
+        );
+        // Another epoch names every set anew.
+        let other_epoch = ruleset(&changed, &Switching::default(), 3, 3);
+        assert!(other_epoch.objects().sets.is_disjoint(&now.objects().sets));
     }
 
     #[test]

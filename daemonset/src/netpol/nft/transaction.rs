@@ -1,5 +1,7 @@
-//! The transaction that makes the table enforce an [`Enforcement`](crate::netpol::model::Enforcement), in named
-//! steps.
+//! The ruleset that enforces an [`Enforcement`](crate::netpol::model::Enforcement) ([`Ruleset`]),
+//! and the transaction that makes the table hold it: the whole table after
+//! a start or a failure, and otherwise only what differs from the ruleset in
+//! force.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -9,46 +11,158 @@ use std::{
 use nftables::{
     batch::Batch,
     expr::{self, Expression, SetItem},
-    schema::{self, FlushObject, NfCmd, NfListObject, SetFlag, SetType, SetTypeValue},
+    schema::{self, FlushObject, NfCmd, NfListObject},
     stmt::{self, Statement},
     types::{NfChainPolicy, NfChainType, NfHook},
 };
 
 use super::{
-    chain_name, counter_name, exprs::*, next_generation, rules::allow_rules, set_name, Flow,
-    Objects, Switching, DROP_INVALID, FAMILY, MARK_MASK, MARK_SHIFT, TABLE,
+    chain_name, counter_name,
+    exprs::*,
+    rules::{chain_rules, pod_sets, SetSpec},
+    Flow, Objects, Switching, DROP_INVALID, FAMILY, MARK_MASK, MARK_SHIFT, TABLE,
 };
-use crate::netpol::model::{Direction, Enforcement};
+use crate::netpol::{
+    compile::allowed,
+    model::{Direction, Enforcement},
+};
 
-/// The transaction that makes the table enforce `e`, with the windows of
-/// `switching` open, deleting what `before` (the objects of the ruleset in
-/// force) has that `e` does not, with the generation after `before`'s.
-/// Returns the commands and the objects of the new ruleset. In steps: the
-/// table emptied of rules (in the same transaction, so no packet sees it
-/// empty) with its base chains, the peer sets, the pod chains (before the
-/// base chains' verdict maps that jump to them), the base chains' rules,
-/// then the objects no rule refers to any more.
-pub fn transaction(
-    e: &Enforcement,
-    switching: &Switching,
-    before: &Objects,
-) -> (Batch<'static>, Objects) {
-    let mut b = Batch::new();
-    let mut now = Objects {
-        generation: next_generation(before.generation),
-        ..Objects::default()
-    };
-    base_table(&mut b);
-    now.counters.insert(DROP_INVALID.into());
-    b.add(counter(DROP_INVALID));
-    peer_sets(&mut b, &mut now, e);
-    let pods = pod_chains(&mut b, &mut now, e);
-    let mark = GenerationMark::new(now.generation);
-    for base in [Base::Forward, Base::Input] {
-        base_rules(&mut b, base, &pods, &mark, switching);
+/// A rule: its statements.
+type Rule = Vec<Statement<'static>>;
+
+/// Everything the table holds for one enforcement: what a transaction
+/// writes, and what the next one is compared with.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ruleset {
+    /// Its generation (what its conntrack marks say).
+    pub generation: u16,
+    /// What its sets' names are derived from with their content: the
+    /// generation of the last whole-table transaction.
+    pub epoch: u16,
+    /// The pod chains' sets, by name.
+    sets: BTreeMap<String, SetSpec>,
+    /// The pod chains and their rules.
+    chains: BTreeMap<String, Vec<Rule>>,
+    /// The named counters.
+    counters: BTreeSet<String>,
+    /// The rules of `forward` and of `input`.
+    base: [Vec<Rule>; 2],
+}
+
+impl Ruleset {
+    /// How many rules it has (base chains and pod chains).
+    pub fn rules(&self) -> usize {
+        self.chains.values().map(Vec::len).sum::<usize>()
+            + self.base.iter().map(Vec::len).sum::<usize>()
     }
-    delete_gone(&mut b, before, &now);
-    (b, now)
+
+    /// The names of its objects.
+    pub fn objects(&self) -> Objects {
+        Objects {
+            chains: self.chains.keys().cloned().collect(),
+            sets: self.sets.keys().cloned().collect(),
+            counters: self.counters.clone(),
+            generation: self.generation,
+        }
+    }
+
+    /// Whether `other` has a set of one of this one's names with other
+    /// elements (two contents with one hash): then only a whole-table
+    /// transaction, under a new epoch, is safe.
+    pub fn clashes_with(&self, other: &Ruleset) -> bool {
+        self.sets
+            .iter()
+            .any(|(n, s)| other.sets.get(n).is_some_and(|o| o != s))
+    }
+}
+
+/// The ruleset that enforces `e` with the windows of `switching` open,
+/// under `generation`, its sets named in `epoch`.
+pub fn ruleset(e: &Enforcement, switching: &Switching, generation: u16, epoch: u16) -> Ruleset {
+    let mut r = Ruleset {
+        generation,
+        epoch,
+        ..Ruleset::default()
+    };
+    r.counters.insert(DROP_INVALID.into());
+    let pods = pod_chains(&mut r, e);
+    let mark = GenerationMark::new(generation);
+    r.base = [Base::Forward, Base::Input].map(|base| base_rules(base, &pods, &mark, switching));
+    r
+}
+
+/// What the table holds before a transaction.
+pub enum Before<'a> {
+    /// Not known rule for rule (after a start, or a failed transaction):
+    /// the names the kernel lists. The transaction writes the whole table.
+    Listed(&'a Objects),
+    /// The ruleset the last transaction wrote: only what differs is written.
+    InForce(&'a Ruleset),
+}
+
+/// The transaction that makes the table hold `now`. In steps: the table
+/// (emptied of rules, for a whole-table transaction: in the same
+/// transaction, so no packet sees it empty) and its base chains, the
+/// counters, the sets that are new, the pod chains that are new or changed
+/// (after the sets they look up, before the base chains' verdict maps that
+/// jump to them), the base chains' rules, then the objects no rule refers
+/// to any more.
+pub fn transaction(now: &Ruleset, before: &Before<'_>) -> Batch<'static> {
+    let mut b = Batch::new();
+    b.add(NfListObject::Table(table()));
+    let (old, in_force) = match before {
+        Before::Listed(o) => ((*o).clone(), None),
+        Before::InForce(r) => (r.objects(), Some(*r)),
+    };
+    if in_force.is_none() {
+        b.add_cmd(NfCmd::Flush(FlushObject::Table(table())));
+    }
+    for base in [Base::Forward, Base::Input] {
+        b.add(NfListObject::Chain(schema::Chain {
+            _type: Some(NfChainType::Filter),
+            hook: Some(base.hook()),
+            prio: Some(0),
+            policy: Some(NfChainPolicy::Accept),
+            ..chain(base.name())
+        }));
+    }
+    for c in now.counters.difference(&old.counters) {
+        b.add(counter(c));
+    }
+    for (name, set) in &now.sets {
+        if in_force.is_some() && old.sets.contains(name) {
+            continue;
+        }
+        b.add(NfListObject::Set(Box::new(set.schema(name))));
+        if old.sets.contains(name) {
+            // Listed by the kernel under this name: its content is not
+            // known for sure.
+            b.add_cmd(NfCmd::Flush(FlushObject::Set(Box::new(set.schema(name)))));
+        }
+        b.add(elements(name, set.elements.clone()));
+    }
+    for (name, rules) in &now.chains {
+        if in_force.is_some_and(|f| f.chains.get(name) == Some(rules)) {
+            continue;
+        }
+        b.add(NfListObject::Chain(chain(name)));
+        if in_force.is_some() {
+            b.add_cmd(NfCmd::Flush(FlushObject::Chain(chain(name))));
+        }
+        for r in rules {
+            b.add(rule(name, r.clone()));
+        }
+    }
+    for (base, rules) in [Base::Forward, Base::Input].iter().zip(&now.base) {
+        if in_force.is_some() {
+            b.add_cmd(NfCmd::Flush(FlushObject::Chain(chain(base.name()))));
+        }
+        for r in rules {
+            b.add(rule(base.name(), r.clone()));
+        }
+    }
+    delete_gone(&mut b, &old, &now.objects());
+    b
 }
 
 fn table() -> schema::Table<'static> {
@@ -68,7 +182,7 @@ fn chain(name: &str) -> schema::Chain<'static> {
     }
 }
 
-fn rule(chain: &str, expr: Vec<Statement<'static>>) -> NfListObject<'static> {
+fn rule(chain: &str, expr: Rule) -> NfListObject<'static> {
     NfListObject::Rule(schema::Rule {
         family: FAMILY,
         table: TABLE.into(),
@@ -76,21 +190,6 @@ fn rule(chain: &str, expr: Vec<Statement<'static>>) -> NfListObject<'static> {
         expr: expr.into(),
         ..schema::Rule::default()
     })
-}
-
-fn set(name: &str, v6: bool, interval: bool) -> schema::Set<'static> {
-    schema::Set {
-        family: FAMILY,
-        table: TABLE.into(),
-        name: name.to_string().into(),
-        set_type: SetTypeValue::Single(if v6 {
-            SetType::Ipv6Addr
-        } else {
-            SetType::Ipv4Addr
-        }),
-        flags: interval.then(|| [SetFlag::Interval].into()),
-        ..schema::Set::default()
-    }
 }
 
 fn counter(name: &str) -> NfListObject<'static> {
@@ -113,37 +212,6 @@ fn elements(name: &str, elem: Vec<Expression<'static>>) -> NfListObject<'static>
     })
 }
 
-/// The table, emptied of rules, and its two base chains.
-fn base_table(b: &mut Batch<'static>) {
-    b.add(NfListObject::Table(table()));
-    b.add_cmd(NfCmd::Flush(FlushObject::Table(table())));
-    for base in [Base::Forward, Base::Input] {
-        b.add(NfListObject::Chain(schema::Chain {
-            _type: Some(NfChainType::Filter),
-            hook: Some(base.hook()),
-            prio: Some(0),
-            policy: Some(NfChainPolicy::Accept),
-            ..chain(base.name())
-        }));
-    }
-}
-
-/// Every peer set of `e`, one per family that has addresses, filled anew.
-fn peer_sets(b: &mut Batch<'static>, now: &mut Objects, e: &Enforcement) {
-    for (name, peers) in &e.peer_sets {
-        for v6 in [false, true] {
-            if peers.is_empty_in(v6) {
-                continue;
-            }
-            let n = set_name(name, v6);
-            b.add(NfListObject::Set(Box::new(set(&n, v6, true))));
-            b.add_cmd(NfCmd::Flush(FlushObject::Set(Box::new(set(&n, v6, true)))));
-            b.add(elements(&n, addr_elements(peers, v6)));
-            now.sets.insert(n);
-        }
-    }
-}
-
 /// A base chain's verdict map: (direction, flow, IPv6) -> its items.
 type MapKey = (Direction, Flow, bool);
 
@@ -155,9 +223,10 @@ struct PodChains {
     isolated: [Vec<Expression<'static>>; 2],
 }
 
-/// A chain per isolated pod, direction and flow: its allow rules, then a
-/// counted drop; and the verdict-map items that jump there.
-fn pod_chains(b: &mut Batch<'static>, now: &mut Objects, e: &Enforcement) -> PodChains {
+/// A chain per isolated pod, direction and flow: lookups in the pod's sets
+/// for the direction, then a counted drop; and the verdict-map items that
+/// jump there.
+fn pod_chains(r: &mut Ruleset, e: &Enforcement) -> PodChains {
     let mut out = PodChains {
         maps: BTreeMap::new(),
         isolated: [Vec::new(), Vec::new()],
@@ -172,17 +241,15 @@ fn pod_chains(b: &mut Batch<'static>, now: &mut Objects, e: &Enforcement) -> Pod
         ] {
             let Some(rules) = rules else { continue };
             let drops = counter_name(key, direction);
-            b.add(counter(&drops));
-            now.counters.insert(drops.clone());
+            let sets = pod_sets(
+                &chain_name(key, direction, false),
+                &allowed(rules, &e.peer_sets),
+                r.epoch,
+            );
             for flow in [Flow::Original, Flow::Reply] {
                 let c = chain_name(key, direction, flow == Flow::Reply);
-                b.add(NfListObject::Chain(chain(&c)));
-                for r in rules {
-                    for statements in allow_rules(r, direction, flow, &e.peer_sets) {
-                        b.add(rule(&c, statements));
-                    }
-                }
-                b.add(rule(&c, vec![named_counter(&drops), Statement::Drop(None)]));
+                r.chains
+                    .insert(c.clone(), chain_rules(&sets, direction, flow, &drops));
                 for ip in &pod.addrs {
                     let verdict = Expression::Verdict(expr::Verdict::Jump(stmt::JumpTarget {
                         target: c.clone().into(),
@@ -192,8 +259,9 @@ fn pod_chains(b: &mut Batch<'static>, now: &mut Objects, e: &Enforcement) -> Pod
                         .or_default()
                         .push(SetItem::Mapping(s(&ip.to_string()), verdict));
                 }
-                now.chains.insert(c);
             }
+            r.sets.extend(sets);
+            r.counters.insert(drops);
         }
     }
     out
@@ -285,68 +353,55 @@ impl GenerationMark {
 /// chains (and, on `forward`, the checks of connections picked up
 /// mid-stream), then what passed them marked with the generation.
 fn base_rules(
-    b: &mut Batch<'static>,
     base: Base,
     pods: &PodChains,
     mark: &GenerationMark,
     switching: &Switching,
-) {
-    let name = base.name();
-    b.add(rule(name, neighbour_discovery()));
+) -> Vec<Rule> {
+    let mut b: Vec<Rule> = vec![neighbour_discovery()];
     let ends = isolated_ends(base, &pods.isolated);
     for end in &ends {
-        b.add(rule(
-            name,
-            vec![
-                ct_state(&["invalid", "untracked"]),
-                end.clone(),
-                named_counter(DROP_INVALID),
-                Statement::Drop(None),
-            ],
-        ));
+        b.push(vec![
+            ct_state(&["invalid", "untracked"]),
+            end.clone(),
+            named_counter(DROP_INVALID),
+            Statement::Drop(None),
+        ]);
     }
-    b.add(rule(
-        name,
-        vec![
-            ct_state(&["related"]),
-            is(
-                meta(expr::MetaKey::L4proto),
-                anon_set(vec![s("icmp"), s("ipv6-icmp")]),
-            ),
-            Statement::Accept(None),
-        ],
-    ));
+    b.push(vec![
+        ct_state(&["related"]),
+        is(
+            meta(expr::MetaKey::L4proto),
+            anon_set(vec![s("icmp"), s("ipv6-icmp")]),
+        ),
+        Statement::Accept(None),
+    ]);
     // Allowed already by this ruleset.
-    b.add(rule(
-        name,
-        vec![mark.marked.clone(), Statement::Accept(None)],
-    ));
+    b.push(vec![mark.marked.clone(), Statement::Accept(None)]);
     for v6 in [false, true] {
         for &(direction, flow, src, dir) in base.lookups() {
             let Some(items) = pods.maps.get(&(direction, flow, v6)) else {
                 continue;
             };
-            b.add(rule(
-                name,
-                vec![
-                    is(ct("direction"), s(dir)),
-                    vmap(addr(v6, src), items.clone()),
-                ],
-            ));
+            b.push(vec![
+                is(ct("direction"), s(dir)),
+                vmap(addr(v6, src), items.clone()),
+            ]);
         }
         if base == Base::Forward {
-            mid_stream_rules(b, &pods.maps, v6, switching);
+            mid_stream_rules(&mut b, &pods.maps, v6, switching);
         }
     }
     // Past the pod chains: allowed. Remembered on the connection.
     for end in ends {
-        b.add(rule(name, vec![end, mark.set_mark.clone()]));
+        b.push(vec![end, mark.set_mark.clone()]);
     }
+    b
 }
 
 /// Neighbour discovery accepted: it is what the node resolves pods with
 /// (the IPv6 ARP), and conntrack does not track it.
-fn neighbour_discovery() -> Vec<Statement<'static>> {
+fn neighbour_discovery() -> Rule {
     let types = [
         "nd-router-solicit",
         "nd-router-advert",
@@ -382,7 +437,7 @@ fn isolated_ends(base: Base, isolated: &[Vec<Expression<'static>>; 2]) -> Vec<St
 /// window is open and another pod of the node (UDP has no SYN to tell), are
 /// checked as a reply too: allowed whichever side started them.
 fn mid_stream_rules(
-    b: &mut Batch<'static>,
+    b: &mut Vec<Rule>,
     maps: &BTreeMap<MapKey, Vec<SetItem<'static>>>,
     v6: bool,
     switching: &Switching,
@@ -391,14 +446,11 @@ fn mid_stream_rules(
         let Some(items) = maps.get(&(direction, Flow::Reply, v6)) else {
             continue;
         };
-        b.add(rule(
-            "forward",
-            vec![
-                ct_state(&["new"]),
-                mid_stream_tcp(),
-                vmap(addr(v6, src), items.clone()),
-            ],
-        ));
+        b.push(vec![
+            ct_state(&["new"]),
+            mid_stream_tcp(),
+            vmap(addr(v6, src), items.clone()),
+        ]);
         let of = |set: &BTreeSet<IpAddr>| -> Vec<Expression<'static>> {
             set.iter()
                 .filter(|ip| ip.is_ipv6() == v6)
@@ -410,26 +462,23 @@ fn mid_stream_rules(
             continue;
         }
         for switching_end in [true, false] {
-            b.add(rule(
-                "forward",
-                vec![
-                    ct_state(&["new"]),
-                    is(
-                        meta(expr::MetaKey::L4proto),
-                        anon_set(vec![s("udp"), s("udplite")]),
-                    ),
-                    not_dnat(),
-                    is(addr(v6, switching_end), anon_set(open.clone())),
-                    is(addr(v6, !switching_end), anon_set(local.clone())),
-                    vmap(addr(v6, src), items.clone()),
-                ],
-            ));
+            b.push(vec![
+                ct_state(&["new"]),
+                is(
+                    meta(expr::MetaKey::L4proto),
+                    anon_set(vec![s("udp"), s("udplite")]),
+                ),
+                not_dnat(),
+                is(addr(v6, switching_end), anon_set(open.clone())),
+                is(addr(v6, !switching_end), anon_set(local.clone())),
+                vmap(addr(v6, src), items.clone()),
+            ]);
         }
     }
 }
 
 /// What the ruleset before had and this one has not (no rule refers to them
-/// any more: the table's flush took every rule and map element).
+/// any more: the chains that did are flushed, rewritten or deleted first).
 fn delete_gone(b: &mut Batch<'static>, before: &Objects, now: &Objects) {
     for c in before.chains.difference(&now.chains) {
         b.delete(NfListObject::Chain(chain(c)));
