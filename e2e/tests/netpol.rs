@@ -1295,3 +1295,77 @@ fn netpol_truth_table_data_parses_and_its_rules_name_the_pairs_they_say() {
     let one = refused_pairs(&["yb > xa, xc".to_string()]);
     assert_eq!(one, BTreeSet::from([(4, 0), (4, 2)]));
 }
+
+/// A table made anew starts at generation 1, and so does one whose 16-bit
+/// generation wrapped: a connection marked by an earlier ruleset of the
+/// same number (here: a table deleted, as `xdpcni uninstall` does, with
+/// its connections kept) would pass as allowed without a check. The first
+/// transaction clears the generation from every mark first, and leaves the
+/// mark's other bits alone.
+#[test]
+fn netpol_a_new_generation_cycle_forgets_the_marks_of_earlier_rulesets() {
+    use xdpcni_agent::netpol::{model, nft::MARK_MASK, Enforcer};
+    let ns = xdpcni_e2e::netns::Netns::new("xg").unwrap();
+    // Entries as an earlier table left them: generation 1 (with the low
+    // bits another user set), and one with only the low bits.
+    let insert = |sport: &str, mark: u32| {
+        ns.exec(&[
+            "conntrack",
+            "-I",
+            "-s",
+            "10.9.0.1",
+            "-d",
+            "10.9.0.2",
+            "-p",
+            "udp",
+            "--sport",
+            sport,
+            "--dport",
+            "53",
+            "--timeout",
+            "300",
+            "--mark",
+            &mark.to_string(),
+        ])
+        .unwrap();
+    };
+    insert("1000", (1 << 16) | 5);
+    insert("1001", 7);
+    let marks = || {
+        let listed = ns.exec(&["conntrack", "-L"]).unwrap();
+        let mut m: Vec<(String, u32)> = listed
+            .lines()
+            .filter_map(|l| {
+                let sport = l.split_whitespace().find(|w| w.starts_with("sport="))?;
+                let mark = l.split_whitespace().find(|w| w.starts_with("mark="))?;
+                Some((sport[6..].to_string(), mark[5..].parse().ok()?))
+            })
+            .collect();
+        m.sort();
+        m
+    };
+    assert_eq!(
+        marks(),
+        vec![("1000".to_string(), (1 << 16) | 5), ("1001".to_string(), 7)]
+    );
+    in_netns(&ns, || {
+        let mut e = model::Enforcement::default();
+        e.pods.insert(
+            ("x".into(), "a".into()),
+            model::PodRules {
+                addrs: vec!["10.9.0.2".parse().unwrap()],
+                ingress: Some(vec![]),
+                ..Default::default()
+            },
+        );
+        Enforcer::new().apply(&e, &Default::default(), &Default::default())?;
+        Ok(())
+    })
+    .unwrap();
+    let after = marks();
+    assert_eq!(
+        after,
+        vec![("1000".to_string(), 5), ("1001".to_string(), 7)],
+        "generation bits {MARK_MASK:#x} cleared, the rest kept"
+    );
+}

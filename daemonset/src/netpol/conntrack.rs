@@ -1,11 +1,13 @@
 //! The kernel's connection tracking table over ctnetlink
-//! (netlink-packet-netfilter): list its entries, delete some. The agent
-//! deletes the entries a pod's fast-path traffic left behind when a policy
-//! isolates it (see the agent's `netpol::fast_path_entries`).
+//! (netlink-packet-netfilter): list its entries, delete some, clear bits of
+//! their marks. The agent deletes the entries a pod's fast-path traffic left
+//! behind when a policy isolates it (see the agent's
+//! `netpol::fast_path_entries`), and clears the rules' generation from every
+//! mark when the generation starts over (`netpol::forget_generations`).
 
 use std::{io, net::IpAddr};
 
-use netlink_packet_core::{NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
+use netlink_packet_core::{DefaultNla, NetlinkPayload, Nla, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_netfilter::{
     conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, Tuple},
     NetfilterHeader, NetfilterMessageInner, NetfilterProtoFamily,
@@ -20,8 +22,11 @@ use xdpcni_host::{
 /// zone.
 const CTA_ZONE: u16 = 18;
 
-/// Deletes sent before their acknowledgements are read.
-const DELETE_BATCH: usize = 64;
+/// `CTA_MARK_MASK`: the bits of the mark an update changes.
+const CTA_MARK_MASK: u16 = 21;
+
+/// Requests sent before their acknowledgements are read.
+const BATCH: usize = 64;
 
 /// One entry of the table: its two directions' addresses, and what a
 /// delete names it by.
@@ -33,6 +38,8 @@ pub struct Entry {
     /// The reply direction: source (the server, after DNAT) and
     /// destination (the client, before SNAT).
     pub reply: (IpAddr, IpAddr),
+    /// Its mark.
+    pub mark: u32,
     key: Vec<ConntrackAttribute>,
 }
 
@@ -42,6 +49,7 @@ impl Entry {
         Self {
             orig,
             reply,
+            mark: 0,
             key: Vec::new(),
         }
     }
@@ -69,6 +77,7 @@ impl Entry {
         };
         let mut orig = None;
         let mut reply = None;
+        let mut mark = 0;
         let mut key = Vec::new();
         for a in attrs {
             match &a {
@@ -77,6 +86,7 @@ impl Entry {
                     key.push(a);
                 }
                 ConntrackAttribute::CtaTupleReply(t) => reply = ends(t),
+                ConntrackAttribute::CtaMark(m) => mark = *m,
                 ConntrackAttribute::Other(o) if o.kind() == CTA_ZONE => key.push(a),
                 _ => {}
             }
@@ -84,6 +94,7 @@ impl Entry {
         Some(Self {
             orig: orig?,
             reply: reply?,
+            mark,
             key,
         })
     }
@@ -117,18 +128,39 @@ pub fn entries(v6: bool) -> io::Result<Vec<Entry>> {
 /// Deletes `entries` (listed by [`entries`]); how many went. One already
 /// gone is not counted and is no error.
 pub fn delete(entries: &[&Entry]) -> io::Result<u64> {
+    each(entries, |e| ConntrackMessage::Delete(e.key.clone()))
+}
+
+/// Clears the bits `mask` of the marks of `entries` (listed by
+/// [`entries`]), leaving the others; how many were changed. One gone
+/// meanwhile is not counted and is no error.
+pub fn clear_mark(entries: &[&Entry], mask: u32) -> io::Result<u64> {
+    // The kernel keeps the bits outside the mask and sets those inside to
+    // CTA_MARK's: 0.
+    each(entries, |e| {
+        let mut attrs = e.key.clone();
+        attrs.push(ConntrackAttribute::CtaMark(0));
+        attrs.push(ConntrackAttribute::Other(DefaultNla::new(
+            CTA_MARK_MASK,
+            mask.to_be_bytes().to_vec(),
+        )));
+        // A "new" message without NLM_F_CREATE updates the entry it names.
+        ConntrackMessage::New(attrs)
+    })
+}
+
+/// Sends `request(entry)` for each of `entries`, in batches; how many the
+/// kernel did. An entry gone (ENOENT) is not counted and is no error.
+fn each(entries: &[&Entry], request: impl Fn(&Entry) -> ConntrackMessage) -> io::Result<u64> {
     let mut socket = netfilter::open()?;
-    let mut deleted = 0;
-    for chunk in entries.chunks(DELETE_BATCH) {
+    let mut done = 0;
+    for chunk in entries.chunks(BATCH) {
         let msgs: Vec<_> = chunk
             .iter()
             .map(|e| {
                 (
                     NLM_F_REQUEST | NLM_F_ACK,
-                    message(
-                        family(e.orig.0.is_ipv6()),
-                        ConntrackMessage::Delete(e.key.clone()),
-                    ),
+                    message(family(e.orig.0.is_ipv6()), request(e)),
                 )
             })
             .collect();
@@ -138,7 +170,7 @@ pub fn delete(entries: &[&Entry]) -> io::Result<u64> {
             if let NetlinkPayload::Error(e) = payload {
                 answered += 1;
                 match errno(&e) {
-                    None => deleted += 1,
+                    None => done += 1,
                     Some(libc::ENOENT) => {}
                     Some(c) => return Some(Err(error(c))),
                 }
@@ -146,5 +178,5 @@ pub fn delete(entries: &[&Entry]) -> io::Result<u64> {
             (answered == seqs.len()).then_some(Ok(()))
         })?;
     }
-    Ok(deleted)
+    Ok(done)
 }

@@ -172,6 +172,12 @@ impl Enforcer {
             }
         }
         let generation = nft::next_generation(before.generation);
+        if generation == 1 {
+            // A new table, or the generation wrapped: no connection may
+            // carry a generation from before.
+            let cleared = forget_generations()?;
+            info!(cleared, "conntrack marks of earlier rulesets cleared");
+        }
         let in_force = self.in_force.as_ref().map(|(_, _, r)| r);
         let mut now = nft::ruleset(
             e,
@@ -305,6 +311,26 @@ pub fn fast_path_entries<'a>(
                 && (isolated.contains(&a) || isolated.contains(&b))
         })
         .collect()
+}
+
+/// Clears the generation (the bits [`nft::MARK_MASK`]) from the mark of
+/// every conntrack entry of both families; how many had one. Run before the
+/// first transaction of generation 1 (a table made anew, or the 16-bit
+/// generation starting over): an entry marked by a ruleset of the same
+/// number 65,535 transactions ago, or by a table since deleted, would pass
+/// as allowed by the new ruleset without being checked.
+pub fn forget_generations() -> Result<u64, NetpolError> {
+    let mut cleared = 0;
+    for v6 in [false, true] {
+        let all = conntrack::entries(v6).map_err(NetpolError::Conntrack)?;
+        let marked: Vec<&Entry> = all
+            .iter()
+            .filter(|e| e.mark & nft::MARK_MASK != 0)
+            .collect();
+        cleared +=
+            conntrack::clear_mark(&marked, nft::MARK_MASK).map_err(NetpolError::Conntrack)?;
+    }
+    Ok(cleared)
 }
 
 /// Deletes the [`fast_path_entries`] of `isolated` among the pods `local`
