@@ -7,10 +7,12 @@
 //! Six pods made by the real CNI in two namespaces; the agent's own code
 //! turns each generated round of policies into its two outputs (the model,
 //! then the nftables transaction and the compiled verdicts the datapath
-//! reads), in the test node's namespace. Each flow is three frames sent
+//! reads), in the test node's namespace. Each flow is four frames sent
 //! from inside the pods with AF_PACKET (first packet, the answer, the
 //! first side again: a TCP handshake, a UDP exchange, an echo and its
-//! reply), each frame sent whatever happened to the one before, and what
+//! reply; then an ICMP port unreachable from the second side about the
+//! first packet, which passes only as part of a flow the path let through),
+//! each frame sent whatever happened to the one before, and what
 //! arrives at each pod's eth0 is captured (the pods' own stacks are
 //! silenced, as in equivalence.rs). The same round runs on both paths with
 //! flows that differ only in their source port or echo id, and every
@@ -350,9 +352,13 @@ struct Flow {
 }
 
 /// Frame `step` (0: the first packet, 1: the answer, 2: the first side
-/// again) of `flow` with source port / echo id `port`, tagged `tag`;
-/// (sender, receiver, frame).
+/// again, 3: an ICMP error from the second side about the first packet) of
+/// `flow` with source port / echo id `port`, tagged `tag`; (sender,
+/// receiver, frame).
 fn frame(lab: &Lab, f: &Flow, port: u16, step: usize, tag: &[u8]) -> (usize, usize, Vec<u8>) {
+    if step == 3 {
+        return icmp_error(lab, f, port, tag);
+    }
     let (from, to) = if step == 1 {
         (f.dst, f.src)
     } else {
@@ -434,6 +440,47 @@ fn frame(lab: &Lab, f: &Flow, port: u16, step: usize, tag: &[u8]) -> (usize, usi
     (from, to, bytes)
 }
 
+/// Port unreachable from the flow's second side to its first, quoting the
+/// first packet's IP header and 8 bytes, then `tag` (what a longer quote
+/// would carry).
+fn icmp_error(lab: &Lab, f: &Flow, port: u16, tag: &[u8]) -> (usize, usize, Vec<u8>) {
+    let (_, _, first) = frame(lab, f, port, 0, b"");
+    let ip_len = if f.v6 { 40 } else { 20 };
+    let quoted = &first[14..14 + ip_len + 8];
+    let (s, d) = (lab.pods[f.dst].ip(f.v6), lab.pods[f.src].ip(f.v6));
+    let mut m = if f.v6 {
+        vec![1, 4, 0, 0, 0, 0, 0, 0]
+    } else {
+        vec![3, 3, 0, 0, 0, 0, 0, 0]
+    };
+    m.extend_from_slice(quoted);
+    m.extend_from_slice(tag);
+    let proto = if f.v6 { packet::IPPROTO_ICMPV6 } else { ICMP };
+    let c = if f.v6 {
+        l4_checksum(s, d, proto, &m)
+    } else {
+        checksum(&m)
+    };
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    let p = &lab.pods[f.dst];
+    let bytes = match (s, d) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => eth(
+            p.rec.host_mac.0,
+            p.rec.pod_mac.0,
+            ETH_P_IP,
+            &packet::ipv4(s, d, 64, proto, &m),
+        ),
+        (IpAddr::V6(s), IpAddr::V6(d)) => eth(
+            p.rec.host_mac.0,
+            p.rec.pod_mac.0,
+            ETH_P_IPV6,
+            &packet::ipv6(s, d, 64, proto, &m),
+        ),
+        _ => unreachable!(),
+    };
+    (f.dst, f.src, bytes)
+}
+
 /// The tag of frame `step` of flow `i` (a TCP SYN or SYN-ACK carries no
 /// payload: those are found by their ports and flags instead).
 fn tag(i: usize, step: usize) -> Vec<u8> {
@@ -457,14 +504,14 @@ fn is_tcp(frame: &[u8], v6: bool, sp: u16, dp: u16, flags: u8) -> bool {
 
 /// Runs `flows` on the path in force: per flow and step, whether the
 /// frame arrived at its receiver.
-fn run_flows(lab: &Lab, flows: &[Flow]) -> Vec<[bool; 3]> {
+fn run_flows(lab: &Lab, flows: &[Flow]) -> Vec<[bool; 4]> {
     let ports: Vec<u16> = flows.iter().map(|_| lab.port()).collect();
-    let mut out = vec![[false; 3]; flows.len()];
+    let mut out = vec![[false; 4]; flows.len()];
     for p in &lab.pods {
         p.drain();
     }
     #[allow(clippy::needless_range_loop)] // step is also the frame's step
-    for step in 0..3 {
+    for step in 0..4 {
         let mut sent: Vec<(usize, usize, Vec<u8>)> = Vec::new();
         for (i, f) in flows.iter().enumerate() {
             let (from, to, bytes) = frame(lab, f, ports[i], step, &tag(i, step));
@@ -655,6 +702,8 @@ fn netpol_diff_fast_path_verdicts_equal_the_kernel_path_packet_for_packet() {
     let forwarded_before = forwarded(&lab);
     let (cases, differing, isolated_cases) =
         (Cell::new(0usize), Cell::new(0usize), Cell::new(0usize));
+    // ICMP errors that arrived and that did not, with an isolated end.
+    let errors = Cell::new((0usize, 0usize));
     let result = runner.run(&round(ips, flows), |r| {
         let policies: Vec<Arc<NetworkPolicy>> = r
             .policies
@@ -670,6 +719,12 @@ fn netpol_diff_fast_path_verdicts_equal_the_kernel_path_packet_for_packet() {
         for (i, f) in r.flows.iter().enumerate() {
             if isolated.contains(&f.src) || isolated.contains(&f.dst) {
                 isolated_cases.set(isolated_cases.get() + 1);
+                let (arrived, not) = errors.get();
+                errors.set(if fast[i][3] {
+                    (arrived + 1, not)
+                } else {
+                    (arrived, not + 1)
+                });
             }
             if kernel[i] != fast[i] {
                 diffs.push(format!(
@@ -709,6 +764,12 @@ fn netpol_diff_fast_path_verdicts_equal_the_kernel_path_packet_for_packet() {
         panic!("netpol_diff seed {seed}: {e}");
     }
     assert!(cases.get() >= (rounds as usize) * flows, "every round ran");
+    let (arrived, not) = errors.get();
+    eprintln!("netpol_diff: ICMP errors with an isolated end: {arrived} arrived, {not} did not");
+    assert!(
+        arrived > 0 && not > 0,
+        "ICMP errors were both let through (about allowed flows) and not"
+    );
     assert!(
         stats.new > 0 && stats.refused > 0 && stats.hit > 0,
         "the datapath allowed, refused and followed flows itself: {stats:?}"

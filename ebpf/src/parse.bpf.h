@@ -57,10 +57,12 @@ struct packet {
 	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
 	__u32 flow_id; /* ports, or the ICMP echo id: with the addresses, a flow */
 	__u8 proto;
-	__u8 l4_info; /* set for the policy check only: TCP flags or ICMP type (policy.bpf.h) */
-	__u16 sport;  /* network order, 0 for ICMP */
-	__u16 dport;  /* network order, 0 for ICMP */
-	__u16 pad2;
+	__u8 l4_info;	/* set for the policy check only: TCP flags or ICMP type (policy.bpf.h) */
+	__u16 sport;	/* network order, 0 for ICMP */
+	__u16 dport;	/* network order, 0 for ICMP */
+	__u8 err_proto; /* an ICMP error about a flow between its own two ends: the flow's protocol
+			 * (flow_id its ports, or its echo id twice), else 0 (icmp_error()) */
+	__u8 pad2;
 	__u8 *ttl;   /* TTL or hop limit byte */
 	__u16 *csum; /* IPv4 header checksum, NULL for IPv6 */
 };
@@ -70,6 +72,91 @@ enum stage_result {
 	STAGE_CT = -3,	  /* decided, but for the NAT check of its hook (ct.bpf.h) */
 	STAGE_CT_TO = -4, /* the same, the flow to a port where the kernel NATs */
 };
+
+/* An ICMP or ICMPv6 error: its head, then the start of the packet it quotes. */
+struct icmp_err4 {
+	__u8 type, code;
+	__u16 csum;
+	__u32 unused;
+	struct iphdr ip;
+	struct l4_head l4;
+};
+
+struct icmp_err6 {
+	__u8 type, code;
+	__u16 csum;
+	__u32 unused;
+	struct ipv6hdr ip;
+	struct l4_head l4;
+};
+
+/* Whether the `words` 32-bit words at `a` (in the packet) and `b` are equal. */
+static __always_inline int same_addr(const void *a, const __u8 *b, int words)
+{
+	const __u32 *x = a, *y = (const __u32 *)b;
+	__u32 diff = 0;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		if (i < words)
+			diff |= x[i] ^ y[i];
+	return diff == 0;
+}
+
+/* The quoted packet's flow, as ports (or its echo id twice): 0 if unsure. */
+static __always_inline __u8 quoted_flow(struct packet *p, __u8 proto, const struct l4_head *h,
+					int v6)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+		p->flow_id = ((__u32)h->a << 16) | h->b;
+		return proto;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6_:
+		if ((proto == IPPROTO_ICMPV6_) != v6 ||
+		    ((__u8 *)h)[0] != (v6 ? ICMPV6_ECHO_REQUEST_ : ICMP_ECHO_))
+			return 0;
+		p->flow_id = ((__u32)h->c << 16) | h->c;
+		return proto;
+	default:
+		return 0;
+	}
+}
+
+/*
+ * An ICMP error (destination unreachable, time exceeded, parameter problem;
+ * for IPv6 packet too big too) that quotes a packet of the flow between its
+ * own two ends, the other way (what a pod answers about a packet it got):
+ * sets p->err_proto and p->flow_id to that flow. The verdict stays
+ * pass_l4 (the kernel's, which may have to translate the quoted headers)
+ * unless the policy check finds the flow recorded (policy.bpf.h).
+ */
+static __always_inline void icmp_error(struct packet *p, void *l4, void *data_end, int v6)
+{
+	__u8 type = ((__u8 *)l4)[0];
+
+	if (v6) {
+		struct icmp_err6 *e = l4;
+
+		if (type < 1 || type > 4 || (void *)(e + 1) > data_end || e->ip.version != 6)
+			return;
+		if (!same_addr(&e->ip.saddr, p->dst.addr, 4) ||
+		    !same_addr(&e->ip.daddr, p->src.addr, 4))
+			return;
+		p->err_proto = quoted_flow(p, e->ip.nexthdr, &e->l4, 1);
+		return;
+	}
+	struct icmp_err4 *e = l4;
+
+	if ((type != 3 && type != 11 && type != 12) || (void *)(e + 1) > data_end ||
+	    e->ip.version != 4 || e->ip.ihl != 5 ||
+	    (e->ip.frag_off & bpf_htons(IP_MF_ | IP_OFFSET_)))
+		return;
+	if (!same_addr(&e->ip.saddr, p->dst.addr, 1) || !same_addr(&e->ip.daddr, p->src.addr, 1))
+		return;
+	p->err_proto = quoted_flow(p, e->ip.protocol, &e->l4, 0);
+}
 
 /* Reads the L4 head shared by IPv4 and IPv6: ports or ICMP echo. */
 static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, int v6)
@@ -97,8 +184,10 @@ static __always_inline int parse_l4(struct packet *p, void *l4, void *data_end, 
 		 * the kernel may have to translate.
 		 */
 		if (v6 ? (type != ICMPV6_ECHO_REQUEST_ && type != ICMPV6_ECHO_REPLY_)
-		       : (type != ICMP_ECHO_ && type != ICMP_ECHOREPLY_))
+		       : (type != ICMP_ECHO_ && type != ICMP_ECHOREPLY_)) {
+			icmp_error(p, l4, data_end, v6);
 			return XDPCNI_V_PASS_L4;
+		}
 		p->flow_id = h->c;
 		return STAGE_OK;
 	}

@@ -74,35 +74,47 @@ static __always_inline __u8 pol_l4_info(const struct packet *p, const struct fra
 	return *flags;
 }
 
-/* The flow's key, its lower end first; 1 when the packet comes from that end. */
-static __always_inline int pol_key(const struct packet *p, struct pol_flow_key *k)
+/*
+ * The key of the flow from `from` to `to` with protocol `proto` and ports
+ * `sp`, `dp` (an echo's id twice), its lower end first; 1 when `from` is
+ * that end.
+ */
+static __always_inline int pol_key_of(const struct addr *from, const struct addr *to, __u8 proto,
+				      __u16 sp, __u16 dp, struct pol_flow_key *k)
 {
-	const __u32 *s = (const __u32 *)p->src.addr, *d = (const __u32 *)p->dst.addr;
-	__u16 sp = p->sport, dp = p->dport;
+	const __u32 *s = (const __u32 *)from->addr, *d = (const __u32 *)to->addr;
 	int cmp = 0;
 
-	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
-		sp = dp = (__u16)p->flow_id;
 #pragma unroll
 	for (int i = 0; i < 4; i++)
 		if (!cmp && s[i] != d[i])
 			cmp = s[i] < d[i] ? -1 : 1;
 	if (!cmp)
 		cmp = sp <= dp ? -1 : 1;
-	k->proto = p->proto;
-	k->family = p->src.family;
+	k->proto = proto;
+	k->family = from->family;
 	if (cmp < 0) {
-		pol_copy16(k->lo, p->src.addr);
-		pol_copy16(k->hi, p->dst.addr);
+		pol_copy16(k->lo, from->addr);
+		pol_copy16(k->hi, to->addr);
 		k->lo_port = sp;
 		k->hi_port = dp;
 		return 1;
 	}
-	pol_copy16(k->lo, p->dst.addr);
-	pol_copy16(k->hi, p->src.addr);
+	pol_copy16(k->lo, to->addr);
+	pol_copy16(k->hi, from->addr);
 	k->lo_port = dp;
 	k->hi_port = sp;
 	return 0;
+}
+
+/* The packet's flow's key (pol_key_of). */
+static __always_inline int pol_key(const struct packet *p, struct pol_flow_key *k)
+{
+	__u16 sp = p->sport, dp = p->dport;
+
+	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+		sp = dp = (__u16)p->flow_id;
+	return pol_key_of(&p->src, &p->dst, p->proto, sp, dp, k);
 }
 
 /* Whether a recorded flow has been idle longer than conntrack would keep it. */
@@ -251,6 +263,25 @@ static __noinline int pol_conntrack_has(void *ctx, const struct packet *p, int x
 }
 
 /*
+ * An ICMP error about a flow between its two ends (p->err_proto, parse.bpf.h):
+ * delivered when that flow is recorded and allowed under the verdicts in
+ * force, as conntrack's "related" is on the kernel path; else the kernel's
+ * (where no entry relates it: dropped as invalid for an isolated pod).
+ */
+static __always_inline int pol_error_related(const struct packet *p, struct pol_flow_key *k,
+					     __u64 gen, __u64 now)
+{
+	struct pol_flow *fl;
+
+	/* The quoted packet went from the error's destination to its source. */
+	pol_key_of(&p->dst, &p->src, p->err_proto, (__u16)(p->flow_id >> 16), (__u16)p->flow_id, k);
+	fl = bpf_map_lookup_elem(&pol_flows, k);
+	if (!fl || pol_expired(fl, p->err_proto, now) || fl->generation != gen)
+		return 0;
+	return 1;
+}
+
+/*
  * The check: STAGE_OK (the fast path carries it), XDPCNI_V_DROP_POLICY or
  * XDPCNI_V_PASS_POLICY. `xdp`: a constant in each caller.
  */
@@ -273,6 +304,12 @@ static __always_inline int pol_check(void *ctx, const struct packet *p,
 		return XDPCNI_V_PASS_POLICY;
 	gen = st->generation;
 	now = bpf_ktime_get_coarse_ns();
+	if (p->err_proto) {
+		if (!pol_error_related(p, &k, gen, now))
+			goto kernel;
+		pol_count(XDPCNI_POL_HIT);
+		return STAGE_OK;
+	}
 	fl = bpf_map_lookup_elem(&pol_flows, &k);
 	if (fl && !pol_expired(fl, p->proto, now)) {
 		int orig = fl->orig_lo == from_lo;

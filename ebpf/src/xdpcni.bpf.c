@@ -341,12 +341,20 @@ static __always_inline int classify(struct packet *p, const struct frame *f, __u
 	STAGE_END(2, *src, STAGE_STOPPED);
 	if (!*src)
 		return XDPCNI_V_DROP_SPOOFED;
-	if (r != STAGE_OK)
+	if (r != STAGE_OK && !p->err_proto)
 		return r;
 	r = decide(p, f, *src, dst);
 	STAGE_END(3, *dst, STAGE_STOPPED);
 	if (r == STAGE_OK && !*dst)
 		return XDPCNI_V_PASS_NO_ENDPOINT;
+	/*
+	 * An ICMP error about a flow between its two ends goes on only where
+	 * the policy check may find that flow recorded; else to the kernel, as
+	 * every other ICMP error.
+	 */
+	if (p->err_proto &&
+	    (r != STAGE_OK || !(((*src)->flags | (*dst)->flags) & XDPCNI_EP_POLICY)))
+		return XDPCNI_V_PASS_L4;
 	return r;
 }
 
