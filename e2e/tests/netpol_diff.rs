@@ -370,7 +370,7 @@ fn frame(lab: &Lab, f: &Flow, port: u16, step: usize, tag: &[u8]) -> (usize, usi
         (port, f.dport)
     };
     let (s, d) = (lab.pods[from].ip(f.v6), lab.pods[to].ip(f.v6));
-    let mut l4 = match f.proto {
+    let l4 = match f.proto {
         TCP => {
             // SYN, SYN-ACK, ACK with consistent numbers (conntrack checks them).
             let (seq, ack, flags) = match step {
@@ -415,6 +415,24 @@ fn frame(lab: &Lab, f: &Flow, port: u16, step: usize, tag: &[u8]) -> (usize, usi
         packet::IPPROTO_ICMPV6 => (2, true),
         _ => (2, false),
     };
+    (
+        from,
+        to,
+        sealed(lab, from, (s, d), proto, l4, sum_at, pseudo),
+    )
+}
+
+/// The frame pod `from` sends from `s` to `d` with L4 `l4` of `proto`, its
+/// checksum (at `sum_at`, over the pseudo-header if `pseudo`) filled in.
+fn sealed(
+    lab: &Lab,
+    from: usize,
+    (s, d): (IpAddr, IpAddr),
+    proto: u8,
+    mut l4: Vec<u8>,
+    sum_at: usize,
+    pseudo: bool,
+) -> Vec<u8> {
     let c = if pseudo {
         l4_checksum(s, d, proto, &l4)
     } else {
@@ -422,7 +440,7 @@ fn frame(lab: &Lab, f: &Flow, port: u16, step: usize, tag: &[u8]) -> (usize, usi
     };
     l4[sum_at..sum_at + 2].copy_from_slice(&c.to_be_bytes());
     let p = &lab.pods[from];
-    let bytes = match (s, d) {
+    match (s, d) {
         (IpAddr::V4(s), IpAddr::V4(d)) => eth(
             p.rec.host_mac.0,
             p.rec.pod_mac.0,
@@ -435,9 +453,8 @@ fn frame(lab: &Lab, f: &Flow, port: u16, step: usize, tag: &[u8]) -> (usize, usi
             ETH_P_IPV6,
             &packet::ipv6(s, d, 64, proto, &l4),
         ),
-        _ => unreachable!(),
-    };
-    (from, to, bytes)
+        _ => unreachable!("one family"),
+    }
 }
 
 /// Port unreachable from the flow's second side to its first, quoting the
@@ -456,29 +473,7 @@ fn icmp_error(lab: &Lab, f: &Flow, port: u16, tag: &[u8]) -> (usize, usize, Vec<
     m.extend_from_slice(quoted);
     m.extend_from_slice(tag);
     let proto = if f.v6 { packet::IPPROTO_ICMPV6 } else { ICMP };
-    let c = if f.v6 {
-        l4_checksum(s, d, proto, &m)
-    } else {
-        checksum(&m)
-    };
-    m[2..4].copy_from_slice(&c.to_be_bytes());
-    let p = &lab.pods[f.dst];
-    let bytes = match (s, d) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => eth(
-            p.rec.host_mac.0,
-            p.rec.pod_mac.0,
-            ETH_P_IP,
-            &packet::ipv4(s, d, 64, proto, &m),
-        ),
-        (IpAddr::V6(s), IpAddr::V6(d)) => eth(
-            p.rec.host_mac.0,
-            p.rec.pod_mac.0,
-            ETH_P_IPV6,
-            &packet::ipv6(s, d, 64, proto, &m),
-        ),
-        _ => unreachable!(),
-    };
-    (f.dst, f.src, bytes)
+    (f.dst, f.src, sealed(lab, f.dst, (s, d), proto, m, 2, f.v6))
 }
 
 /// The tag of frame `step` of flow `i` (a TCP SYN or SYN-ACK carries no

@@ -108,22 +108,27 @@ fn prefixes_cover_exactly() {
     assert_eq!(prefixes(1, 65534, 16).len(), 30);
 }
 
-#[test]
-fn too_many_port_sets_stay_in_the_kernel() {
-    let rules: Vec<Rule> = (0..65u16)
+/// `n` rules from any peer, each to one TCP port of its own: 0, `step`, ...
+fn one_port_rules(n: u16, step: u16) -> Vec<Rule> {
+    (0..n)
         .map(|i| Rule {
             peers: Peers::Any,
             ports: Ports::Only {
                 numeric: vec![PortRange {
                     proto: Proto::Tcp,
-                    lo: i,
-                    hi: i,
+                    lo: i * step,
+                    hi: i * step,
                 }],
                 named: vec![],
             },
             policy: "x/p".into(),
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn too_many_port_sets_stay_in_the_kernel() {
+    let rules = one_port_rules(65, 1);
     let pod = PodRules {
         ingress: Some(rules),
         ..PodRules::default()
@@ -375,20 +380,7 @@ proptest! {
 fn any_number_of_port_sets_fits_the_table() {
     // 100 distinct port sets over overlapping peers: more groups than a
     // datapath mask holds, one piece per address range all the same.
-    let rules: Vec<Rule> = (0..100u16)
-        .map(|i| Rule {
-            peers: Peers::Any,
-            ports: Ports::Only {
-                numeric: vec![PortRange {
-                    proto: Proto::Tcp,
-                    lo: i * 2,
-                    hi: i * 2,
-                }],
-                named: vec![],
-            },
-            policy: "x/p".into(),
-        })
-        .collect();
+    let rules = one_port_rules(100, 2);
     let a = allowed(&rules, &BTreeMap::new());
     assert_eq!(a.by_port[0].len(), 1);
     assert_eq!(a.by_port[0][0].2.len(), 100);
