@@ -193,7 +193,7 @@ struct policy_gate {
 	  "or one conntrack could not be asked about: the kernel translates it")                   \
 	X(PASS_L4, 11, KERNEL,                                                                     \
 	  "IPv4 fragments, IPv6 extension headers, protocols other than TCP/UDP/ICMP echo, ICMP "  \
-	  "errors")                                                                                \
+	  "errors (but one end's about a flow the policy check recorded)")                         \
 	X(PASS_NO_TARGET, 12, KERNEL,                                                              \
 	  "the destination has no devmap/cpumap entry; the frame is left untouched")               \
 	X(PASS_MALFORMED, 13, KERNEL, "truncated or inconsistent headers")                         \
