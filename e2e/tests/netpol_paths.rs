@@ -120,7 +120,7 @@ fn wait_flagged(node: &KubeNode, pod: &TestPod, want: bool) {
 
 #[test]
 fn netpol_flows_keep_their_verdict_when_their_pod_changes_path_both_ways() {
-    let node = KubeNode::start(|_| {}).unwrap();
+    let mut node = KubeNode::start(|_| {}).unwrap();
     node.namespace("x", json!({ "ns": "x" })).unwrap();
     let client = node
         .add_pod("x", "client", json!({ "app": "client" }), json!([]))
@@ -200,6 +200,41 @@ fn netpol_flows_keep_their_verdict_when_their_pod_changes_path_both_ways() {
         refused(&other, &server),
         "other refused on the kernel path again"
     );
+
+    // The agent down while the server leaves the fast path: the first pass
+    // of the next agent still switches it as a pod isolated anew (the
+    // pinned records say the datapath checked it), and forgets the
+    // conntrack entries its fast-path flows may have left.
+    server_mode(false);
+    node.stop_agent(libc::SIGTERM).unwrap();
+    node.annotate("x", "server", json!({ "xdpcni.io/xdp-mode": "off" }))
+        .unwrap();
+    node.start_agent().unwrap();
+    wait_mode(
+        &node.net.node,
+        &server.host,
+        "none",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let ip = server.ip(false).to_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let switched = loop {
+        let log = node.agent_log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("left for newly isolated pods deleted") && l.contains(&ip));
+        if line.is_some() || Instant::now() > deadline {
+            break line.map(str::to_string);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        switched.is_some(),
+        "the server left the datapath's check in the restarted agent's first pass, unswitched:\n{}",
+        node.agent_log()
+    );
+    assert!(carries(&mut tcp2), "the connection goes on across it");
     for p in [client, other, server] {
         node.del_pod(p).unwrap();
     }

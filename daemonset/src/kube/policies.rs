@@ -124,6 +124,7 @@ impl PolicyTask {
             _ = shutdown.clone().wait() => return Ok(()),
         }
         info!("first lists complete: network policies, namespaces, pods");
+        self.in_datapath = checked_before(&self.core);
         let interval = Duration::from_millis(self.core.config().interval_ms);
         // Policies whose failure was reported, so each failure is told once.
         let mut reported: HashSet<String> = HashSet::new();
@@ -449,6 +450,29 @@ fn facts(
         all_classified: false,
         in_datapath,
     }
+}
+
+/// The live pods whose endpoint records in the pinned datapath carry
+/// `EP_POLICY`: those the datapath checked before this agent started. The
+/// set of pods in the datapath's check starts from them, so that a pod
+/// leaving the check in the first pass (its mode changed while the agent
+/// was down) is switched as a pod isolated anew: its window, its conntrack
+/// entries forgotten. Unreadable maps give an empty set (as before).
+fn checked_before(core: &Core) -> BTreeSet<PodKey> {
+    let flagged: BTreeSet<IpAddr> = xdpcni_ebpf::Maps::open_pinned(&core.config().pin_dir)
+        .and_then(|m| m.endpoints())
+        .map(|eps| {
+            eps.into_iter()
+                .filter(|(_, info)| info.flags & xdpcni_ebpf::abi::EP_POLICY != 0)
+                .map(|(ip, _)| ip)
+                .collect()
+        })
+        .unwrap_or_default();
+    core.records()
+        .iter()
+        .filter(|r| is_live(r) && r.ips.iter().any(|ip| flagged.contains(ip)))
+        .map(pod_key)
+        .collect()
 }
 
 /// Deletes the conntrack entries of `ips` (pods isolated anew) once what
