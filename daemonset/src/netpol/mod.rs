@@ -1,10 +1,13 @@
-//! NetworkPolicy enforcement for the pods of this node, in the kernel path:
-//! [`model`] says what the policies mean for each local pod, [`nft`] turns
-//! that into one nftables ruleset, and [`Enforcer`] applies it as one
-//! atomic `nft -j -f -` transaction and reads its drop counters back.
+//! NetworkPolicy enforcement for the pods of this node: [`model`] says what
+//! the policies mean for each local pod; [`nft`] turns that into the
+//! nftables ruleset of the kernel path, which [`Enforcer`] keeps in force
+//! with atomic `nft -j -f -` transactions (after the first, each writes
+//! only what changed) and whose drop counters it reads back; [`compile`]
+//! turns the same rules into the verdicts the datapath checks.
 //!
-//! The fast path never carries a packet of an isolated pod: the agent flags
-//! such pods kernel-only (both directions take the kernel path, where these
+//! The fast path carries an isolated pod's flows only where the datapath
+//! holds its verdicts (the pod flagged `EP_POLICY`); every other isolated
+//! pod is kernel-only (both directions take the kernel path, where these
 //! rules are), and the CNI holds every new pod a policy may select until
 //! the agent has classified it (see `xdpcni_host::gate`).
 
