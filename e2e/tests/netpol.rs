@@ -688,20 +688,16 @@ fn netpol_established_connections_follow_the_policies_in_force() {
     }
 }
 
-/// `xdpcni uninstall` (and `xdpcni-agent uninstall`) remove the policy
-/// table over netlink, with no `nft` needed on the node: here a ruleset the
-/// agent's enforcer put in a namespace of its own, then taken out.
-#[test]
-fn netpol_uninstall_removes_the_table_over_netlink() {
+/// The agent's enforcer, in `ns`, puts in force a table where pod x/a at
+/// `ip` is isolated for ingress with nothing allowed.
+fn deny_all_in(ns: &xdpcni_e2e::netns::Netns, ip: &str) {
     use xdpcni_agent::netpol::{model, Enforcer};
-    let ns = xdpcni_e2e::netns::Netns::new("xu").unwrap();
-    let listed = || ns.exec(&["nft", "list", "tables"]).unwrap();
-    in_netns(&ns, || {
+    in_netns(ns, || {
         let mut e = model::Enforcement::default();
         e.pods.insert(
             ("x".into(), "a".into()),
             model::PodRules {
-                addrs: vec!["10.1.0.2".parse().unwrap()],
+                addrs: vec![ip.parse().unwrap()],
                 ingress: Some(vec![]),
                 ..Default::default()
             },
@@ -710,6 +706,16 @@ fn netpol_uninstall_removes_the_table_over_netlink() {
         Ok(())
     })
     .unwrap();
+}
+
+/// `xdpcni uninstall` (and `xdpcni-agent uninstall`) remove the policy
+/// table over netlink, with no `nft` needed on the node: here a ruleset the
+/// agent's enforcer put in a namespace of its own, then taken out.
+#[test]
+fn netpol_uninstall_removes_the_table_over_netlink() {
+    let ns = xdpcni_e2e::netns::Netns::new("xu").unwrap();
+    let listed = || ns.exec(&["nft", "list", "tables"]).unwrap();
+    deny_all_in(&ns, "10.1.0.2");
     assert!(listed().contains("table inet xdpcni"), "{}", listed());
     let gone = in_netns(&ns, || Ok(xdpcni_host::nftable::remove_table()?)).unwrap();
     assert!(gone, "removed");
@@ -1304,7 +1310,7 @@ fn netpol_truth_table_data_parses_and_its_rules_name_the_pairs_they_say() {
 /// mark's other bits alone.
 #[test]
 fn netpol_a_new_generation_cycle_forgets_the_marks_of_earlier_rulesets() {
-    use xdpcni_agent::netpol::{model, nft::MARK_MASK, Enforcer};
+    use xdpcni_agent::netpol::nft::MARK_MASK;
     let ns = xdpcni_e2e::netns::Netns::new("xg").unwrap();
     // Entries as an earlier table left them: generation 1 (with the low
     // bits another user set), and one with only the low bits.
@@ -1348,20 +1354,7 @@ fn netpol_a_new_generation_cycle_forgets_the_marks_of_earlier_rulesets() {
         marks(),
         vec![("1000".to_string(), (1 << 16) | 5), ("1001".to_string(), 7)]
     );
-    in_netns(&ns, || {
-        let mut e = model::Enforcement::default();
-        e.pods.insert(
-            ("x".into(), "a".into()),
-            model::PodRules {
-                addrs: vec!["10.9.0.2".parse().unwrap()],
-                ingress: Some(vec![]),
-                ..Default::default()
-            },
-        );
-        Enforcer::new().apply(&e, &Default::default(), &Default::default())?;
-        Ok(())
-    })
-    .unwrap();
+    deny_all_in(&ns, "10.9.0.2");
     let after = marks();
     assert_eq!(
         after,

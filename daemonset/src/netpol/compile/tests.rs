@@ -63,14 +63,15 @@ fn contains(net: IpAddr, plen: u8, ip: IpAddr) -> bool {
     }
 }
 
-/// What the rules say, read as the table's chains read them.
+/// What the rules say, read one by one; `number` is a protocol's number
+/// where the reader carries it (the datapath: TCP and UDP; the table: SCTP
+/// too); named ports count for egress.
 fn rules_allow(
     rules: &[Rule],
     sets: &BTreeMap<String, AddrSet>,
     egress: bool,
-    peer: IpAddr,
-    proto: u8,
-    port: u16,
+    (peer, proto, port): (IpAddr, u8, u16),
+    number: fn(Proto) -> Option<u8>,
 ) -> bool {
     rules.iter().any(|r| {
         let peer_ok = match &r.peers {
@@ -82,10 +83,10 @@ fn rules_allow(
             Ports::Only { numeric, named } => {
                 numeric
                     .iter()
-                    .any(|pr| ipproto(pr.proto) == Some(proto) && pr.lo <= port && port <= pr.hi)
+                    .any(|pr| number(pr.proto) == Some(proto) && pr.lo <= port && port <= pr.hi)
                     || (egress
                         && named.iter().any(|(ip, p, n)| {
-                            *ip == peer && ipproto(*p) == Some(proto) && *n == port
+                            *ip == peer && number(*p) == Some(proto) && *n == port
                         }))
             }
         };
@@ -257,7 +258,7 @@ proptest! {
         for (peer, proto, port) in probes {
             for (dir, rules) in [(POL_INGRESS, &pod.ingress), (POL_EGRESS, &pod.egress)] {
                 let want = rules.as_ref().is_none_or(|r| {
-                    rules_allow(r, &sets, dir == POL_EGRESS, peer, proto, port)
+                    rules_allow(r, &sets, dir == POL_EGRESS, (peer, proto, port), ipproto)
                 });
                 prop_assert_eq!(
                     datapath_allows(&v, dir, peer, proto, port),
@@ -314,34 +315,6 @@ fn table_allows(a: &Allowed, peer: IpAddr, proto: u8, port: u16) -> bool {
             .any(|(ip, p, n)| *ip == peer && proto_number(*p) == proto && *n == port)
 }
 
-/// The rules read one by one, SCTP included.
-fn rules_allow_sctp(
-    rules: &[Rule],
-    sets: &BTreeMap<String, AddrSet>,
-    peer: IpAddr,
-    proto: u8,
-    port: u16,
-) -> bool {
-    rules.iter().any(|r| {
-        let peer_ok = match &r.peers {
-            Peers::Any => true,
-            Peers::Set(n) => sets[n].contains(peer),
-        };
-        peer_ok
-            && match &r.ports {
-                Ports::Any => true,
-                Ports::Only { numeric, named } => {
-                    numeric
-                        .iter()
-                        .any(|pr| proto_number(pr.proto) == proto && pr.lo <= port && port <= pr.hi)
-                        || named.iter().any(|(ip, p, n)| {
-                            *ip == peer && proto_number(*p) == proto && *n == port
-                        })
-                }
-            }
-    })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
     /// For random rules and probes, the table's pieces never overlap and
@@ -368,7 +341,7 @@ proptest! {
         for (peer, proto, port) in probes {
             prop_assert_eq!(
                 table_allows(&a, peer, proto, port),
-                rules_allow_sctp(&rules, &sets, peer, proto, port),
+                rules_allow(&rules, &sets, true, (peer, proto, port), |p| Some(proto_number(p))),
                 "peer {} proto {} port {}: {:?}",
                 peer, proto, port, a
             );
