@@ -13,6 +13,8 @@ pub const XDP_REDIRECT: u32 = 4;
 
 /// tc verdicts as the kernel numbers them.
 pub const TC_ACT_UNSPEC: u32 = u32::MAX;
+/// Drop.
+pub const TC_ACT_SHOT: u32 = 2;
 /// Redirect (bpf_redirect_peer).
 pub const TC_ACT_REDIRECT: u32 = 7;
 

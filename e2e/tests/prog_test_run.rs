@@ -14,7 +14,8 @@ use xdpcni_e2e::{
     in_netns,
     packet::{self, *},
     testrun::{
-        tc_run, xdp_run, Run, TC_ACT_REDIRECT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+        tc_run, xdp_run, Run, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, XDP_DROP, XDP_PASS,
+        XDP_REDIRECT,
     },
     topo::{Pod, WiredNode},
     PinDir,
@@ -22,9 +23,9 @@ use xdpcni_e2e::{
 use xdpcni_ebpf::{
     abi::{
         EndpointInfo, RedirectPolicy, Verdict, EPCACHE_SLOTS, EP_KERNEL_ONLY, EP_NO_NAT_PORTS,
-        MAX_SLOTS,
+        EP_POLICY, MAX_SLOTS, POL_ISOLATED_IN,
     },
-    Datapath, L4Proto, Maps,
+    Datapath, L4Proto, Maps, PodVerdicts, PolicyStats,
 };
 
 /// A node of two pods with the datapath loaded and both registered (devmap).
@@ -1050,4 +1051,82 @@ fn fuzz_seeded_random_and_truncated_frames_get_a_verdict_in_range() {
         assert!(actions[XDP_REDIRECT as usize] > 0 && actions[XDP_PASS as usize] > 0);
         Ok(())
     })
+}
+
+/// The kernel's coarse clock (what `bpf_ktime_get_coarse_ns` reads): it
+/// moves once a tick.
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a timespec the call writes.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+/// The policy check's per-CPU cache (policy.bpf.h, pol_cache) serves a
+/// recorded flow's packets within one tick of the coarse clock; a new
+/// generation must reach the flow at its next packet all the same, in the
+/// same tick, on both hooks. Attempts are repeated until some ran whole
+/// within one tick (the case the cache could get wrong); every attempt must
+/// drop.
+#[test]
+fn policy_flow_cache_a_new_generation_reaches_a_cached_flow_within_its_tick() {
+    with_datapath(|node, dp| {
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
+        info.flags |= EP_POLICY;
+        for addr in b.addrs() {
+            dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
+        }
+        let verdicts = |allow: u64| PodVerdicts {
+            flags: POL_ISOLATED_IN,
+            any_peer: [allow, 0],
+            any_port: [allow, 0],
+            ..Default::default()
+        };
+        let to_b = v4_frame(
+            a,
+            a.ipv4,
+            b.ipv4,
+            64,
+            (IPPROTO_UDP, udp(4000, 53, &[0; 18])),
+        );
+        let (mut attempts, mut within_a_tick) = (0, 0);
+        while within_a_tick < 5 && attempts < 500 {
+            attempts += 1;
+            dp.sync_policy(&[(b.addrs().to_vec(), verdicts(1), 0)])?;
+            let t0 = coarse_ns();
+            // Checked again under the new generation (or new), then from the cache.
+            for _ in 0..2 {
+                assert_eq!(run(dp, a, &to_b).action, XDP_REDIRECT);
+                let r = tc_run(dp.tc_from_pod_program(), a.host_ifindex, &to_b, 1)?;
+                assert_eq!(r.action, TC_ACT_REDIRECT);
+            }
+            dp.sync_policy(&[(b.addrs().to_vec(), verdicts(0), 0)])?;
+            let xdp = run(dp, a, &to_b).action;
+            let tc = tc_run(dp.tc_from_pod_program(), a.host_ifindex, &to_b, 1)?.action;
+            if coarse_ns() == t0 {
+                within_a_tick += 1;
+            }
+            assert_eq!(
+                (xdp, tc),
+                (XDP_DROP, TC_ACT_SHOT),
+                "attempt {attempts}: the flow refused by the new generation"
+            );
+        }
+        assert!(
+            within_a_tick >= 5,
+            "only {within_a_tick} of {attempts} attempts ran within one tick"
+        );
+        let stats = PolicyStats::read_pinned(dp.pin_dir())?;
+        assert!(
+            stats.hit >= 3 * attempts,
+            "cache hits counted as hits: {stats:?}"
+        );
+        assert_eq!(stats.refused, 2 * attempts, "{stats:?}");
+        Ok(())
+    });
 }

@@ -1,6 +1,7 @@
 //! Per-packet cost of the datapath program, measured with BPF_PROG_TEST_RUN:
 //! first stage by stage (`xdpcni_e2e::cost`, the table the benchmark prints
-//! too), then the NAT check's rows below.
+//! too), then the NAT check's rows below and the NetworkPolicy check's on a
+//! recorded flow.
 //! The kernel runs the program `REPEAT` times per call on the same buffer and
 //! reports the mean, which amortises its timer; frames start at TTL 255 so the
 //! decrements of one call (the buffer is rewritten in place) never reach the
@@ -26,7 +27,10 @@ use xdpcni_e2e::{
     topo::WiredNode,
     PinDir,
 };
-use xdpcni_ebpf::{abi::RedirectPolicy, Datapath, L4Proto};
+use xdpcni_ebpf::{
+    abi::{self, RedirectPolicy},
+    Datapath, L4Proto, PodVerdicts,
+};
 
 const SAMPLES: usize = 200; // each call costs ~50 ms of kernel setup with repeat > 1
 const REPEAT: u32 = 200;
@@ -94,6 +98,31 @@ fn main() -> Result<()> {
             ),
             ("UDP to a non-pod, pass", measure(&dp, &away_f, XDP_PASS)?),
         ];
+        // The NetworkPolicy check on a recorded flow: b isolated for
+        // ingress, one group allowing every peer and port. The first run
+        // records the flow (pol_flows), every later one finds it.
+        let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
+        info.pod_mac = a.host_mac; // as above
+        info.flags |= abi::EP_POLICY;
+        for addr in b.addrs() {
+            dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
+        }
+        let allow_all = PodVerdicts {
+            flags: abi::POL_ISOLATED_IN,
+            any_peer: [1, 0],
+            any_port: [1, 0],
+            ..Default::default()
+        };
+        dp.sync_policy(&[(b.addrs().to_vec(), allow_all, 0)])?;
+        let policy_rows = [(
+            "UDP, redirect, b isolated (allowed), its flow recorded: the policy check's hit",
+            measure(&dp, &udp_f, XDP_REDIRECT)?,
+        )];
+        dp.sync_policy(&[])?;
+        info.flags &= !abi::EP_POLICY;
+        for addr in b.addrs() {
+            dp.raw_maps().raw_upsert_endpoint(addr, &info)?;
+        }
         // The cpumap path's first program: the same frame, b on the cpumap
         // over both CPUs (a flow hash picks one), then back on the devmap.
         for cpu in 0..2 {
@@ -184,6 +213,7 @@ fn main() -> Result<()> {
             "UDP from a NAT'd port, the nat_ports rule alone (no conntrack lookup), pass",
             measure(&dp, &nat_f, XDP_PASS)?,
         ));
+        rows.extend(policy_rows);
         Ok(rows)
     })?;
 
@@ -206,6 +236,10 @@ fn main() -> Result<()> {
         rows[6].1 - rows[9].1,
         rows[8].1 - rows[9].1,
         rows[7].1 - rows[9].1
+    );
+    println!(
+        "NetworkPolicy check on a recorded flow (b isolated - b not): {:+.1} ns/packet",
+        rows[10].1 - rows[1].1
     );
     Ok(())
 }
