@@ -184,6 +184,19 @@ impl ClusterNode {
             .counters(ifindex)?
             .forwarded())
     }
+
+    /// Whether the agent has put pod `res` on the fast path (every address
+    /// of it in the endpoint map). ADD records a pod no policy may select
+    /// and returns; the agent alone writes its endpoint, a moment later.
+    pub fn on_fast_path(&self, res: &Value) -> Result<bool> {
+        let maps = Maps::open_pinned(self.pins.path())?;
+        for ip in result_ips(res) {
+            if maps.endpoint(ip)?.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// Creates pods `(name, node)` in `default` (a pause container each, bound).

@@ -507,6 +507,12 @@ fn overlay_vxlan_every_pair_mtu_masquerade_policy_and_node_churn() {
     ping_all(&[(&a1, &ra1), (&a2, &ra2), (&a3, &ra3)]);
     // Same node: still the fast path.
     let (b1, rb1) = c.nodes[0].add_pod("b1").unwrap();
+    wait_for(
+        "the agent puts b1 on the fast path",
+        Duration::from_secs(10),
+        || c.nodes[0].on_fast_path(&rb1).unwrap_or(false),
+    )
+    .unwrap_or_else(|e| panic!("{e}\n{}", c.logs()));
     let before = c.nodes[0].forwarded(&ra1).unwrap();
     ping(&a1, addr(&rb1, false).unwrap(), 5).unwrap();
     assert!(
