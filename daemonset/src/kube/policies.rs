@@ -5,22 +5,25 @@
 //!
 //! 1. writes the policy gate (the namespaces with policies), so that from
 //!    then on every new pod a policy may select is held at its ADD;
-//! 2. puts the rules in force (one nftables transaction);
-//! 3. writes the verdicts of the isolated pods into the datapath (the
-//!    `pol_*` maps, compiled from the same model), for the pods whose
-//!    verdicts fit there;
-//! 4. publishes the facts pod reconciles read ([`PolicyFacts`]: which pods
+//! 2. writes the new verdicts of the pods the datapath checks already and
+//!    will still check (the `pol_*` maps, compiled from the same model): a
+//!    change reaches their fast-path flows without waiting for the rules;
+//! 3. puts the rules in force (one nftables transaction);
+//! 4. writes the verdicts of every isolated pod whose verdicts fit the
+//!    datapath: those entering the check (after the rules, which hold their
+//!    flows meanwhile) get theirs, those leaving it lose theirs;
+//! 5. publishes the facts pod reconciles read ([`PolicyFacts`]: which pods
 //!    policies isolate, which of them the datapath enforces, which are
 //!    classified, whether the rules are in force); a failure is an Event on
 //!    each policy involved;
-//! 5. reconciles at once the pods whose isolation or hold the facts change
+//! 6. reconciles at once the pods whose isolation or hold the facts change
 //!    (a newly isolated pod is flagged for the datapath's check, or goes
 //!    kernel-only where its verdicts do not fit, a classified one's hold goes,
 //!    a pod whose rules failed is held: fail closed), and hands the pod
 //!    controller those whose reconcile failed, to retry. The task never
 //!    writes the datapath itself: each pod's reconcile turns the facts into
 //!    its state;
-//! 6. deletes the conntrack entries of pods isolated anew, once their fast
+//! 7. deletes the conntrack entries of pods isolated anew, once their fast
 //!    path traffic has drained (conntrack never saw what XDP carried).
 
 use std::{
@@ -87,7 +90,15 @@ pub struct PolicyTask {
     pub windows: BTreeMap<PodKey, u64>,
     /// The pods whose verdicts the last pass put in the datapath.
     pub in_datapath: BTreeSet<PodKey>,
+    /// What the datapath's verdict maps hold, pod by pod, as the last
+    /// write left them; `None` when not known (before the first write,
+    /// after a failed one).
+    pub synced: Option<BTreeMap<PodKey, VerdictsOf>>,
 }
+
+/// One pod's verdicts as the datapath holds them: its addresses, its
+/// verdicts, the end of its window.
+pub type VerdictsOf = (Vec<IpAddr>, xdpcni_ebpf::PodVerdicts, u64);
 
 impl PolicyTask {
     /// The task of `ctx`'s agent: watches of every NetworkPolicy, Namespace
@@ -109,6 +120,7 @@ impl PolicyTask {
             enforcer: Enforcer::new(),
             windows: BTreeMap::new(),
             in_datapath: BTreeSet::new(),
+            synced: None,
         }
     }
 
@@ -149,13 +161,18 @@ impl PolicyTask {
             .cloned()
             .collect();
         let pods = self.pods.state();
+        let mut times = PassTimes::start();
         let e = self.compute(&records, &pods);
+        times.lap(Step::Model);
         // 1. New ADDs in these namespaces are held from here on.
         let _ = core.write_gate(e.namespaces.clone()).await;
-        // 2. The rules.
         let local_ips: BTreeSet<IpAddr> =
             records.iter().flat_map(|r| r.ips.iter().copied()).collect();
         let compiled = self.compile(&e, &pods);
+        times.lap(Step::Compile);
+        // 2. The pods the datapath checks: their new verdicts at once.
+        self.verdicts_before_rules(&e, &compiled).await;
+        // 3. The rules.
         // Isolated pods the datapath checked that it will not any more.
         let leaving: BTreeSet<PodKey> = self
             .in_datapath
@@ -164,23 +181,30 @@ impl PolicyTask {
             .cloned()
             .collect();
         let applied = self.enforce(&e, local_ips.clone(), leaving).await;
-        // 3. The verdicts in the datapath, once the rules are in force.
+        times.lap(Step::Rules);
+        // 4. Every isolated pod's verdicts, once the rules are in force.
         let in_datapath = match &applied {
             Ok(a) => self.datapath_verdicts(&e, a, compiled).await,
             Err(_) => BTreeSet::new(),
         };
+        times.lap(Step::Datapath);
+        let wrote = applied.as_ref().is_ok_and(|a| a.changed) || in_datapath != self.in_datapath;
         self.in_datapath.clone_from(&in_datapath);
         let core = &self.core;
-        // 4. The facts every pod reconcile reads.
+        // 5. The facts every pod reconcile reads.
         let changed =
             core.set_policy_facts(facts(&e, &records, applied.is_ok(), in_datapath), &records);
         match &applied {
             Ok(_) => reported.clear(),
             Err(err) => self.report_failure(&e, &err.to_string(), reported).await,
         }
-        // 5. The pods those facts change, reconciled at once.
+        // 6. The pods those facts change, reconciled at once.
         let failed = self.reconcile_changed(&records, &pods, changed).await;
-        // 6. Pods isolated anew: their conntrack entries, once drained.
+        times.lap(Step::Reconcile);
+        if wrote {
+            times.log(e.pods.len());
+        }
+        // 7. Pods isolated anew: their conntrack entries, once drained.
         if let Ok(a) = &applied {
             let ips: BTreeSet<IpAddr> = records
                 .iter()
@@ -259,23 +283,57 @@ impl PolicyTask {
         }
         self.windows
             .retain(|k, until| *until > now && e.pods.contains_key(k));
-        let (keys, want): (Vec<PodKey>, Vec<_>) = compiled
+        let want: Vec<(PodKey, VerdictsOf)> = compiled
             .into_iter()
             .map(|(key, v)| {
                 let until = self.windows.get(&key).copied().unwrap_or(0);
                 let addrs = e.pods[&key].addrs.clone();
                 (key, (addrs, v, until))
             })
-            .unzip();
-        let Ok(done) = self.core.sync_policy(want.clone()).await else {
-            return BTreeSet::new();
+            .collect();
+        let written = self.write_verdicts(want).await;
+        written.map(|w| w.into_keys().collect()).unwrap_or_default()
+    }
+
+    /// Step 2: the new verdicts of the pods the datapath checks and will
+    /// still check (in the last pass's check, compiled now, same
+    /// addresses), before the rules change: their fast-path flows follow
+    /// the change without waiting for the nftables transaction. Each path
+    /// enforces a version of the policies at every moment: the datapath
+    /// the new one a transaction earlier. Every other pod keeps what the
+    /// maps hold (a pod entering or leaving the check is switched after the
+    /// rules, step 4). Nothing is written when what the maps hold is not
+    /// known, or nothing changed.
+    async fn verdicts_before_rules(
+        &mut self,
+        e: &model::Enforcement,
+        compiled: &[(PodKey, xdpcni_ebpf::PodVerdicts)],
+    ) {
+        let Some(synced) = &self.synced else { return };
+        if let Some(want) = before_rules(synced, &self.in_datapath, e, compiled) {
+            let _ = self.write_verdicts(want).await;
+        }
+    }
+
+    /// Makes the datapath's verdicts `want` and keeps what the maps then
+    /// hold ([`Self::synced`]): the pods written, without those a full map
+    /// refused. `None` when the write failed.
+    async fn write_verdicts(
+        &mut self,
+        want: Vec<(PodKey, VerdictsOf)>,
+    ) -> Option<BTreeMap<PodKey, VerdictsOf>> {
+        let entries: Vec<VerdictsOf> = want.iter().map(|(_, v)| v.clone()).collect();
+        let Ok(done) = self.core.sync_policy(entries).await else {
+            self.synced = None;
+            return None;
         };
         let failed: BTreeSet<&IpAddr> = done.failed.iter().flat_map(|(a, _)| a).collect();
-        keys.into_iter()
-            .zip(&want)
+        let held: BTreeMap<PodKey, VerdictsOf> = want
+            .into_iter()
             .filter(|(_, (addrs, _, _))| !addrs.iter().any(|ip| failed.contains(ip)))
-            .map(|(k, _)| k)
-            .collect()
+            .collect();
+        self.synced = Some(held.clone());
+        Some(held)
     }
 
     /// What the policies mean for this node's pods of `records`.
@@ -427,6 +485,91 @@ impl PolicyTask {
     }
 }
 
+/// What the datapath's verdicts become before the rules change (step 2),
+/// from what the maps hold (`synced`): the `compiled` verdicts of the pods
+/// in the check (`in_datapath`) that stay in it with the same addresses,
+/// what the maps hold for every other pod. `None` when that changes
+/// nothing.
+fn before_rules(
+    synced: &BTreeMap<PodKey, VerdictsOf>,
+    in_datapath: &BTreeSet<PodKey>,
+    e: &model::Enforcement,
+    compiled: &[(PodKey, xdpcni_ebpf::PodVerdicts)],
+) -> Option<Vec<(PodKey, VerdictsOf)>> {
+    let mut changed = false;
+    let want = synced
+        .iter()
+        .map(|(key, (addrs, old, until))| {
+            let now = compiled
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v)
+                .filter(|_| in_datapath.contains(key))
+                .filter(|_| e.pods.get(key).is_some_and(|p| &p.addrs == addrs));
+            let v = match now {
+                Some(v) if v != old => {
+                    changed = true;
+                    v.clone()
+                }
+                _ => old.clone(),
+            };
+            (key.clone(), (addrs.clone(), v, *until))
+        })
+        .collect();
+    changed.then_some(want)
+}
+
+/// The steps of a pass that [`PassTimes`] times.
+#[derive(Clone, Copy)]
+enum Step {
+    Model,
+    Compile,
+    Rules,
+    Datapath,
+    Reconcile,
+}
+
+/// How long each step of a pass took: logged for a pass that changed the
+/// rules, so that a change's latency can be taken apart (the bench reads
+/// these lines).
+struct PassTimes {
+    started: std::time::Instant,
+    last: std::time::Instant,
+    ms: [f64; 5],
+}
+
+impl PassTimes {
+    fn start() -> Self {
+        let now = std::time::Instant::now();
+        Self {
+            started: now,
+            last: now,
+            ms: [0.0; 5],
+        }
+    }
+
+    /// `step` ended now.
+    fn lap(&mut self, step: Step) {
+        let now = std::time::Instant::now();
+        self.ms[step as usize] = (now - self.last).as_secs_f64() * 1e3;
+        self.last = now;
+    }
+
+    fn log(&self, isolated: usize) {
+        let [model, compile, rules, datapath, reconcile] = self.ms;
+        info!(
+            isolated,
+            model_ms = model,
+            compile_ms = compile,
+            rules_ms = rules,
+            datapath_ms = datapath,
+            reconcile_ms = reconcile,
+            total_ms = self.started.elapsed().as_secs_f64() * 1e3,
+            "NetworkPolicy pass"
+        );
+    }
+}
+
 /// The facts of a pass over `records` whose rules are `in_force` or not:
 /// who is isolated (and by which policies), which records are classified.
 fn facts(
@@ -499,4 +642,96 @@ fn forget_after_drain(core: &Arc<Core>, ips: BTreeSet<IpAddr>, local: BTreeSet<I
             Err(e) => warn!(error = %e, "the conntrack task failed"),
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xdpcni_ebpf::PodVerdicts;
+
+    fn key(name: &str) -> PodKey {
+        ("x".to_string(), name.to_string())
+    }
+
+    fn ip(s: &str) -> Vec<IpAddr> {
+        vec![s.parse().unwrap()]
+    }
+
+    fn verdicts(any_port: u64) -> PodVerdicts {
+        PodVerdicts {
+            any_port: [any_port, 0],
+            ..PodVerdicts::default()
+        }
+    }
+
+    /// What the maps hold, the pods in the check, the model, the compiled
+    /// verdicts.
+    type Scene = (
+        BTreeMap<PodKey, VerdictsOf>,
+        BTreeSet<PodKey>,
+        model::Enforcement,
+        Vec<(PodKey, PodVerdicts)>,
+    );
+
+    /// x/stays, x/leaves and x/moved in the maps and the check; x/enters
+    /// new. x/stays compiles to `compiled_stays`, x/leaves to nothing (its
+    /// verdicts no longer fit), x/moved has new addresses.
+    fn scene(compiled_stays: PodVerdicts) -> Scene {
+        let synced: BTreeMap<PodKey, VerdictsOf> = [
+            (key("stays"), (ip("10.0.0.1"), verdicts(0), 7)),
+            (key("leaves"), (ip("10.0.0.2"), verdicts(0), 0)),
+            (key("moved"), (ip("10.0.0.3"), verdicts(0), 0)),
+        ]
+        .into();
+        let in_datapath: BTreeSet<PodKey> = synced.keys().cloned().collect();
+        let mut e = model::Enforcement::default();
+        for (name, addr) in [
+            ("stays", "10.0.0.1"),
+            ("leaves", "10.0.0.2"),
+            ("moved", "10.0.0.9"),
+            ("enters", "10.0.0.4"),
+        ] {
+            e.pods.insert(
+                key(name),
+                model::PodRules {
+                    addrs: ip(addr),
+                    ..Default::default()
+                },
+            );
+        }
+        let compiled = vec![
+            (key("stays"), compiled_stays),
+            (key("moved"), verdicts(1)),
+            (key("enters"), verdicts(1)),
+        ];
+        (synced, in_datapath, e, compiled)
+    }
+
+    #[test]
+    fn before_the_rules_only_pods_staying_in_the_check_get_their_new_verdicts() {
+        let (synced, in_datapath, e, compiled) = scene(verdicts(1));
+        let want: BTreeMap<PodKey, VerdictsOf> = before_rules(&synced, &in_datapath, &e, &compiled)
+            .expect("x/stays changed")
+            .into_iter()
+            .collect();
+        // x/stays: its new verdicts, its window end as the maps hold it.
+        assert_eq!(want[&key("stays")], (ip("10.0.0.1"), verdicts(1), 7));
+        // x/leaves (not compiled now) and x/moved (other addresses) keep
+        // what the maps hold until the rules are in force.
+        assert_eq!(want[&key("leaves")], synced[&key("leaves")]);
+        assert_eq!(want[&key("moved")], synced[&key("moved")]);
+        // x/enters waits for the rules.
+        assert!(!want.contains_key(&key("enters")));
+        assert_eq!(want.len(), 3);
+    }
+
+    #[test]
+    fn before_the_rules_nothing_is_written_when_no_checked_pod_changed() {
+        let (synced, in_datapath, e, compiled) = scene(verdicts(0));
+        assert_eq!(before_rules(&synced, &in_datapath, &e, &compiled), None);
+        // A pod the last pass did not put in the check is not written early.
+        let (synced, _, e, compiled) = scene(verdicts(1));
+        let only_moved: BTreeSet<PodKey> = [key("moved")].into();
+        assert_eq!(before_rules(&synced, &only_moved, &e, &compiled), None);
+    }
 }
