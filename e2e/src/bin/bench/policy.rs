@@ -203,21 +203,25 @@ pub fn policy_fast_bench(
         push(W_NPF_PROG, NPF_NONE, rep, ns);
         push(W_NPF_SCALE, NPF_NONE, rep, rate / 1e6);
     }
-    for (n, label) in [(1, NPF_1), (100, NPF_100), (1000, NPF_1000)] {
-        // The allow policy is one of them; the deny-all selects the server too.
-        if n > have {
-            node.create_policies(more_policies("np-fast", have, n - have))?;
-            have = n;
-        }
-        let want = (n + 3) as f64;
+    // Waits until the agent counts `n` policies selecting its pods.
+    let in_force = |n: usize| -> Result<()> {
         let start = Instant::now();
-        while node.metrics()?.get("xdpcni_policy_policies").copied() != Some(want) {
+        while node.metrics()?.get("xdpcni_policy_policies").copied() != Some(n as f64) {
             ensure!(
                 start.elapsed() < Duration::from_secs(120),
                 "{n} policies not in force"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        Ok(())
+    };
+    for (n, label) in [(1, NPF_1), (100, NPF_100), (1000, NPF_1000)] {
+        // The allow policy is one of them; the deny-all selects the server too.
+        if n > have {
+            node.create_policies(more_policies("np-fast", have, n - have))?;
+            have = n;
+        }
+        in_force(n + 3)?;
         // And the server still in the datapath (its verdicts fit).
         ensure!(
             maps.endpoint(server.ip(false))?
@@ -237,15 +241,7 @@ pub fn policy_fast_bench(
     // UDP echo to the server every millisecond, the allow policy deleted
     // (enforced: no echo for 500 ms) and made again.
     node.create_policies(more_policies("np-kernel", 1, have - 1))?;
-    let want = (2 * have + 2) as f64;
-    let start = Instant::now();
-    while node.metrics()?.get("xdpcni_policy_policies").copied() != Some(want) {
-        ensure!(
-            start.elapsed() < Duration::from_secs(120),
-            "the kernel pair's {have} policies not in force"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    in_force(2 * have + 2)?;
     for (label, ns) in [PAIRS[0], PAIRS[1]] {
         let pair = pairs.iter().find(|p| p.1 == ns).context("pair")?;
         let echo = Echo::start(&pair.2.netns, SocketAddr::new(pair.3.ip(false), 80))?;
