@@ -26,6 +26,11 @@
 //! 7. deletes the conntrack entries of pods isolated anew, once their fast
 //!    path traffic has drained (conntrack never saw what XDP carried).
 
+mod early;
+mod times;
+
+pub use early::VerdictsOf;
+
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
     net::IpAddr,
@@ -49,6 +54,9 @@ use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
 use xdpcni_ebpf::is_held;
 use xdpcni_host::state::Record;
+
+use early::before_rules;
+use times::{PassTimes, Step};
 
 use crate::{
     daemon::{Core, Shutdown},
@@ -95,10 +103,6 @@ pub struct PolicyTask {
     /// after a failed one).
     pub synced: Option<BTreeMap<PodKey, VerdictsOf>>,
 }
-
-/// One pod's verdicts as the datapath holds them: its addresses, its
-/// verdicts, the end of its window.
-pub type VerdictsOf = (Vec<IpAddr>, xdpcni_ebpf::PodVerdicts, u64);
 
 impl PolicyTask {
     /// The task of `ctx`'s agent: watches of every NetworkPolicy, Namespace
@@ -485,91 +489,6 @@ impl PolicyTask {
     }
 }
 
-/// What the datapath's verdicts become before the rules change (step 2),
-/// from what the maps hold (`synced`): the `compiled` verdicts of the pods
-/// in the check (`in_datapath`) that stay in it with the same addresses,
-/// what the maps hold for every other pod. `None` when that changes
-/// nothing.
-fn before_rules(
-    synced: &BTreeMap<PodKey, VerdictsOf>,
-    in_datapath: &BTreeSet<PodKey>,
-    e: &model::Enforcement,
-    compiled: &[(PodKey, xdpcni_ebpf::PodVerdicts)],
-) -> Option<Vec<(PodKey, VerdictsOf)>> {
-    let mut changed = false;
-    let want = synced
-        .iter()
-        .map(|(key, (addrs, old, until))| {
-            let now = compiled
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v)
-                .filter(|_| in_datapath.contains(key))
-                .filter(|_| e.pods.get(key).is_some_and(|p| &p.addrs == addrs));
-            let v = match now {
-                Some(v) if v != old => {
-                    changed = true;
-                    v.clone()
-                }
-                _ => old.clone(),
-            };
-            (key.clone(), (addrs.clone(), v, *until))
-        })
-        .collect();
-    changed.then_some(want)
-}
-
-/// The steps of a pass that [`PassTimes`] times.
-#[derive(Clone, Copy)]
-enum Step {
-    Model,
-    Compile,
-    Rules,
-    Datapath,
-    Reconcile,
-}
-
-/// How long each step of a pass took: logged for a pass that changed the
-/// rules, so that a change's latency can be taken apart (the bench reads
-/// these lines).
-struct PassTimes {
-    started: std::time::Instant,
-    last: std::time::Instant,
-    ms: [f64; 5],
-}
-
-impl PassTimes {
-    fn start() -> Self {
-        let now = std::time::Instant::now();
-        Self {
-            started: now,
-            last: now,
-            ms: [0.0; 5],
-        }
-    }
-
-    /// `step` ended now.
-    fn lap(&mut self, step: Step) {
-        let now = std::time::Instant::now();
-        self.ms[step as usize] = (now - self.last).as_secs_f64() * 1e3;
-        self.last = now;
-    }
-
-    fn log(&self, isolated: usize) {
-        let [model, compile, rules, datapath, reconcile] = self.ms;
-        info!(
-            isolated,
-            model_ms = model,
-            compile_ms = compile,
-            rules_ms = rules,
-            datapath_ms = datapath,
-            reconcile_ms = reconcile,
-            total_ms = self.started.elapsed().as_secs_f64() * 1e3,
-            "NetworkPolicy pass"
-        );
-    }
-}
-
 /// The facts of a pass over `records` whose rules are `in_force` or not:
 /// who is isolated (and by which policies), which records are classified.
 fn facts(
@@ -642,96 +561,4 @@ fn forget_after_drain(core: &Arc<Core>, ips: BTreeSet<IpAddr>, local: BTreeSet<I
             Err(e) => warn!(error = %e, "the conntrack task failed"),
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use xdpcni_ebpf::PodVerdicts;
-
-    fn key(name: &str) -> PodKey {
-        ("x".to_string(), name.to_string())
-    }
-
-    fn ip(s: &str) -> Vec<IpAddr> {
-        vec![s.parse().unwrap()]
-    }
-
-    fn verdicts(any_port: u64) -> PodVerdicts {
-        PodVerdicts {
-            any_port: [any_port, 0],
-            ..PodVerdicts::default()
-        }
-    }
-
-    /// What the maps hold, the pods in the check, the model, the compiled
-    /// verdicts.
-    type Scene = (
-        BTreeMap<PodKey, VerdictsOf>,
-        BTreeSet<PodKey>,
-        model::Enforcement,
-        Vec<(PodKey, PodVerdicts)>,
-    );
-
-    /// x/stays, x/leaves and x/moved in the maps and the check; x/enters
-    /// new. x/stays compiles to `compiled_stays`, x/leaves to nothing (its
-    /// verdicts no longer fit), x/moved has new addresses.
-    fn scene(compiled_stays: PodVerdicts) -> Scene {
-        let synced: BTreeMap<PodKey, VerdictsOf> = [
-            (key("stays"), (ip("10.0.0.1"), verdicts(0), 7)),
-            (key("leaves"), (ip("10.0.0.2"), verdicts(0), 0)),
-            (key("moved"), (ip("10.0.0.3"), verdicts(0), 0)),
-        ]
-        .into();
-        let in_datapath: BTreeSet<PodKey> = synced.keys().cloned().collect();
-        let mut e = model::Enforcement::default();
-        for (name, addr) in [
-            ("stays", "10.0.0.1"),
-            ("leaves", "10.0.0.2"),
-            ("moved", "10.0.0.9"),
-            ("enters", "10.0.0.4"),
-        ] {
-            e.pods.insert(
-                key(name),
-                model::PodRules {
-                    addrs: ip(addr),
-                    ..Default::default()
-                },
-            );
-        }
-        let compiled = vec![
-            (key("stays"), compiled_stays),
-            (key("moved"), verdicts(1)),
-            (key("enters"), verdicts(1)),
-        ];
-        (synced, in_datapath, e, compiled)
-    }
-
-    #[test]
-    fn before_the_rules_only_pods_staying_in_the_check_get_their_new_verdicts() {
-        let (synced, in_datapath, e, compiled) = scene(verdicts(1));
-        let want: BTreeMap<PodKey, VerdictsOf> = before_rules(&synced, &in_datapath, &e, &compiled)
-            .expect("x/stays changed")
-            .into_iter()
-            .collect();
-        // x/stays: its new verdicts, its window end as the maps hold it.
-        assert_eq!(want[&key("stays")], (ip("10.0.0.1"), verdicts(1), 7));
-        // x/leaves (not compiled now) and x/moved (other addresses) keep
-        // what the maps hold until the rules are in force.
-        assert_eq!(want[&key("leaves")], synced[&key("leaves")]);
-        assert_eq!(want[&key("moved")], synced[&key("moved")]);
-        // x/enters waits for the rules.
-        assert!(!want.contains_key(&key("enters")));
-        assert_eq!(want.len(), 3);
-    }
-
-    #[test]
-    fn before_the_rules_nothing_is_written_when_no_checked_pod_changed() {
-        let (synced, in_datapath, e, compiled) = scene(verdicts(0));
-        assert_eq!(before_rules(&synced, &in_datapath, &e, &compiled), None);
-        // A pod the last pass did not put in the check is not written early.
-        let (synced, _, e, compiled) = scene(verdicts(1));
-        let only_moved: BTreeSet<PodKey> = [key("moved")].into();
-        assert_eq!(before_rules(&synced, &only_moved, &e, &compiled), None);
-    }
 }
