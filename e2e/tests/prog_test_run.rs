@@ -1066,18 +1066,6 @@ fn coarse_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
 }
 
-/// Pins the calling thread to CPU 0.
-fn pin_to_cpu0() {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
-    // sched_setaffinity get it by reference with its size.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(rc, 0, "sched_setaffinity");
-    }
-}
-
 /// The policy check's per-CPU cache (policy.bpf.h, pol_cache) serves a
 /// recorded flow's packets within one tick of the coarse clock; a new
 /// generation must reach the flow at its next packet all the same, in the
@@ -1087,7 +1075,7 @@ fn pin_to_cpu0() {
 #[test]
 fn policy_flow_cache_a_new_generation_reaches_a_cached_flow_within_its_tick() {
     with_datapath(|node, dp| {
-        pin_to_cpu0();
+        xdpcni_e2e::traffic::pin_to_cpu(0).unwrap();
         let (a, b) = (&node.pods[0], &node.pods[1]);
         let mut info = b.endpoint(RedirectPolicy::Devmap, 0);
         info.flags |= EP_POLICY;
