@@ -313,14 +313,16 @@ pub fn policy_fast_bench(
         }
     }
     // The agent's own share: its log times each datapath write.
-    let mut writes: Vec<f64> = node
-        .agent_log()
+    // A number the agent logged as ` key=value` on line `l`.
+    let field = |l: &str, k: &str| -> Option<f64> {
+        let rest = &l[l.find(&format!(" {k}="))? + k.len() + 2..];
+        rest.split_whitespace().next()?.parse().ok()
+    };
+    let log = node.agent_log();
+    let mut writes: Vec<f64> = log
         .lines()
         .filter(|l| l.contains("NetworkPolicy verdicts in the datapath"))
-        .filter_map(|l| {
-            let rest = &l[l.find("ms=")? + 3..];
-            rest.split_whitespace().next()?.parse().ok()
-        })
+        .filter_map(|l| field(l, "ms"))
         .collect();
     if !writes.is_empty() {
         extra.push(format!(
@@ -331,15 +333,9 @@ pub fn policy_fast_bench(
         ));
     }
     // Its passes that changed the rules, step by step (the agent's log).
-    let field = |l: &str, k: &str| -> Option<f64> {
-        let rest = &l[l.find(&format!(" {k}="))? + k.len() + 2..];
-        rest.split_whitespace().next()?.parse().ok()
-    };
-    let passes: Vec<String> = node
-        .agent_log()
+    let passes: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("NetworkPolicy pass"))
-        .map(String::from)
         .collect();
     let steps = [
         "model_ms",
