@@ -37,6 +37,8 @@ fn main() -> Result<()> {
         "src/cpu.bpf.h",
         "src/ct.bpf.h",
         "src/policy.bpf.h",
+        "src/node.bpf.h",
+        "src/hold.bpf.h",
         "src/bench.bpf.c",
         "src/services.bpf.c",
         "build/layout.c",

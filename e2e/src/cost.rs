@@ -25,7 +25,8 @@ use xdpcni_ebpf::{
     abi::{ipv4_key, EndpointInfo, RedirectPolicy},
     layout_dir,
     testing::{RawDatapath, RawMaps},
-    Datapath, CPUMAP_PROGRAM, FROM_POD_PROGRAM, HOLD_PROGRAM, TC_FROM_POD_PROGRAM,
+    Datapath, CPUMAP_PROGRAM, FROM_POD_PROGRAM, HOLD_PROGRAM, TC_FROM_NODE_PROGRAM,
+    TC_FROM_POD_PROGRAM,
 };
 
 use crate::{
@@ -339,6 +340,7 @@ pub fn measure(samples: usize, repeat: u32) -> Result<StageCosts> {
             TC_FROM_POD_PROGRAM,
             CPUMAP_PROGRAM,
             HOLD_PROGRAM,
+            TC_FROM_NODE_PROGRAM,
         ]
         .into_iter()
         .map(|name| {

@@ -231,7 +231,16 @@ struct policy_gate {
 	X(PASS_POLICY, 25, KERNEL,                                                                 \
 	  "to or from a pod with policies, not decidable here: a flow begun on the kernel path "   \
 	  "(conntrack has it), TCP mid-stream, an ICMP echo reply with no request, verdicts "      \
-	  "missing: the nftables rules decide")
+	  "missing: the nftables rules decide")                                                    \
+	X(REDIRECT_NEIGH, 26, FORWARD,                                                             \
+	  "tc mode, to a pod of another node: TTL/hop limit decremented, sent out of the uplink "  \
+	  "to that node with bpf_redirect_neigh (the neighbour table fills the MACs)")             \
+	X(FROM_NODE_PEER, 27, FORWARD,                                                             \
+	  "on a node's uplink, from a pod of another node to a pod of this one: MACs rewritten, "  \
+	  "TTL/hop limit decremented, handed to the pod's eth0 with bpf_redirect_peer")            \
+	X(PASS_NOT_REMOTE_POD, 28, KERNEL,                                                         \
+	  "on a node's uplink, to a pod of this node from an address that is not another "         \
+	  "node's pod reached through that uplink (the node, a client outside, a NodePort)")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
@@ -393,6 +402,38 @@ struct pol_state {
 #define XDPCNI_POL_REFUSED 3 /* dropped: the policies refuse it */
 #define XDPCNI_POL_KERNEL  4 /* to the kernel: begun there, mid-stream, or not decidable */
 #define XDPCNI_POL_STATS   5
+
+/*
+ * The fast path between nodes (node.bpf.h). remote_nets (LPM trie): every
+ * other node's pod CIDR the agent routes, and how: the same pass of the
+ * agent that makes a route writes its entry after it and removes the entry
+ * before the route, so a program never sends where the kernel has no
+ * route. The tc program of a pod sends a packet for such a CIDR out of the
+ * entry's device; the tc program on that device (the uplink) delivers one
+ * from such a CIDR to a pod of this node. Added to layout 3 beside its maps:
+ * a program that does not know it passes those packets to the kernel.
+ */
+#define XDPCNI_MAX_REMOTE_NETS	 16384 /* other nodes' pod CIDRs */
+#define XDPCNI_REMOTE_FIXED_BITS 32    /* family and pad before the address */
+
+struct remote_key {
+	__u32 prefixlen; /* XDPCNI_REMOTE_FIXED_BITS + the CIDR's prefix length */
+	__u8 family;	 /* XDPCNI_FAMILY_* */
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+/* remote_net.via */
+#define XDPCNI_VIA_GATEWAY 1 /* bpf_redirect_neigh to nexthop out of ifindex (host-gateway) */
+
+struct remote_net {
+	__u32 ifindex;	/* the device the route leaves by (the uplink) */
+	__u32 via;	/* XDPCNI_VIA_* */
+	__u32 mtu;	/* the largest IP packet that path carries (the device's MTU) */
+	__u8 nh_family; /* XDPCNI_FAMILY_* of nexthop */
+	__u8 pad[3];
+	__u8 nexthop[16]; /* the route's gateway: the node's InternalIP */
+};
 
 /*
  * Kernel functions the datapath calls (the conntrack kfuncs). aya 0.14

@@ -186,3 +186,13 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pol_stats SEC(".maps");
+
+/* Other nodes' pod CIDRs and how to reach them (xdpcni.h, node.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, XDPCNI_MAX_REMOTE_NETS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct remote_key);
+	__type(value, struct remote_net);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} remote_nets SEC(".maps");

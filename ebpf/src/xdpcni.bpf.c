@@ -107,12 +107,6 @@ static __always_inline int action_of(__u32 v)
 	return action_in(v, XDP_DROP, XDP_REDIRECT, XDP_PASS);
 }
 
-/* On tc: a pass lets the next tcx program run, then the stack. */
-static __always_inline int tc_action_of(__u32 v)
-{
-	return action_in(v, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC);
-}
-
 /* Counts on the ingress veth, found through port_slots: the slow paths. */
 static __always_inline int verdict(struct xdp_md *ctx, __u32 v)
 {
@@ -235,21 +229,52 @@ static __always_inline __u32 gso_segment_len(const struct packet *p, const struc
  * segments fits both MTUs, which is what the kernel's forwarding checks
  * (skb_gso_validate_network_len).
  */
-static __always_inline int check_mtu(const struct packet *p, const struct frame *f,
-				     const struct endpoint_info *src,
-				     const struct endpoint_info *dst)
+static __always_inline int check_mtu(const struct packet *p, const struct frame *f, __u32 src_mtu,
+				     __u32 dst_mtu)
 {
 	__u32 seg;
 
-	if (p->l3_len <= src->mtu)
-		return p->l3_len > dst->mtu ? XDPCNI_V_PASS_MTU : STAGE_OK;
+	if (p->l3_len <= src_mtu)
+		return p->l3_len > dst_mtu ? XDPCNI_V_PASS_MTU : STAGE_OK;
 	if (!f->gso_size)
 		return XDPCNI_V_PASS_GSO;
 	seg = gso_segment_len(p, f);
-	if (!seg || seg > src->mtu)
+	if (!seg || seg > src_mtu)
 		return XDPCNI_V_PASS_GSO;
-	if (seg > dst->mtu)
+	if (seg > dst_mtu)
 		return XDPCNI_V_PASS_MTU;
+	return STAGE_OK;
+}
+
+/*
+ * The NAT stage of a decision: a flow from or to a port where the kernel
+ * NATs (a Service backend's, a hostPort) may be one conntrack NAT'd, and
+ * the hook asks conntrack (STAGE_CT, STAGE_CT_TO); every other flow is
+ * decided here. `src_ports`, `dst_ports`: whether that end may have such a
+ * port (a local endpoint flagged NO_NAT_PORTS has none: its lookup is
+ * skipped).
+ */
+static __always_inline int nat_stage(const struct packet *p, int src_ports, int dst_ports)
+{
+	struct nat_port_key nk = {
+	    .family = p->src.family,
+	    .proto = p->proto,
+	    .port = p->sport,
+	};
+
+	if (!p->sport)
+		return STAGE_OK;
+	if (src_ports) {
+		__builtin_memcpy(nk.addr, p->src.addr, 16);
+		if (bpf_map_lookup_elem(&nat_ports, &nk))
+			return STAGE_CT;
+	}
+	if (dst_ports) {
+		nk.port = p->dport;
+		__builtin_memcpy(nk.addr, p->dst.addr, 16);
+		if (bpf_map_lookup_elem(&nat_ports, &nk))
+			return STAGE_CT_TO;
+	}
 	return STAGE_OK;
 }
 
@@ -288,47 +313,61 @@ static __always_inline int decide(const struct packet *p, const struct frame *f,
 	 * (generic and tc modes keep the pod's TSO). XDP redirecting it would
 	 * drop it (xdp_ok_fwd_dev): the kernel path segments it.
 	 */
-	r = check_mtu(p, f, src, dst);
+	r = check_mtu(p, f, src->mtu, dst->mtu);
 	if (r != STAGE_OK)
 		return r;
 	*dst_out = dst;
-	if (p->sport) {
-		/*
-		 * A flow from or to a port where the kernel NATs (a Service
-		 * backend's, a hostPort) may be one conntrack NAT'd: the hook
-		 * asks conntrack (STAGE_CT). Every other flow is decided here. An
-		 * endpoint flagged NO_NAT_PORTS has no such port: its lookup is
-		 * skipped.
-		 */
-		struct nat_port_key nk = {
-		    .family = p->src.family,
-		    .proto = p->proto,
-		    .port = p->sport,
-		};
-
-		if (!(src->flags & XDPCNI_EP_NO_NAT_PORTS)) {
-			__builtin_memcpy(nk.addr, p->src.addr, 16);
-			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return STAGE_CT;
-		}
-		if (!(dst->flags & XDPCNI_EP_NO_NAT_PORTS)) {
-			nk.port = p->dport;
-			__builtin_memcpy(nk.addr, p->dst.addr, 16);
-			if (bpf_map_lookup_elem(&nat_ports, &nk))
-				return STAGE_CT_TO;
-		}
-	}
-	return STAGE_OK;
+	return nat_stage(p, !(src->flags & XDPCNI_EP_NO_NAT_PORTS),
+			 !(dst->flags & XDPCNI_EP_NO_NAT_PORTS));
 }
+
+/* TTL and MACs as the kernel's forwarding would set them. */
+static __always_inline void rewrite(struct packet *p, const struct endpoint_info *dst)
+{
+	decrement_ttl(p);
+	__builtin_memcpy(p->eth->h_dest, dst->pod_mac, ETH_ALEN);
+	__builtin_memcpy(p->eth->h_source, dst->host_mac, ETH_ALEN);
+}
+
+/* On tc: a pass lets the next tcx program run, then the stack. */
+static __always_inline int tc_action_of(__u32 v)
+{
+	return action_in(v, TC_ACT_SHOT, TC_ACT_REDIRECT, TC_ACT_UNSPEC);
+}
+
+/* Headers the stages read, at most: Ethernet, IPv6 (or IPv4 without options), a TCP header. */
+#define XDPCNI_TC_PULL (ETH_HLEN + 40 + 60)
+
+/*
+ * An skb as the stages see it, its headers pulled into the linear part
+ * where the sender's stack did not put them (a frame short and linear
+ * already is not touched).
+ */
+static __always_inline void tc_frame(struct __sk_buff *skb, struct frame *f)
+{
+	__u32 head = skb->len < XDPCNI_TC_PULL ? skb->len : XDPCNI_TC_PULL;
+
+	if ((void *)(long)skb->data + head > (void *)(long)skb->data_end)
+		bpf_skb_pull_data(skb, head);
+	f->data = (void *)(long)skb->data;
+	f->data_end = (void *)(long)skb->data_end;
+	f->len = skb->len;
+	f->gso_size = skb->gso_size;
+}
+
+#include "node.bpf.h"
 
 /*
  * Stages 1-3 on either hook: STAGE_OK with *src and *dst set when the fast
- * path may deliver the frame; otherwise its verdict, with *src set once the
- * source is validated (the verdict counts on the sender's slot) and NULL
- * before (on the ingress veth's).
+ * path may deliver the frame, or (`remote` non-NULL: the tc hook) with
+ * *src and *remote set when another node's pod CIDR's route may carry it;
+ * otherwise its verdict, with *src set once the source is validated (the
+ * verdict counts on the sender's slot) and NULL before (on the ingress
+ * veth's).
  */
 static __always_inline int classify(struct packet *p, const struct frame *f, __u32 ingress,
-				    struct endpoint_info **src, struct endpoint_info **dst)
+				    struct endpoint_info **src, struct endpoint_info **dst,
+				    struct remote_net **remote)
 {
 	int r = parse(p, f);
 
@@ -345,6 +384,8 @@ static __always_inline int classify(struct packet *p, const struct frame *f, __u
 		return r;
 	r = decide(p, f, *src, dst);
 	STAGE_END(3, *dst, STAGE_STOPPED);
+	if (r == XDPCNI_V_PASS_NO_ENDPOINT && remote)
+		return decide_remote(p, f, *src, remote);
 	if (r == STAGE_OK && !*dst)
 		return XDPCNI_V_PASS_NO_ENDPOINT;
 	/*
@@ -356,14 +397,6 @@ static __always_inline int classify(struct packet *p, const struct frame *f, __u
 	    (r != STAGE_OK || !(((*src)->flags | (*dst)->flags) & XDPCNI_EP_POLICY)))
 		return XDPCNI_V_PASS_L4;
 	return r;
-}
-
-/* TTL and MACs as the kernel's forwarding would set them. */
-static __always_inline void rewrite(struct packet *p, const struct endpoint_info *dst)
-{
-	decrement_ttl(p);
-	__builtin_memcpy(p->eth->h_dest, dst->pod_mac, ETH_ALEN);
-	__builtin_memcpy(p->eth->h_source, dst->host_mac, ETH_ALEN);
 }
 
 /*
@@ -437,7 +470,7 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 #endif
 	f.len = f.data_end - f.data;
 	STAGE_END(0, f.data, XDP_PASS);
-	r = classify(&p, &f, ctx->ingress_ifindex, &src, &dst);
+	r = classify(&p, &f, ctx->ingress_ifindex, &src, &dst, 0);
 	RETURN_IF_STOPPED(r, XDP_PASS);
 	if (!src)
 		return verdict(ctx, r);
@@ -455,47 +488,38 @@ int xdpcni_from_pod(struct xdp_md *ctx)
 	return action_of(r);
 }
 
-/* Headers the stages read, at most: Ethernet, IPv6 (or IPv4 without options), a TCP header. */
-#define XDPCNI_TC_PULL (ETH_HLEN + 40 + 60)
-
 /*
  * From a pod on tc (tcx ingress of its host veth, after any hold): the same
- * stages on the skb, then bpf_redirect_peer. A VLAN tag the stack carries
- * out of band is a frame the XDP hook would see tagged: not IP.
+ * stages on the skb, then bpf_redirect_peer to a pod of this node or
+ * bpf_redirect_neigh towards another's (node.bpf.h). A VLAN tag the stack
+ * carries out of band is a frame the XDP hook would see tagged: not IP.
  */
 SEC("classifier")
 int xdpcni_tc_from_pod(struct __sk_buff *skb)
 {
 	struct frame f = {};
 	struct endpoint_info *src, *dst;
+	struct remote_net *remote = 0;
 	struct packet p = {};
-	__u32 slot, head;
+	__u32 slot;
 	int r;
 
 #ifdef XDPCNI_UPGRADE_TEST
 	asm volatile("r0 = 0" ::: "r0");
 #endif
-	/*
-	 * The headers into the linear part where the pod's stack did not put
-	 * them (a frame short and linear already is not touched).
-	 */
-	head = skb->len < XDPCNI_TC_PULL ? skb->len : XDPCNI_TC_PULL;
-	if ((void *)(long)skb->data + head > (void *)(long)skb->data_end)
-		bpf_skb_pull_data(skb, head);
-	f.data = (void *)(long)skb->data;
-	f.data_end = (void *)(long)skb->data_end;
-	f.len = skb->len;
-	f.gso_size = skb->gso_size;
+	tc_frame(skb, &f);
 	STAGE_END(0, f.data, TC_ACT_UNSPEC);
 	if (skb->vlan_present) {
 		r = XDPCNI_V_PASS_NOT_IP;
 		src = 0;
 	} else {
-		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst);
+		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst, &remote);
 	}
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
 	if (r == STAGE_CT || r == STAGE_CT_TO)
 		r = ct_check(skb, &p, &f, 0, r == STAGE_CT_TO);
+	if (r == STAGE_OK && remote)
+		r = send_remote(&p, remote);
 	if (r == STAGE_OK && ((src->flags | dst->flags) & XDPCNI_EP_POLICY)) {
 		struct packet *q = pol_query(&p, &f);
 
@@ -554,33 +578,4 @@ int xdpcni_cpumap(struct xdp_md *ctx)
 	return verdict(ctx, XDPCNI_V_CPUMAP_DELIVERED);
 }
 
-/*
- * The hold: attached by the CNI plugin on both tc hooks (tcx ingress and
- * egress) of a new pod's host veth before either end is up, removed by the
- * agent once it has classified the pod. Every IP packet to or from the pod
- * is dropped; ARP and IPv6 neighbour discovery pass (no policy covers them,
- * and the node's neighbour entry for the pod is then ready when the hold
- * goes).
- */
-SEC("classifier")
-int xdpcni_hold(struct __sk_buff *skb)
-{
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-
-	if ((void *)(eth + 1) <= data_end) {
-		if (eth->h_proto == bpf_htons(ETH_P_ARP))
-			return TC_ACT_OK;
-		if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
-			struct ipv6hdr *ip6h = (void *)(eth + 1);
-			__u8 *type = (void *)(ip6h + 1);
-
-			if ((void *)(type + 1) <= data_end && ip6h->nexthdr == IPPROTO_ICMPV6_ &&
-			    *type >= ICMPV6_ND_FIRST && *type <= ICMPV6_ND_LAST)
-				return TC_ACT_OK;
-		}
-	}
-	count(slot_of(skb->ifindex), XDPCNI_V_DROP_HELD, skb->len);
-	return TC_ACT_SHOT;
-}
+#include "hold.bpf.h"
