@@ -113,8 +113,10 @@ pub mod c_layout {
 pub use c_layout::Verdict;
 
 mod policy;
+mod remote;
 mod services;
 pub use policy::*;
+pub use remote::*;
 pub use services::*;
 
 /// `struct endpoint6_key`: an IPv6 pod address, key of `endpoints6`. IPv4

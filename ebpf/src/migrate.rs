@@ -252,9 +252,12 @@ fn foreign_links(pin_dir: &Path, ours: &[u32]) -> Result<Vec<(u32, LinkKind, std
 /// layout's programs; how many.
 fn swap_foreign(dp: &mut Datapath, ours: &[u32], step: &mut dyn FnMut(&str)) -> Result<usize> {
     let mut links = 0;
-    for (_, kind, pin) in foreign_links(&dp.pin_dir.clone(), ours)? {
+    for (ifindex, kind, pin) in foreign_links(&dp.pin_dir.clone(), ours)? {
         match kind {
             LinkKind::Datapath(mode) => dp.swap_pinned_link(&pin, mode)?,
+            LinkKind::Uplink => {
+                dp.attach_uplink(ifindex)?;
+            }
             LinkKind::Hold(_) => {
                 let fd = dp
                     .hold
@@ -286,11 +289,12 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
     let build = dp.build()?;
     let meta = dp.maps.meta()?;
     let complete = DatapathMeta::new(META_COMPLETE, &build);
-    let ours = [
+    let mut ours = vec![
         dp.from_pod_program_id()?,
         dp.tc_from_pod_program_id()?,
         dp.hold_program_id()?,
     ];
+    ours.extend(dp.tc_from_node_program_id()?);
     let separate = separate_previous(&pin_dir, &layout);
     let layout1: Vec<&str> = MapName::layout1()
         .filter(|m| {

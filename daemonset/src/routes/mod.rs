@@ -14,9 +14,11 @@
 //! during a `helm upgrade` between modes, each pair of nodes keeps a path.
 
 mod device;
+mod fast;
 mod sync;
 
 pub use device::{ensure_device, Device};
+pub use fast::{remote_nets, uplinks};
 pub use sync::sync;
 
 use std::{

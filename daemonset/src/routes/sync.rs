@@ -20,7 +20,9 @@ use xdpcni_host::{
 
 use super::{NodeRoute, Plan, Report, RouteError, Unreachable, Via};
 
-fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
+/// An agent's route (its protocol) as the kernel has it, with the device
+/// it leaves by.
+fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<(NodeRoute, Option<u32>)> {
     if m.header.protocol != RouteProtocol::Other(ROUTE_PROTOCOL) {
         return None;
     }
@@ -34,7 +36,7 @@ fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
         }
     }
     let gw = gw?;
-    Some(NodeRoute {
+    let route = NodeRoute {
         dst: dst?,
         prefix: m.header.destination_prefix_length,
         via: if oif.is_some() && oif == device {
@@ -42,7 +44,28 @@ fn parse_route(m: &RouteMessage, device: Option<u32>) -> Option<NodeRoute> {
         } else {
             Via::Gateway(gw)
         },
-    })
+    };
+    Some((route, oif))
+}
+
+/// The agent's routes in the kernel (both families), each with the device
+/// it leaves by; `device` is the VXLAN device's ifindex, if any.
+pub(super) fn agent_routes(
+    nl: &mut Netlink,
+    device: Option<u32>,
+) -> Result<Vec<(NodeRoute, Option<u32>)>, NetlinkError> {
+    let mut out = Vec::new();
+    for req in [
+        RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    ] {
+        for m in nl.dump("listing routes", RouteNetlinkMessage::GetRoute(req))? {
+            if let RouteNetlinkMessage::NewRoute(m) = m {
+                out.extend(parse_route(&m, device));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn route_message(r: &NodeRoute, device: u32) -> RouteMessage {
@@ -175,19 +198,10 @@ pub fn sync(nl: &mut Netlink, want: &Plan, device: Option<u32>) -> Result<Report
             report.added += 1;
         }
     }
-    let mut have = BTreeSet::new();
-    for req in [
-        RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
-        RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
-    ] {
-        for m in nl.dump("listing routes", RouteNetlinkMessage::GetRoute(req))? {
-            if let RouteNetlinkMessage::NewRoute(m) = m {
-                if let Some(r) = parse_route(&m, device) {
-                    have.insert(r);
-                }
-            }
-        }
-    }
+    let have: BTreeSet<NodeRoute> = agent_routes(nl, device)?
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
     let dev = device.unwrap_or_default();
     for (r, node) in want.routes.iter().filter(|(r, _)| !have.contains(r)) {
         if matches!(r.via, Via::Tunnel(_)) && device.is_none() {

@@ -25,15 +25,19 @@ pub(crate) enum LinkKind {
     Datapath(AttachMode),
     /// The hold program on this tc hook.
     Hold(HoldHook),
+    /// The program on a device other nodes' pods' packets come in by
+    /// (tcx ingress; node.bpf.h).
+    Uplink,
 }
 
 impl LinkKind {
-    const ALL: [LinkKind; 5] = [
+    const ALL: [LinkKind; 6] = [
         Self::Datapath(AttachMode::Native),
         Self::Datapath(AttachMode::Generic),
         Self::Datapath(AttachMode::Tc),
         Self::Hold(HoldHook::Ingress),
         Self::Hold(HoldHook::Egress),
+        Self::Uplink,
     ];
 
     /// The pin name's suffix. Pin names are an on-disk layout every release
@@ -46,6 +50,7 @@ impl LinkKind {
             Self::Datapath(AttachMode::Tc) => "tc",
             Self::Hold(HoldHook::Ingress) => "hold_ingress",
             Self::Hold(HoldHook::Egress) => "hold_egress",
+            Self::Uplink => "uplink",
         }
     }
 
@@ -57,12 +62,12 @@ impl LinkKind {
     pub(crate) fn state(self, pin: &Path) -> std::io::Result<sys::LinkState> {
         match self {
             Self::Datapath(m) if m.is_xdp() => sys::pinned_xdp_link(pin),
-            Self::Datapath(_) | Self::Hold(_) => sys::pinned_tcx_link(pin),
+            Self::Datapath(_) | Self::Hold(_) | Self::Uplink => sys::pinned_tcx_link(pin),
         }
     }
 
     /// Whether the link pinned at `pin` is attached to `ifindex` still.
-    fn is_live(self, pin: &Path, ifindex: u32) -> bool {
+    pub(crate) fn is_live(self, pin: &Path, ifindex: u32) -> bool {
         matches!(self.state(pin), Ok(s) if s.ifindex == ifindex)
     }
 }
@@ -89,7 +94,7 @@ where
 }
 
 /// The pin of the link of `kind` on `ifindex`: the one home of the name.
-fn link_pin(pin_dir: &Path, ifindex: u32, kind: LinkKind) -> PathBuf {
+pub(crate) fn link_pin(pin_dir: &Path, ifindex: u32, kind: LinkKind) -> PathBuf {
     pin_dir
         .join("links")
         .join(format!("{ifindex}_{}", kind.suffix()))
@@ -101,7 +106,7 @@ fn link_pin(pin_dir: &Path, ifindex: u32, kind: LinkKind) -> PathBuf {
 /// linger on the device for a moment, and the device's features with it (a
 /// veth peer's TSO is forced off while native XDP is on). `Ok(false)` if
 /// there was no pin.
-pub(super) fn unpin_link(pin: &Path) -> Result<bool> {
+pub(crate) fn unpin_link(pin: &Path) -> Result<bool> {
     if !pin.exists() {
         return Ok(false);
     }
@@ -143,7 +148,7 @@ fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
 
 /// The name of `ifindex` in the calling thread's network namespace (aya
 /// attaches tc programs by name).
-fn ifname_of(ifindex: u32) -> Result<String> {
+pub(crate) fn ifname_of(ifindex: u32) -> Result<String> {
     let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: buf holds IF_NAMESIZE bytes, as if_indextoname(3) requires.
     let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
@@ -391,10 +396,15 @@ impl Datapath {
 
     pub(super) fn swap_all_links(&mut self) -> Result<()> {
         for (ifindex, kind, pin) in self.link_pins()? {
-            if let LinkKind::Datapath(mode) = kind {
-                if kind.is_live(&pin, ifindex) {
-                    self.swap_link(&pin, mode)?;
+            if !kind.is_live(&pin, ifindex) {
+                continue;
+            }
+            match kind {
+                LinkKind::Datapath(mode) => self.swap_link(&pin, mode)?,
+                LinkKind::Uplink => {
+                    self.attach_uplink(ifindex)?;
                 }
+                LinkKind::Hold(_) => {}
             }
         }
         Ok(())

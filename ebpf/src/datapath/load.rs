@@ -87,9 +87,12 @@ impl Datapath {
             .map_err(|e| Error::Load(Box::new(e)))?;
         let maps = Maps::take(&mut ebpf, &layout)?;
         let policy = PolicyMaps::take(&mut ebpf)?;
+        let remote = super::RemoteMaps::take(&mut ebpf)?;
         let (from_pod, a) = Self::adopt_program(&mut ebpf, &layout, FROM_POD_PROGRAM)?;
         let (cpumap, b) = Self::adopt_program(&mut ebpf, &layout, CPUMAP_PROGRAM)?;
         let (tc_from_pod, c) = Self::adopt_classifier(&mut ebpf, &layout, TC_FROM_POD_PROGRAM)?;
+        let (tc_from_node, d) =
+            Self::adopt_classifier(&mut ebpf, &layout, super::TC_FROM_NODE_PROGRAM)?;
         // A held pod's links keep the program they were made with within a
         // layout: it drops alike in every build, and the agent removes them
         // once it has classified the pod (a migration moves them).
@@ -98,11 +101,13 @@ impl Datapath {
             pin_dir: pin_dir.to_path_buf(),
             from_pod,
             tc_from_pod,
+            tc_from_node: Some(tc_from_node),
             cpumap,
             hold,
             maps,
             policy: Some(policy),
-            upgraded: a || b || c,
+            remote: Some(remote),
+            upgraded: a || b || c || d,
             migration: None,
         };
         // An older layout first: its links move to this build's programs.
@@ -146,10 +151,12 @@ impl Datapath {
                 aya_obj::programs::XdpAttachType::Interface,
             )?,
             tc_from_pod: classifier(TC_FROM_POD_PROGRAM)?,
+            tc_from_node: None,
             cpumap: prog(CPUMAP_PROGRAM, aya_obj::programs::XdpAttachType::CpuMap)?,
             hold: classifier(HOLD_PROGRAM)?,
             maps,
             policy: None,
+            remote: None,
             upgraded: false,
             migration: None,
         })
@@ -285,12 +292,16 @@ impl Datapath {
                 info.map(|i| i.id())
                     .map_err(|e| Error::program("program info", e))
             };
-        Ok(vec![
+        let mut ids = vec![
             (FROM_POD_PROGRAM, id(self.from_pod.info())?),
             (TC_FROM_POD_PROGRAM, id(self.tc_from_pod.info())?),
             (CPUMAP_PROGRAM, id(self.cpumap.info())?),
             (HOLD_PROGRAM, id(self.hold.info())?),
-        ])
+        ];
+        if let Some(p) = &self.tc_from_node {
+            ids.push((super::TC_FROM_NODE_PROGRAM, id(p.info())?));
+        }
+        Ok(ids)
     }
 
     /// Kernel id of the hold program.
@@ -332,6 +343,24 @@ impl Datapath {
             .info()
             .map_err(|e| Error::program("program info", e))?
             .id())
+    }
+
+    /// Kernel id of the uplink program, if loaded.
+    pub fn tc_from_node_program_id(&self) -> Result<Option<u32>> {
+        self.tc_from_node
+            .as_ref()
+            .map(|p| {
+                p.info()
+                    .map(|i| i.id())
+                    .map_err(|e| Error::program("program info", e))
+            })
+            .transpose()
+    }
+
+    /// The uplink program, e.g. for `test_run` (`None` where only the
+    /// pins were opened).
+    pub fn tc_from_node_program(&self) -> Option<&SchedClassifier> {
+        self.tc_from_node.as_ref()
     }
 
     /// The datapath's tc program, e.g. for `test_run`.

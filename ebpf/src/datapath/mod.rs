@@ -11,15 +11,18 @@
 //!   policy_namespaces policy_gate                      what the CNI reads to hold a new pod
 //!   pol_pods pol_peers pol_ports pol_named     NetworkPolicy verdicts of isolated pods
 //!   pol_flows pol_state pol_stats              the flows they allowed, their generation, counts
+//!   remote_nets                                other nodes' pod CIDRs and their routes (remote.rs)
 //!   progs/xdpcni_from_pod progs/xdpcni_cpumap  the programs in use
 //!   progs/xdpcni_hold                          the tc program of a held pod
 //!   progs/xdpcni_tc_from_pod                   the datapath on the tc hook (mode tc)
+//!   progs/xdpcni_tc_from_node                  on the uplink: other nodes' pods to this node's
 //! layout-2/                                    the previous release's names: aliases of
 //!                                              layout-3's maps (less the cache) and programs
 //! links/<ifindex>_native | _generic | _tc      one datapath bpf_link per host veth (XDP, or
 //!                                              tcx ingress), shared by every layout (bpffs
 //!                                              refuses names with dots); two mid-switch
 //! links/<ifindex>_hold_ingress | _hold_egress  the two tcx links of a held pod
+//! links/<ifindex>_uplink                       the tcx link of the uplink program
 //! ```
 //!
 //! Each layout has its own directory so that binaries of two layouts never
@@ -40,6 +43,7 @@ mod load;
 pub(crate) mod maps;
 mod pod;
 pub(crate) mod policy;
+mod remote;
 pub(crate) mod types;
 
 use std::path::{Path, PathBuf};
@@ -50,12 +54,16 @@ pub use links::is_held;
 pub use maps::{MapFill, Maps};
 pub use pod::{Collected, NatSync, CPUMAP_QUEUE};
 pub use policy::{PodVerdicts, PolicyMaps, PolicyStats, PolicySynced};
+pub use remote::{RemoteCidr, RemoteMaps, RemoteSynced};
 pub use types::{AttachMode, Attachment, Counters, Filled, HoldHook, L4Proto, Migration};
 
 /// Name of the program attached to pod host veths.
 pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
 /// Name of the same datapath on the tc hook (tcx ingress of host veths).
 pub const TC_FROM_POD_PROGRAM: &str = "xdpcni_tc_from_pod";
+/// Name of the tc program on the devices other nodes' pods' packets come
+/// in by (node.bpf.h).
+pub const TC_FROM_NODE_PROGRAM: &str = "xdpcni_tc_from_node";
 /// Name of the cpumap second-stage program.
 pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";
 /// Name of the tc program that holds a pod until the agent classifies it.
@@ -94,12 +102,16 @@ pub struct Datapath {
     pub(crate) pin_dir: PathBuf,
     from_pod: Xdp,
     tc_from_pod: SchedClassifier,
+    /// The uplink program; `None` where only the pins were opened.
+    tc_from_node: Option<SchedClassifier>,
     cpumap: Xdp,
     pub(crate) hold: SchedClassifier,
     pub(crate) maps: Maps,
     /// The NetworkPolicy maps; `None` where only the pins were opened
     /// ([`Datapath::open_existing`]: the CNI plugin never writes them).
     policy: Option<PolicyMaps>,
+    /// `remote_nets`; `None` where only the pins were opened.
+    remote: Option<RemoteMaps>,
     upgraded: bool,
     migration: Option<Migration>,
 }
