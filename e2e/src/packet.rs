@@ -98,3 +98,58 @@ pub fn icmp(ty: u8, id: u16, seq: u16) -> Vec<u8> {
     m[2..4].copy_from_slice(&c.to_be_bytes());
     m
 }
+
+/// IPv4 with `opts` (a multiple of 4 bytes), `flags_frag` and DF as given.
+pub fn ipv4_full(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    ttl: u8,
+    proto: u8,
+    flags_frag: u16,
+    opts: &[u8],
+    payload: &[u8],
+) -> Vec<u8> {
+    let hlen = 20 + opts.len();
+    let total = u16::try_from(hlen + payload.len()).unwrap_or(u16::MAX);
+    let mut h = vec![0x40 | u8::try_from(hlen / 4).unwrap_or(0x0f), 0];
+    h.extend_from_slice(&total.to_be_bytes());
+    h.extend_from_slice(&[0x12, 0x34]);
+    h.extend_from_slice(&flags_frag.to_be_bytes());
+    h.extend_from_slice(&[ttl, proto, 0, 0]);
+    h.extend_from_slice(&src.octets());
+    h.extend_from_slice(&dst.octets());
+    h.extend_from_slice(opts);
+    let c = checksum(&h);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h.extend_from_slice(payload);
+    h
+}
+
+/// Fixes the UDP/TCP/ICMPv6 checksum of an IPv6 frame (Ethernet, a
+/// 40-byte IPv6 header, then L4): the kernel forwards bad L4 checksums as
+/// they are, but a realistic probe has good ones.
+pub fn fix_l4_v6(frame: &mut [u8]) {
+    if frame.len() < 54 {
+        return;
+    }
+    let nh = frame[20];
+    let l4 = 54;
+    let len = frame.len() - l4;
+    let off = match nh {
+        6 => 16,
+        17 => 6,
+        58 => 2,
+        _ => return,
+    };
+    if frame.len() < l4 + off + 2 {
+        return;
+    }
+    frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
+    let mut pseudo = Vec::new();
+    pseudo.extend_from_slice(&frame[22..54]);
+    pseudo.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+    pseudo.extend_from_slice(&[0, 0, 0, nh]);
+    pseudo.extend_from_slice(&frame[l4..]);
+    let c = checksum(&pseudo);
+    frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
+}

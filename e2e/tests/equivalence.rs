@@ -39,7 +39,7 @@ use xdpcni_e2e::{
     cni::{Call, Network},
     in_netns,
     netns::Netns,
-    packet::{self, checksum, eth, ETH_P_IP, ETH_P_IPV6},
+    packet::{self, checksum, eth, fix_l4_v6, ipv4_full, ETH_P_IP, ETH_P_IPV6},
     traffic::ping,
     PinDir,
 };
@@ -584,32 +584,6 @@ fn udp(sport: u16, dport: u16, len: usize) -> Vec<u8> {
     packet::udp(sport, dport, &vec![0x5a; len])
 }
 
-/// IPv4 with `opts` (a multiple of 4 bytes), `flags_frag` and DF as given.
-fn ipv4_full(
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    ttl: u8,
-    proto: u8,
-    flags_frag: u16,
-    opts: &[u8],
-    payload: &[u8],
-) -> Vec<u8> {
-    let hlen = 20 + opts.len();
-    let total = u16::try_from(hlen + payload.len()).unwrap();
-    let mut h = vec![0x40 | u8::try_from(hlen / 4).unwrap(), 0];
-    h.extend_from_slice(&total.to_be_bytes());
-    h.extend_from_slice(&[0x12, 0x34]);
-    h.extend_from_slice(&flags_frag.to_be_bytes());
-    h.extend_from_slice(&[ttl, proto, 0, 0]);
-    h.extend_from_slice(&src.octets());
-    h.extend_from_slice(&dst.octets());
-    h.extend_from_slice(opts);
-    let c = checksum(&h);
-    h[10..12].copy_from_slice(&c.to_be_bytes());
-    h.extend_from_slice(payload);
-    h
-}
-
 fn v4(from: &Pod, src: Ipv4Addr, dst: Ipv4Addr, ttl: u8, proto: u8, l4: &[u8]) -> Vec<u8> {
     eth(
         from.host_mac(),
@@ -626,32 +600,6 @@ fn v6(from: &Pod, src: Ipv6Addr, dst: Ipv6Addr, hop: u8, nh: u8, l4: &[u8]) -> V
         ETH_P_IPV6,
         &packet::ipv6(src, dst, hop, nh, l4),
     )
-}
-
-/// Fixes the UDP/TCP/ICMPv6 checksum of an IPv6 frame built by `v6` (the
-/// kernel forwards bad L4 checksums as they are, but a realistic probe has
-/// good ones).
-fn fix_l4_v6(frame: &mut [u8]) {
-    let nh = frame[20];
-    let l4 = 54;
-    let len = frame.len() - l4;
-    let off = match nh {
-        6 => 16,
-        17 => 6,
-        58 => 2,
-        _ => return,
-    };
-    if frame.len() < l4 + off + 2 {
-        return;
-    }
-    frame[l4 + off..l4 + off + 2].copy_from_slice(&[0, 0]);
-    let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&frame[22..54]);
-    pseudo.extend_from_slice(&u32::try_from(len).unwrap().to_be_bytes());
-    pseudo.extend_from_slice(&[0, 0, 0, nh]);
-    pseudo.extend_from_slice(&frame[l4..]);
-    let c = checksum(&pseudo);
-    frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
 }
 
 fn probes(lab: &Lab) -> Vec<Probe> {

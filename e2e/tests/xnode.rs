@@ -1,0 +1,842 @@
+//! The fast path between nodes delivers exactly what the kernel path does.
+//!
+//! Two nodes, each a namespace with its own datapath pins and CNI network,
+//! joined by one wire (a veth pair: each end its node's uplink, MTU 1480),
+//! each routing the other's pod CIDRs host-gateway through the agent's own
+//! route code (`routes::sync`). A pod on each, made by the real CNI: a on
+//! node 1 (MTU 1500, above the wire's), b on node 2 (MTU 1400, below it).
+//! Every probe is a sequence of frames sent with an AF_PACKET socket from
+//! inside a pod; everything that then arrives at both pods' eth0 is
+//! captured. Each probe runs on the kernel path (both pods `off`, no
+//! `remote_nets`, no uplink program) and on the fast path (both pods in
+//! `tc`, `remote_nets` as the agent derives it from its routes
+//! (`routes::remote_nets`), the uplink program on both ends of the wire),
+//! and the captures must be equal byte for byte: both directions, IPv4 and
+//! IPv6, TTL 1 at either node, fragments, packets too big for the wire or
+//! for the receiving pod, ICMP errors. The fast path must have carried what
+//! it may carry (its counters on both nodes), and the nodes' own traffic
+//! over the wire still flows with the uplink program on.
+//!
+//! Needs root, bpffs, iptables and containernetworking-plugins.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use xdpcni_agent::routes::{self, NodeRoute, Plan, Via};
+use xdpcni_e2e::{
+    capture::{silence_stack, Capture},
+    cni::{Call, Network},
+    in_netns,
+    netns::Netns,
+    packet::{
+        self, eth, fix_l4_v6, ipv4_full, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6,
+        IPPROTO_TCP, IPPROTO_UDP,
+    },
+    traffic::ping,
+    unique_name, PinDir,
+};
+use xdpcni_ebpf::{
+    abi::{RedirectPolicy, Verdict},
+    Datapath, Maps,
+};
+use xdpcni_host::{
+    netlink::Netlink,
+    pod::{self, XdpMode},
+    state::{self, Record},
+};
+
+/// The wire's MTU: between b's (1400) and a's (1500).
+const WIRE_MTU: &str = "1480";
+
+/// One node: pins, CNI network, its end of the wire, its routes.
+struct Side {
+    pins: PinDir,
+    net: Network,
+    uplink: String,
+    plan: Plan,
+}
+
+impl Side {
+    fn new(v4: &str, v6: &str) -> Self {
+        let pins = PinDir::new("xx").unwrap();
+        let net = Network::new(
+            pins.path(),
+            "1.1.0",
+            json!([[{ "subnet": v4 }], [{ "subnet": v6 }]]),
+        )
+        .unwrap();
+        in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
+        for (key, value) in [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+            // ICMP errors by count, not by timing.
+            ("net.ipv4.icmp_ratelimit", "0"),
+            ("net.ipv4.icmp_msgs_per_sec", "100000"),
+            ("net.ipv6.icmp.ratelimit", "0"),
+            // A probe's incomplete fragment queue must not meet the next run's.
+            ("net.ipv4.ipfrag_time", "1"),
+            ("net.ipv6.ip6frag_time", "1"),
+        ] {
+            net.node.sysctl(key, value).unwrap();
+        }
+        Self {
+            pins,
+            net,
+            uplink: String::new(),
+            plan: Plan::default(),
+        }
+    }
+
+    /// Routes `v4`, `v6` (another node's pod CIDRs) via `gw4`, `gw6`, as
+    /// the agent's routing pass would.
+    fn route(&mut self, v4: (&str, u8, &str), v6: (&str, u8, &str)) {
+        for (dst, prefix, gw) in [v4, v6] {
+            self.plan.routes.insert(
+                NodeRoute {
+                    dst: dst.parse().unwrap(),
+                    prefix,
+                    via: Via::Gateway(gw.parse().unwrap()),
+                },
+                "other".into(),
+            );
+        }
+        let plan = self.plan.clone();
+        in_netns(&self.net.node, move || {
+            let mut nl = Netlink::new()?;
+            let report = routes::sync(&mut nl, &plan, None)?;
+            anyhow::ensure!(report.unreachable.is_empty(), "{report:?}");
+            Ok(())
+        })
+        .unwrap();
+    }
+
+    /// The fast path between nodes on (`remote_nets` from the routes in
+    /// place, the uplink program on the wire) or off.
+    fn set_fast(&self, on: bool) -> usize {
+        let (pins, plan, uplink) = (
+            self.pins.path().to_path_buf(),
+            self.plan.clone(),
+            self.uplink.clone(),
+        );
+        in_netns(&self.net.node, move || {
+            let mut nl = Netlink::new()?;
+            let nets = if on {
+                routes::remote_nets(&mut nl, &plan, None)?
+            } else {
+                BTreeMap::new()
+            };
+            let mut dp = Datapath::open(&pins)?;
+            dp.sync_remote_nets(&nets)?;
+            let wire = nl
+                .link_by_name(&uplink)?
+                .ok_or_else(|| anyhow::anyhow!("no {uplink}"))?;
+            if on {
+                anyhow::ensure!(
+                    routes::uplinks(&nets) == vec![wire.index],
+                    "the routes leave by {:?}, not the wire",
+                    routes::uplinks(&nets)
+                );
+                dp.attach_uplink(wire.index)?;
+            } else {
+                dp.detach_uplink(wire.index)?;
+            }
+            Ok(nets.len())
+        })
+        .unwrap()
+    }
+
+    fn counters(&self, dev: &str) -> xdpcni_ebpf::Counters {
+        let ifindex = self.net.node.ifindex(dev).unwrap();
+        let pins = self.pins.path().to_path_buf();
+        in_netns(&self.net.node, move || {
+            Ok(Maps::open_pinned(&pins)?.counters(ifindex)?)
+        })
+        .unwrap()
+    }
+}
+
+struct Pod {
+    ns: Netns,
+    rec: Record,
+    v4: Ipv4Addr,
+    v6: Ipv6Addr,
+    mtu: usize,
+    eth0: Capture,
+}
+
+impl Pod {
+    fn add(side: &Side, id: &str, mtu: u32) -> Self {
+        let ns = Netns::new("xp").unwrap();
+        let out = side
+            .net
+            .call(
+                &Call::new("ADD", id, Some(&ns.path())),
+                &json!({ "mtu": mtu }),
+            )
+            .unwrap();
+        assert_eq!(out.status, 0, "ADD {id}: {:?} {}", out.json, side.net.log());
+        let rec = state::list(&side.net.dir.path().join("state"))
+            .unwrap()
+            .into_iter()
+            .find(|r| r.container_id == id)
+            .unwrap();
+        let v4 = rec
+            .ips
+            .iter()
+            .find_map(|i| match i {
+                IpAddr::V4(a) => Some(*a),
+                IpAddr::V6(_) => None,
+            })
+            .unwrap();
+        let v6 = rec
+            .ips
+            .iter()
+            .find_map(|i| match i {
+                IpAddr::V6(a) => Some(*a),
+                IpAddr::V4(_) => None,
+            })
+            .unwrap();
+        let eth0 = Capture::open(&ns, "eth0").unwrap();
+        Self {
+            ns,
+            rec,
+            v4,
+            v6,
+            mtu: mtu as usize,
+            eth0,
+        }
+    }
+
+    fn v4(&self, dst: Ipv4Addr, ttl: u8, proto: u8, frag: u16, l4: &[u8]) -> Vec<u8> {
+        eth(
+            self.rec.host_mac.0,
+            self.rec.pod_mac.0,
+            ETH_P_IP,
+            &ipv4_full(self.v4, dst, ttl, proto, frag, &[], l4),
+        )
+    }
+
+    fn v6(&self, dst: Ipv6Addr, hop: u8, nh: u8, l4: &[u8]) -> Vec<u8> {
+        let mut f = eth(
+            self.rec.host_mac.0,
+            self.rec.pod_mac.0,
+            ETH_P_IPV6,
+            &packet::ipv6(self.v6, dst, hop, nh, l4),
+        );
+        fix_l4_v6(&mut f);
+        f
+    }
+
+    fn host_veth(&self) -> &str {
+        &self.rec.host_veth
+    }
+}
+
+struct Lab {
+    n1: Side,
+    n2: Side,
+    a: Pod,
+    b: Pod,
+}
+
+const P1: (&str, &str) = ("10.81.1.0/24", "fd81:1::/64");
+const P2: (&str, &str) = ("10.81.2.0/24", "fd81:2::/64");
+
+impl Lab {
+    fn new() -> Self {
+        let mut n1 = Side::new(P1.0, P1.1);
+        let mut n2 = Side::new(P2.0, P2.1);
+        let (u1, u2) = (unique_name("xu"), unique_name("xu"));
+        n1.net.node.add_veth(&u1, &u2, Some(&n2.net.node)).unwrap();
+        for (side, dev, last) in [(&n1, &u1, "1"), (&n2, &u2, "2")] {
+            let node = &side.net.node;
+            node.ip(&["link", "set", dev, "mtu", WIRE_MTU, "up"])
+                .unwrap();
+            node.ip(&["addr", "add", &format!("192.168.81.{last}/24"), "dev", dev])
+                .unwrap();
+            node.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("fd81:ff::{last}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ])
+            .unwrap();
+        }
+        n1.uplink = u1;
+        n2.uplink = u2;
+        n1.route(
+            ("10.81.2.0", 24, "192.168.81.2"),
+            ("fd81:2::", 64, "fd81:ff::2"),
+        );
+        n2.route(
+            ("10.81.1.0", 24, "192.168.81.1"),
+            ("fd81:1::", 64, "fd81:ff::1"),
+        );
+        let a = Pod::add(&n1, "a", 1500);
+        let b = Pod::add(&n2, "b", 1400);
+        Self { n1, n2, a, b }
+    }
+
+    /// Both pods in `mode` (as the agent's apply makes them) and the fast
+    /// path between nodes as `fast` says; neighbours warmed both ways.
+    fn set(&self, mode: XdpMode, fast: bool) {
+        for (side, pod) in [(&self.n1, &self.a), (&self.n2, &self.b)] {
+            let (pins, rec) = (side.pins.path().to_path_buf(), pod.rec.clone());
+            in_netns(&side.net.node, move || {
+                let mut dp = Datapath::open_existing(&pins)?;
+                let wish = xdpcni_agent::wish::Wish {
+                    mode,
+                    redirect: RedirectPolicy::Devmap,
+                    cpu_mask: pod::online_cpus(),
+                };
+                let done = xdpcni_agent::apply::apply(&mut dp, &rec, &wish, false, false)?;
+                anyhow::ensure!(done.mode == mode, "{mode} refused: {:?}", done.problems);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(side.set_fast(fast), if fast { 2 } else { 0 });
+        }
+        self.warm();
+    }
+
+    /// Every neighbour entry of both paths resolved (pods, gateways), then
+    /// the pods' stacks silenced: what arrives is the nodes' doing.
+    fn warm(&self) {
+        for ns in [&self.a.ns, &self.b.ns] {
+            ns.exec(&["iptables", "-F", "INPUT"]).unwrap();
+            ns.exec(&["ip6tables", "-F", "INPUT"]).unwrap();
+        }
+        for (from, to) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            for ip in [IpAddr::V4(to.v4), IpAddr::V6(to.v6)] {
+                // A new pod's IPv6 address may still be tentative.
+                let start = Instant::now();
+                while let Err(e) = ping(&from.ns, ip, 1) {
+                    assert!(start.elapsed() < Duration::from_secs(10), "{e:#}");
+                }
+            }
+        }
+        for ns in [&self.a.ns, &self.b.ns] {
+            silence_stack(ns).unwrap();
+        }
+        // Each pod's frames reach the other before a probe runs.
+        for (from, to) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            let frame = from.v4(to.v4, 64, IPPROTO_UDP, 0x4000, &udp(9, 9, 8));
+            let start = Instant::now();
+            to.eth0.drain();
+            loop {
+                from.eth0.send(&frame).unwrap();
+                std::thread::sleep(Duration::from_millis(20));
+                if !to.eth0.drain().is_empty() {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "no path between the pods"
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        self.a.eth0.drain();
+        self.b.eth0.drain();
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum From {
+    A,
+    B,
+}
+
+/// What arrived at a's and b's eth0, the nodes' address resolution left
+/// out (only the kernel path resolves pods' addresses), sorted.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    at_a: Vec<Vec<u8>>,
+    at_b: Vec<Vec<u8>>,
+}
+
+fn is_resolution(frame: &[u8]) -> bool {
+    if frame.len() < 14 {
+        return false;
+    }
+    let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+    ethertype == 0x0806
+        || (ethertype == ETH_P_IPV6
+            && frame.len() > 54
+            && frame[20] == 58
+            && (133..=137).contains(&frame[54]))
+}
+
+/// The IP ID of an IPv4 packet a node originates (an ICMP error) comes
+/// from the kernel's per-destination counter, which moves between runs
+/// whatever the path: zeroed, with its header checksum recomputed.
+fn normalise(frame: &mut [u8], pods: [Ipv4Addr; 2]) {
+    if frame.len() < 34 || u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_IP {
+        return;
+    }
+    if pods.iter().any(|p| frame[26..30] == p.octets()) {
+        return;
+    }
+    let hlen = usize::from(frame[14] & 0x0f) * 4;
+    if frame.len() < 14 + hlen {
+        return;
+    }
+    frame[18..20].copy_from_slice(&[0, 0]);
+    frame[24..26].copy_from_slice(&[0, 0]);
+    let c = packet::checksum(&frame[14..14 + hlen]);
+    frame[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+fn send_and_capture(lab: &Lab, steps: &[(From, Vec<u8>)]) -> Seen {
+    lab.a.eth0.drain();
+    lab.b.eth0.drain();
+    for (from, frame) in steps {
+        match from {
+            From::A => lab.a.eth0.send(frame).unwrap(),
+            From::B => lab.b.eth0.send(frame).unwrap(),
+        }
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    let (mut at_a, mut at_b) = (Vec::new(), Vec::new());
+    let (start, mut last) = (Instant::now(), Instant::now());
+    while last.elapsed() < Duration::from_millis(80) && start.elapsed() < Duration::from_secs(2) {
+        let (x, y) = (lab.a.eth0.drain(), lab.b.eth0.drain());
+        if !x.is_empty() || !y.is_empty() {
+            last = Instant::now();
+        }
+        at_a.extend(x);
+        at_b.extend(y);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pods = [lab.a.v4, lab.b.v4];
+    for v in [&mut at_a, &mut at_b] {
+        v.retain(|f| !is_resolution(f));
+        v.iter_mut().for_each(|f| normalise(f, pods));
+        v.sort();
+    }
+    Seen { at_a, at_b }
+}
+
+fn tcp_syn(sport: u16, dport: u16) -> Vec<u8> {
+    let mut t = packet::tcp(sport, dport);
+    t[13] = 0x02;
+    t
+}
+
+fn udp(sport: u16, dport: u16, len: usize) -> Vec<u8> {
+    packet::udp(sport, dport, &vec![0x5a; len])
+}
+
+/// An ICMP error from `pod` about a UDP packet `quoted_from` -> `pod`.
+fn icmp_error_v4(pod: &Pod, to: Ipv4Addr) -> Vec<u8> {
+    let quoted = ipv4_full(to, pod.v4, 63, IPPROTO_UDP, 0x4000, &[], &udp(5000, 53, 4));
+    let mut m = vec![3, 3, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(&quoted[..28]);
+    let c = packet::checksum(&m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    pod.v4(to, 64, IPPROTO_ICMP, 0x4000, &m)
+}
+
+/// A named sequence of frames, each with its sender.
+type Probe = (String, Vec<(From, Vec<u8>)>);
+
+/// Every probe, both directions.
+fn probes(lab: &Lab) -> Vec<Probe> {
+    let (a, b) = (&lab.a, &lab.b);
+    let mut v: Vec<Probe> = Vec::new();
+    for (name, from, to) in [("a->b", From::A, b), ("b->a", From::B, a)] {
+        let me = match from {
+            From::A => a,
+            From::B => b,
+        };
+        let one = |n: &str, f: Vec<u8>| (format!("{name} {n}"), vec![(from, f)]);
+        v.push(one(
+            "v4 udp 64",
+            me.v4(to.v4, 64, IPPROTO_UDP, 0x4000, &udp(4000, 5000, 64)),
+        ));
+        v.push(one(
+            "v6 udp 64",
+            me.v6(to.v6, 64, IPPROTO_UDP, &udp(4000, 5000, 64)),
+        ));
+        v.push(one(
+            "v4 tcp syn",
+            me.v4(to.v4, 64, IPPROTO_TCP, 0x4000, &tcp_syn(4001, 80)),
+        ));
+        v.push(one(
+            "v6 tcp syn",
+            me.v6(to.v6, 64, IPPROTO_TCP, &tcp_syn(4001, 80)),
+        ));
+        v.push(one(
+            "v4 echo",
+            me.v4(to.v4, 64, IPPROTO_ICMP, 0x4000, &packet::icmp(8, 7, 1)),
+        ));
+        v.push(one(
+            "v6 echo",
+            me.v6(to.v6, 64, IPPROTO_ICMPV6, &packet::icmp(128, 7, 1)),
+        ));
+        v.push(one(
+            "v4 ttl 1",
+            me.v4(to.v4, 1, IPPROTO_UDP, 0x4000, &udp(4002, 5000, 8)),
+        ));
+        v.push(one(
+            "v6 hop 1",
+            me.v6(to.v6, 1, IPPROTO_UDP, &udp(4002, 5000, 8)),
+        ));
+        // Expires at the second node.
+        v.push(one(
+            "v4 ttl 2",
+            me.v4(to.v4, 2, IPPROTO_UDP, 0x4000, &udp(4003, 5000, 8)),
+        ));
+        v.push(one(
+            "v6 hop 2",
+            me.v6(to.v6, 2, IPPROTO_UDP, &udp(4003, 5000, 8)),
+        ));
+        v.push(one(
+            "v4 first fragment",
+            me.v4(to.v4, 64, IPPROTO_UDP, 0x2000, &udp(4004, 5000, 32)),
+        ));
+        v.push(one(
+            "v4 later fragment",
+            me.v4(to.v4, 64, IPPROTO_UDP, 0x0004, &[0x5a; 40]),
+        ));
+        v.push(one("v4 icmp error", icmp_error_v4(me, to.v4)));
+        // 1400 fits b; 1440 fits the wire, not b; 1500 fits a, not the wire.
+        for len in [1400, 1440, 1500].into_iter().filter(|l| *l <= me.mtu) {
+            v.push(one(
+                &format!("v4 DF {len}"),
+                me.v4(to.v4, 64, IPPROTO_UDP, 0x4000, &udp(4005, 5000, len - 28)),
+            ));
+            v.push(one(
+                &format!("v6 {len}"),
+                me.v6(to.v6, 64, IPPROTO_UDP, &udp(4005, 5000, len - 48)),
+            ));
+        }
+        if me.mtu >= 1440 {
+            v.push(one(
+                "v4 no DF 1440",
+                me.v4(to.v4, 64, IPPROTO_UDP, 0, &udp(4006, 5000, 1412)),
+            ));
+        }
+        // An address of the other node's CIDR that no pod holds.
+        let mut none4 = to.v4.octets();
+        none4[3] = 200;
+        v.push(one(
+            "v4 to no pod",
+            me.v4(
+                Ipv4Addr::from(none4),
+                64,
+                IPPROTO_UDP,
+                0x4000,
+                &udp(4007, 5000, 8),
+            ),
+        ));
+    }
+    // A request and its reply, across.
+    v.push((
+        "udp both ways".into(),
+        vec![
+            (
+                From::A,
+                a.v4(b.v4, 64, IPPROTO_UDP, 0x4000, &udp(4100, 53, 20)),
+            ),
+            (
+                From::B,
+                b.v4(a.v4, 64, IPPROTO_UDP, 0x4000, &udp(53, 4100, 40)),
+            ),
+            (From::A, a.v6(b.v6, 64, IPPROTO_UDP, &udp(4100, 53, 20))),
+            (From::B, b.v6(a.v6, 64, IPPROTO_UDP, &udp(53, 4100, 40))),
+        ],
+    ));
+    v
+}
+
+#[test]
+fn xnode_host_gateway_every_probe_arrives_as_the_kernel_path_delivers_it() {
+    let lab = Lab::new();
+    lab.set(XdpMode::Off, false);
+    let list = probes(&lab);
+    let kernel: Vec<Seen> = list
+        .iter()
+        .map(|(_, steps)| send_and_capture(&lab, steps))
+        .collect();
+    // The kernel path delivers the ordinary probes: the comparison is not
+    // of two empty captures.
+    assert!(
+        !kernel[0].at_b.is_empty(),
+        "a->b UDP never arrived on the kernel path"
+    );
+
+    lab.set(XdpMode::Tc, true);
+    let before = (
+        lab.n1.counters(lab.a.host_veth()),
+        lab.n2.counters(&lab.n2.uplink),
+    );
+    let mut diffs = Vec::new();
+    for ((name, steps), want) in list.iter().zip(&kernel) {
+        let got = send_and_capture(&lab, steps);
+        if &got != want {
+            diffs.push(format!(
+                "{name}:\n  kernel {want:02x?}\n  fast   {got:02x?}"
+            ));
+        }
+    }
+    assert!(
+        diffs.is_empty(),
+        "{} probes differ:\n{}",
+        diffs.len(),
+        diffs.join("\n")
+    );
+
+    // The fast path carried a's probes out of node 1 and into node 2, and
+    // passed what it may not carry.
+    let after = (
+        lab.n1.counters(lab.a.host_veth()),
+        lab.n2.counters(&lab.n2.uplink),
+    );
+    let d = |v: Verdict, i: usize| match i {
+        0 => after.0.packets(v) - before.0.packets(v),
+        _ => after.1.packets(v) - before.1.packets(v),
+    };
+    assert!(d(Verdict::RedirectNeigh, 0) >= 8, "sent: {:?}", after.0);
+    assert!(d(Verdict::FromNodePeer, 1) >= 8, "received: {:?}", after.1);
+    assert!(
+        d(Verdict::PassTtl, 0) >= 2,
+        "TTL 1 left to node 1: {:?}",
+        after.0
+    );
+    assert!(
+        d(Verdict::PassTtl, 1) >= 2,
+        "TTL 2 left to node 2: {:?}",
+        after.1
+    );
+    assert!(
+        d(Verdict::PassMtu, 1) >= 2,
+        "too big for b left to node 2: {:?}",
+        after.1
+    );
+
+    // The nodes' own traffic over the wire with the uplink program on.
+    ping(&lab.n1.net.node, "192.168.81.2".parse().unwrap(), 2).unwrap();
+    ping(&lab.n2.net.node, "fd81:ff::1".parse().unwrap(), 2).unwrap();
+    // Off again: no entry, no program.
+    lab.n1.set_fast(false);
+    assert!(lab
+        .n1
+        .net
+        .node
+        .tcx_ingress(&lab.n1.uplink)
+        .unwrap()
+        .is_empty());
+}
+
+fn pick<T: Copy>(rng: &mut fastrand::Rng, weighted: &[(u32, T)]) -> T {
+    let total: u32 = weighted.iter().map(|(w, _)| w).sum();
+    let mut n = rng.u32(..total);
+    for (w, v) in weighted {
+        if n < *w {
+            return *v;
+        }
+        n -= w;
+    }
+    weighted[0].1
+}
+
+fn random_bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.u8(..)).collect()
+}
+
+/// A random frame from `me` (on one node) towards the other node `to`:
+/// mostly well-formed traffic between the pods, with TTLs that expire on
+/// either node, lengths past the wire's and the receiver's MTU, fragments,
+/// other protocols, extension headers, bad checksums and lengths, spoofed
+/// sources and destinations that are no pod.
+fn random_frame(rng: &mut fastrand::Rng, me: &Pod, to: &Pod, wire: (IpAddr, IpAddr)) -> Vec<u8> {
+    let v6 = rng.bool();
+    let proto = pick(
+        rng,
+        &[
+            (4, IPPROTO_UDP),
+            (3, IPPROTO_TCP),
+            (2, if v6 { IPPROTO_ICMPV6 } else { IPPROTO_ICMP }),
+            (1, 132),
+        ],
+    );
+    let len = pick(rng, &[(6, 0usize), (2, 1), (1, 2)]);
+    let len = match len {
+        0 => rng.usize(..64),
+        1 => rng.usize(64..1300),
+        _ => rng.usize(1300..1500),
+    };
+    let l4 = match proto {
+        IPPROTO_UDP => udp(rng.u16(1000..1010), rng.u16(5000..5004), len),
+        IPPROTO_TCP => {
+            let mut t = packet::tcp(rng.u16(1000..1010), rng.u16(80..83));
+            t[13] = pick(
+                rng,
+                &[(3, 0x02u8), (3, 0x10), (1, 0x12), (1, 0x11), (1, 0x04)],
+            );
+            t.extend(random_bytes(rng, len));
+            t
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let ty = if v6 {
+                pick(rng, &[(4, 128u8), (2, 129), (1, 1), (1, 2), (1, 3)])
+            } else {
+                pick(rng, &[(4, 8u8), (2, 0), (1, 3), (1, 11), (1, 12)])
+            };
+            let mut m = vec![ty, rng.u8(..4), 0, 0];
+            m.extend(random_bytes(rng, 4 + len));
+            if !v6 {
+                let c = packet::checksum(&m);
+                m[2..4].copy_from_slice(&c.to_be_bytes());
+            }
+            m
+        }
+        _ => random_bytes(rng, len),
+    };
+    let ttl = pick(rng, &[(1, 0u8), (3, 1), (3, 2), (1, 3), (10, 64), (2, 255)]);
+    let mut frame = if v6 {
+        let mut spoof = me.v6.octets();
+        spoof[15] = spoof[15].wrapping_add(100);
+        let mut none = to.v6.octets();
+        none[15] = none[15].wrapping_add(100);
+        let src = pick(rng, &[(90, me.v6), (5, Ipv6Addr::from(spoof)), (5, to.v6)]);
+        let wire6 = match wire.1 {
+            IpAddr::V6(a) => a,
+            IpAddr::V4(_) => to.v6,
+        };
+        let dst = pick(rng, &[(85, to.v6), (10, Ipv6Addr::from(none)), (5, wire6)]);
+        let (nh, l4) = if rng.u8(..20) == 0 {
+            let ext = pick(rng, &[(1, 0u8), (1, 43), (1, 44), (1, 60)]);
+            let mut h = vec![proto, 0, 0, 0, 0, 0, 0, 0];
+            if ext == 44 {
+                h[2..4].copy_from_slice(&rng.u16(..).to_be_bytes());
+            }
+            h.extend_from_slice(&l4);
+            (ext, h)
+        } else {
+            (proto, l4)
+        };
+        let mut f = eth(
+            me.rec.host_mac.0,
+            me.rec.pod_mac.0,
+            ETH_P_IPV6,
+            &packet::ipv6(src, dst, ttl, nh, &l4),
+        );
+        if nh == proto {
+            fix_l4_v6(&mut f);
+        }
+        if rng.u8(..30) == 0 {
+            let pl = u16::from_be_bytes([f[18], f[19]]).wrapping_add(rng.u16(1..64));
+            f[18..20].copy_from_slice(&pl.to_be_bytes());
+        }
+        f
+    } else {
+        let mut spoof = me.v4.octets();
+        spoof[3] = spoof[3].wrapping_add(100);
+        let mut none = to.v4.octets();
+        none[3] = none[3].wrapping_add(100);
+        let src = pick(rng, &[(90, me.v4), (5, Ipv4Addr::from(spoof)), (5, to.v4)]);
+        let wire4 = match wire.0 {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(_) => to.v4,
+        };
+        let dst = pick(rng, &[(85, to.v4), (10, Ipv4Addr::from(none)), (5, wire4)]);
+        let frag = pick(rng, &[(16, 0x4000u16), (2, 0), (1, 0x2000), (1, 0x0010)]);
+        let mut f = eth(
+            me.rec.host_mac.0,
+            me.rec.pod_mac.0,
+            ETH_P_IP,
+            &ipv4_full(src, dst, ttl, proto, frag, &[], &l4),
+        );
+        match rng.u8(..40) {
+            0 => f[24] ^= 0x5a,
+            1 => {
+                let tl = u16::from_be_bytes([f[16], f[17]]).wrapping_add(rng.u16(1..64));
+                f[16..18].copy_from_slice(&tl.to_be_bytes());
+            }
+            _ => {}
+        }
+        f
+    };
+    frame.truncate(me.mtu + 14);
+    frame
+}
+
+/// Seeded random frames both ways between the nodes, in batches of 20,
+/// through the kernel path and then the fast path: every batch's captures
+/// equal (`XDPCNI_EQ_SEED`, `XDPCNI_EQ_FRAMES` replay or lengthen it).
+#[test]
+fn xnode_host_gateway_seeded_random_frames_arrive_as_the_kernel_path_delivers_them() {
+    const BATCH: usize = 20;
+    let seed = xdpcni_e2e::env_or("XDPCNI_EQ_SEED", 0x0dd_c0ffee_u64);
+    let n = xdpcni_e2e::env_or("XDPCNI_EQ_FRAMES", 1000usize);
+    eprintln!("xnode random: seed {seed} ({n} frames); replay with XDPCNI_EQ_SEED={seed} XDPCNI_EQ_FRAMES={n}");
+    let lab = Lab::new();
+    let wire_b = (
+        "192.168.81.2".parse().unwrap(),
+        "fd81:ff::2".parse().unwrap(),
+    );
+    let wire_a = (
+        "192.168.81.1".parse().unwrap(),
+        "fd81:ff::1".parse().unwrap(),
+    );
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let frames: Vec<(From, Vec<u8>)> = (0..n)
+        .map(|_| {
+            if rng.u8(..3) == 0 {
+                (From::B, random_frame(&mut rng, &lab.b, &lab.a, wire_a))
+            } else {
+                (From::A, random_frame(&mut rng, &lab.a, &lab.b, wire_b))
+            }
+        })
+        .collect();
+    let batches: Vec<&[(From, Vec<u8>)]> = frames.chunks(BATCH).collect();
+    lab.set(XdpMode::Off, false);
+    let kernel: Vec<Seen> = batches.iter().map(|b| send_and_capture(&lab, b)).collect();
+    let delivered: usize = kernel.iter().map(|s| s.at_a.len() + s.at_b.len()).sum();
+    assert!(
+        delivered > n / 3,
+        "only {delivered} frames arrived for {n} sent via the kernel"
+    );
+    lab.set(XdpMode::Tc, true);
+    let before = lab.n1.counters(lab.a.host_veth());
+    let mut diffs = Vec::new();
+    for (i, (batch, want)) in batches.iter().zip(&kernel).enumerate() {
+        let got = send_and_capture(&lab, batch);
+        if &got != want {
+            diffs.push(format!(
+                "batch {i} (frames {}..{}):\n  sent {:02x?}\n  kernel {want:02x?}\n  fast   {got:02x?}",
+                i * BATCH,
+                i * BATCH + batch.len(),
+                batch.iter().map(|(_, f)| f).collect::<Vec<_>>(),
+            ));
+        }
+    }
+    let sent = lab
+        .n1
+        .counters(lab.a.host_veth())
+        .packets(Verdict::RedirectNeigh)
+        - before.packets(Verdict::RedirectNeigh);
+    eprintln!("xnode random: {delivered} frames delivered per run; a's fast path sent {sent}");
+    assert!(
+        diffs.is_empty(),
+        "{} of {} batches differ:\n{}",
+        diffs.len(),
+        batches.len(),
+        diffs.join("\n")
+    );
+    assert!(
+        sent as usize > n / 5,
+        "the fast path carried only {sent} of a's frames"
+    );
+}
