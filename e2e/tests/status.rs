@@ -135,7 +135,8 @@ fn status_shows_each_pod_mode_and_why_as_a_table_and_as_json() {
             xdpcni_ebpf::FROM_POD_PROGRAM,
             xdpcni_ebpf::TC_FROM_POD_PROGRAM,
             xdpcni_ebpf::CPUMAP_PROGRAM,
-            xdpcni_ebpf::HOLD_PROGRAM
+            xdpcni_ebpf::HOLD_PROGRAM,
+            xdpcni_ebpf::TC_FROM_NODE_PROGRAM
         ]
     );
     assert!(status.datapath.programs.iter().all(|p| p.id > 0));
