@@ -153,3 +153,23 @@ pub fn fix_l4_v6(frame: &mut [u8]) {
     let c = checksum(&pseudo);
     frame[l4 + off..l4 + off + 2].copy_from_slice(&c.to_be_bytes());
 }
+
+/// One of `weighted`'s values, each as likely as its weight (the seeded
+/// random frames of the equivalence suites). Panics on an empty list or
+/// weights that sum to 0.
+pub fn pick<T: Copy>(rng: &mut fastrand::Rng, weighted: &[(u32, T)]) -> T {
+    let total: u32 = weighted.iter().map(|(w, _)| w).sum();
+    let mut x = rng.u32(..total);
+    for (w, v) in weighted {
+        if x < *w {
+            return *v;
+        }
+        x -= w;
+    }
+    weighted[0].1
+}
+
+/// `n` random bytes.
+pub fn random_bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.u8(..)).collect()
+}

@@ -39,7 +39,7 @@ use xdpcni_e2e::{
     cni::{Call, Network},
     in_netns,
     netns::Netns,
-    packet::{self, checksum, eth, fix_l4_v6, ipv4_full, ETH_P_IP, ETH_P_IPV6},
+    packet::{self, checksum, eth, fix_l4_v6, ipv4_full, pick, random_bytes, ETH_P_IP, ETH_P_IPV6},
     traffic::ping,
     PinDir,
 };
@@ -1070,22 +1070,6 @@ fn compare_probes(setups: &[Setup]) {
 }
 
 // ---- seeded random frames ---------------------------------------------------
-
-fn pick<T: Copy>(rng: &mut fastrand::Rng, weighted: &[(u32, T)]) -> T {
-    let total: u32 = weighted.iter().map(|(w, _)| w).sum();
-    let mut x = rng.u32(..total);
-    for (w, v) in weighted {
-        if x < *w {
-            return *v;
-        }
-        x -= w;
-    }
-    weighted[0].1
-}
-
-fn random_bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
-    (0..n).map(|_| rng.u8(..)).collect()
-}
 
 /// One frame from a: mostly well-formed traffic to b, with every field the
 /// datapath reads sometimes wrong, odd or hostile.

@@ -35,8 +35,8 @@ use xdpcni_e2e::{
     in_netns,
     netns::Netns,
     packet::{
-        self, eth, fix_l4_v6, ipv4_full, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6,
-        IPPROTO_TCP, IPPROTO_UDP,
+        self, eth, fix_l4_v6, ipv4_full, pick, random_bytes, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP,
+        IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
     },
     traffic::ping,
     unique_name, PinDir,
@@ -636,22 +636,6 @@ fn xnode_host_gateway_every_probe_arrives_as_the_kernel_path_delivers_it() {
         .tcx_ingress(&lab.n1.uplink)
         .unwrap()
         .is_empty());
-}
-
-fn pick<T: Copy>(rng: &mut fastrand::Rng, weighted: &[(u32, T)]) -> T {
-    let total: u32 = weighted.iter().map(|(w, _)| w).sum();
-    let mut n = rng.u32(..total);
-    for (w, v) in weighted {
-        if n < *w {
-            return *v;
-        }
-        n -= w;
-    }
-    weighted[0].1
-}
-
-fn random_bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
-    (0..n).map(|_| rng.u8(..)).collect()
 }
 
 /// A random frame from `me` (on one node) towards the other node `to`:
