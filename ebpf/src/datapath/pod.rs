@@ -216,21 +216,24 @@ impl Datapath {
     }
 
     /// Makes the NAT'd ports equal `want`: the (address, protocol, port) of
-    /// local pods whose replies conntrack may translate. Additions clear
-    /// their address's no-NAT flag before the port is listed; after the
-    /// removals every record's flag is made to agree with the list (one
-    /// scan per batch, which also repairs a record written while a change
-    /// raced it).
+    /// pods whose replies conntrack may translate (this node's, and other
+    /// nodes' Service backends for the fast path between nodes). Removals
+    /// go first; additions clear their address's no-NAT flag before the
+    /// port is listed; then every record's flag is made to agree with the
+    /// list (one scan per batch, which also repairs a record written while a
+    /// change raced it).
     pub fn sync_nat_ports(&mut self, want: &BTreeSet<(IpAddr, L4Proto, u16)>) -> Result<NatSync> {
         let have: BTreeSet<_> = self.maps.nat_ports()?.into_iter().collect();
         let mut out = NatSync::default();
-        for (ip, proto, port) in want.difference(&have) {
-            self.maps.add_nat_port(*ip, *proto, *port)?;
-            out.added += 1;
-        }
+        // Removals first: a map full of entries no longer wanted still
+        // takes the new ones.
         for (ip, proto, port) in have.difference(want) {
             self.maps.remove_nat_port(*ip, *proto, *port)?;
             out.removed += 1;
+        }
+        for (ip, proto, port) in want.difference(&have) {
+            self.maps.add_nat_port(*ip, *proto, *port)?;
+            out.added += 1;
         }
         out.repaired = self.maps.refresh_nat_flags()?;
         Ok(out)

@@ -105,13 +105,22 @@ impl Datapath {
     }
 
     /// Removes every `remote_nets` entry that `want` does not hold as it is
-    /// (a CIDR gone, or routed otherwise): what a pass does before it
-    /// changes the routes. How many went.
+    /// (a CIDR gone, or routed otherwise). How many went.
     pub fn prune_remote_nets(&mut self, want: &BTreeMap<RemoteCidr, RemoteNet>) -> Result<usize> {
+        self.retain_remote_nets(|cidr, have| want.get(&cidr) == Some(have))
+    }
+
+    /// Removes every `remote_nets` entry `keep` refuses: what a routing pass
+    /// does before it changes the routes (an entry whose route goes, or
+    /// changes its next hop, goes first). How many went.
+    pub fn retain_remote_nets(
+        &mut self,
+        keep: impl Fn(RemoteCidr, &RemoteNet) -> bool,
+    ) -> Result<usize> {
         let remote = self.remote()?;
         let mut n = 0;
         for (cidr, have) in remote.entries()? {
-            if want.get(&cidr) != Some(&have) && remote.remove(cidr)? {
+            if !keep(cidr, &have) && remote.remove(cidr)? {
                 n += 1;
             }
         }
@@ -205,6 +214,24 @@ impl Datapath {
         let was = unpin_link(&link_pin(&self.pin_dir, ifindex, LinkKind::Uplink))?;
         self.maps.remove_counters(ifindex)?;
         Ok(was)
+    }
+
+    /// Makes the devices the uplink program runs on exactly `want`: each
+    /// attached (or its program swapped to this build's), every other
+    /// detached. (attached or swapped, detached).
+    pub fn sync_uplinks(&mut self, want: &[u32]) -> Result<(usize, usize)> {
+        let mut done = (0, 0);
+        for &ifindex in want {
+            if self.attach_uplink(ifindex)? {
+                done.0 += 1;
+            }
+        }
+        for ifindex in self.uplinks()? {
+            if !want.contains(&ifindex) && self.detach_uplink(ifindex)? {
+                done.1 += 1;
+            }
+        }
+        Ok(done)
     }
 
     /// The devices the uplink program is attached to (live links).
