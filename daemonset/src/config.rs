@@ -212,6 +212,13 @@ pub struct RoutingConfig {
     /// [`xdpcni_host::overlay::DEFAULT_TX_CHECKSUM_OFFLOAD`]).
     #[serde(default = "default_tx_checksum_offload")]
     pub tx_checksum_offload: bool,
+    /// The fast path between nodes: tc sends other nodes' pods their
+    /// packets, and delivers theirs, without the host stack where the
+    /// kernel path would do the same (host-gateway routes; docs/routing.md).
+    /// A Node annotated [`crate::routes::NODE_FAST_PATH_ANNOTATION`]
+    /// `"false"` turns it off for that node.
+    #[serde(default = "yes")]
+    pub fast_path: bool,
 }
 
 fn default_tx_checksum_offload() -> bool {
@@ -221,8 +228,13 @@ fn default_tx_checksum_offload() -> bool {
 impl RoutingConfig {
     fn is_default(&self) -> bool {
         let d = Self::default();
-        (&self.mode, self.vni, self.port, self.tx_checksum_offload)
-            == (&d.mode, d.vni, d.port, d.tx_checksum_offload)
+        (
+            &self.mode,
+            self.vni,
+            self.port,
+            self.tx_checksum_offload,
+            self.fast_path,
+        ) == (&d.mode, d.vni, d.port, d.tx_checksum_offload, d.fast_path)
     }
 }
 
@@ -233,6 +245,7 @@ impl Default for RoutingConfig {
             vni: default_vni(),
             port: default_port(),
             tx_checksum_offload: default_tx_checksum_offload(),
+            fast_path: true,
         }
     }
 }
@@ -248,6 +261,8 @@ pub struct Routing {
     pub port: u16,
     /// Transmit checksum offload on the device.
     pub tx_checksum_offload: bool,
+    /// The fast path between nodes (unless the Node turns it off).
+    pub fast_path: bool,
 }
 
 impl Config {
@@ -328,6 +343,7 @@ impl Config {
             vni: r.vni,
             port: r.port,
             tx_checksum_offload: r.tx_checksum_offload,
+            fast_path: r.fast_path,
         })
     }
 
@@ -415,9 +431,11 @@ mod tests {
         };
         let d = cfg("tc", "devmap", "").routing().unwrap();
         assert_eq!(
-            (d.mode, d.vni, d.port, d.tx_checksum_offload),
-            (RoutingMode::Vxlan, 1, 4789, true)
+            (d.mode, d.vni, d.port, d.tx_checksum_offload, d.fast_path),
+            (RoutingMode::Vxlan, 1, 4789, true, true)
         );
+        let off = with(serde_json::json!({"fastPath": false})).unwrap();
+        assert!(!off.routing().unwrap().fast_path);
         let a = with(serde_json::json!({"mode": "auto", "vni": 42})).unwrap();
         assert_eq!(a.routing().unwrap().mode, RoutingMode::Auto);
         assert_eq!(a.routing().unwrap().vni, 42);

@@ -263,6 +263,10 @@ mod tests {
             value(&values, "routing", "txChecksumOffload"),
             overlay::DEFAULT_TX_CHECKSUM_OFFLOAD.to_string()
         );
+        assert_eq!(
+            value(&values, "routing", "fastPath"),
+            crate::config::RoutingConfig::default().fast_path.to_string()
+        );
         assert_eq!(props["headroom"]["minimum"], *HEADROOM_RANGE.start());
         assert_eq!(props["headroom"]["maximum"], *HEADROOM_RANGE.end());
         // The modes and the default are the agent's (host/src/pod.rs).

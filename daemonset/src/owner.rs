@@ -17,12 +17,15 @@ use std::{
 
 use tokio::sync::oneshot;
 use tracing::Span;
-use xdpcni_ebpf::{abi::SvcAddr, L4Proto, PodVerdicts, PolicySynced, ServiceWant};
+use xdpcni_ebpf::{
+    abi::{RemoteNet, SvcAddr},
+    L4Proto, PodVerdicts, PolicySynced, RemoteCidr, ServiceWant,
+};
 use xdpcni_host::state::Record;
 
 use crate::{
     apply::ApplyError,
-    reconciler::{PodInput, PodOutcome, Reconciler, ServicesSynced},
+    reconciler::{PodInput, PodOutcome, Reconciler, RemoteDone, ServicesSynced},
 };
 
 /// The datapath owner did not answer: its thread is gone, or the command
@@ -70,6 +73,13 @@ enum Command {
         )>,
         Reply<DatapathResult<ServicesSynced>>,
     ),
+    /// Keep only the `remote_nets` entries routed through these next hops.
+    RetainRemote(BTreeMap<RemoteCidr, IpAddr>, Reply<DatapathResult<usize>>),
+    /// Make `remote_nets` these, the uplink program run on these devices.
+    SyncRemote(
+        Box<(BTreeMap<RemoteCidr, RemoteNet>, Vec<u32>)>,
+        Reply<DatapathResult<RemoteDone>>,
+    ),
 }
 
 impl Command {
@@ -104,6 +114,12 @@ impl Command {
             }
             Self::SyncServices(job, reply) => {
                 let _ = reply.send(r.sync_services(&job.0, &job.1));
+            }
+            Self::RetainRemote(gateways, reply) => {
+                let _ = reply.send(r.retain_remote(&gateways));
+            }
+            Self::SyncRemote(job, reply) => {
+                let _ = reply.send(r.sync_remote(&job.0, &job.1));
             }
         }
     }
@@ -145,6 +161,34 @@ impl Owner {
             .send((Span::current(), cmd(reply)))
             .map_err(|_| OwnerGone)?;
         answer.await.map_err(|_| OwnerGone)
+    }
+
+    /// [`Owner::ask`] from a thread that may block (never a runtime
+    /// worker): the routing pass, on its blocking thread, writes the datapath
+    /// between its netlink requests.
+    fn ask_blocking<T>(&self, cmd: impl FnOnce(Reply<T>) -> Command) -> Result<T, OwnerGone> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((Span::current(), cmd(reply)))
+            .map_err(|_| OwnerGone)?;
+        answer.blocking_recv().map_err(|_| OwnerGone)
+    }
+
+    /// [`Reconciler::retain_remote`], from a blocking thread.
+    pub fn retain_remote_blocking(
+        &self,
+        gateways: BTreeMap<RemoteCidr, IpAddr>,
+    ) -> Result<DatapathResult<usize>, OwnerGone> {
+        self.ask_blocking(|r| Command::RetainRemote(gateways, r))
+    }
+
+    /// [`Reconciler::sync_remote`], from a blocking thread.
+    pub fn sync_remote_blocking(
+        &self,
+        want: BTreeMap<RemoteCidr, RemoteNet>,
+        uplinks: Vec<u32>,
+    ) -> Result<DatapathResult<RemoteDone>, OwnerGone> {
+        self.ask_blocking(|r| Command::SyncRemote(Box::new((want, uplinks)), r))
     }
 
     /// [`Reconciler::reconcile`].

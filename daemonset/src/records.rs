@@ -45,7 +45,7 @@ pub fn is_live(rec: &Record) -> bool {
 }
 
 /// The name of the device with `ifindex` in this network namespace, if any.
-fn link_name(ifindex: u32) -> Option<Vec<u8>> {
+pub(crate) fn link_name(ifindex: u32) -> Option<Vec<u8>> {
     let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
     // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
     if unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null() {

@@ -182,6 +182,10 @@ impl Core {
             .clone();
         let mut policies = view.book.policy();
         policies.known = self.policy_facts.borrow().is_some();
+        let mut cross_node = view.book.cross_node();
+        for u in &mut cross_node.uplinks {
+            u.counters = Some(status::Counts::of(&view.maps.counters(u.ifindex)));
+        }
         let mut services = view.book.services();
         if services.cgroup.is_some() {
             if let Ok(Some(st)) = xdpcni_ebpf::ServiceStats::read_pinned(&self.cfg.pin_dir) {
@@ -200,6 +204,7 @@ impl Core {
             defaults,
             policies,
             services,
+            cross_node,
             unreadable_records: self.records.unreadable_count(),
             pods,
         }

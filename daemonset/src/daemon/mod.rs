@@ -108,6 +108,10 @@ pub struct Core {
     forward: ForwardScan,
     /// What the node-wide work last ran over without an error.
     node_memo: Mutex<Option<NodeMemo>>,
+    /// The last write of the NAT'd ports went through whole: the fast path
+    /// between nodes, whose receiving side trusts them for other nodes'
+    /// Service backends, may be on.
+    nat_synced: std::sync::atomic::AtomicBool,
     /// What /metrics and /v1/status show.
     view: View,
     /// The metrics.
@@ -214,6 +218,7 @@ impl Core {
             policy_facts: watch::channel(None).0,
             forward: ForwardScan::default(),
             node_memo: Mutex::new(None),
+            nat_synced: std::sync::atomic::AtomicBool::new(false),
             view: View::new(book, maps, datapath),
             metrics,
             cfg,
@@ -304,7 +309,24 @@ impl Core {
             .cloned()
     }
 
-    /// The configuration.
+    /// The datapath owner (the routing pass writes the fast path between
+    /// nodes through it).
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// Whether the last write of the NAT'd ports went through whole.
+    pub fn nat_synced(&self) -> bool {
+        self.nat_synced.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records what the last routing pass left of the fast path between
+    /// nodes (status and metrics read it).
+    pub fn set_cross_node(&self, s: crate::status::CrossNodeStatus) {
+        self.view.book.set_cross_node(s);
+    }
+
+    /// The agent's config.
     pub fn config(&self) -> &Config {
         &self.cfg
     }

@@ -5,7 +5,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{atomic::Ordering, Arc, Mutex, PoisonError},
     time::Instant,
 };
 
@@ -167,7 +167,10 @@ impl Core {
 
     /// Makes the NAT'd ports `nat`; whether it went without an error.
     async fn sync_nat(&self, nat: BTreeSet<(IpAddr, L4Proto, u16)>) -> bool {
-        let error = match self.owner.sync_nat_ports(nat).await {
+        let outcome = self.owner.sync_nat_ports(nat).await;
+        self.nat_synced
+            .store(matches!(outcome, Ok(Ok(_))), Ordering::Release);
+        let error = match outcome {
             Ok(Ok((0, 0))) => return true,
             Ok(Ok((added, removed))) => {
                 info!(added, removed, "NAT'd ports updated");

@@ -73,14 +73,16 @@ use self::{
 /// How soon a pod whose reconcile failed is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
-/// The NAT'd ports of this node's pods: every Endpoints address that is a
-/// local pod, with each port of its subset (a Service backend: replies to a
-/// ClusterIP client must be un-DNATed), and every container port published
-/// as a hostPort.
+/// The NAT'd ports: every Endpoints address that is a local pod (or, with
+/// `remote`, any address: the fast path between nodes receives other
+/// nodes' backends' replies), with each port of its subset (a Service
+/// backend: replies to a ClusterIP client must be un-DNATed), and every
+/// container port of a local pod published as a hostPort.
 pub fn nat_ports(
     records: &[xdpcni_host::state::Record],
     endpoints: &[Arc<Endpoints>],
     pods: &[Arc<Pod>],
+    remote: bool,
 ) -> BTreeSet<(IpAddr, L4Proto, u16)> {
     let local: HashSet<IpAddr> = records.iter().flat_map(|r| r.ips.iter().copied()).collect();
     let proto = crate::services::model::proto;
@@ -93,7 +95,7 @@ pub fn nat_ports(
                 .flatten()
                 .chain(subset.not_ready_addresses.iter().flatten())
                 .filter_map(|a| a.ip.parse::<IpAddr>().ok())
-                .filter(|ip| local.contains(ip));
+                .filter(|ip| remote || local.contains(ip));
             for ip in addrs {
                 for port in subset.ports.iter().flatten() {
                     if let (Some(p), Ok(n)) =
@@ -407,7 +409,9 @@ mod tests {
             }))
             .unwrap(),
         )];
-        let got: Vec<_> = nat_ports(&records, &eps, &pods).into_iter().collect();
+        let got: Vec<_> = nat_ports(&records, &eps, &pods, false)
+            .into_iter()
+            .collect();
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(
             got,
@@ -417,5 +421,10 @@ mod tests {
                 (ip("10.1.0.3"), L4Proto::Tcp, 80),
             ]
         );
+        // With the fast path between nodes, other nodes' backends too.
+        let all = nat_ports(&records, &eps, &pods, true);
+        assert_eq!(all.len(), 5, "{all:?}");
+        assert!(all.contains(&(ip("10.9.9.9"), L4Proto::Tcp, 8080)));
+        assert!(all.contains(&(ip("10.9.9.9"), L4Proto::Udp, 53)));
     }
 }

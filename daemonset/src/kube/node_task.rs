@@ -129,7 +129,10 @@ impl NodeTask {
         self.ctx.core.policies_known().await;
         info!(node = %self.node, "first lists complete: pods, nodes, endpoints; policies in force");
         let interval = Duration::from_millis(self.ctx.core.config().interval_ms);
-        let mut router = routes::Router::new(self.ctx.core.config().routing()?);
+        let mut router = routes::Router::new(
+            self.ctx.core.config().routing()?,
+            Some(self.ctx.core.owner().clone()),
+        );
         let mut full: Option<(u64, Instant)> = None;
         let mut woken = true;
         while !shutdown.is_set() {
@@ -195,6 +198,9 @@ impl NodeTask {
                 if o.vtep.is_some() { "made" } else { "removed" }
             );
         }
+        if let Some(f) = &o.fast_path {
+            core.set_cross_node(cross_node_status(o.fast_path_off, f));
+        }
         for w in &o.warnings {
             warn!("{w}");
         }
@@ -202,6 +208,15 @@ impl NodeTask {
             return;
         };
         self.publish_vtep(&node, o.vtep).await;
+        let bad = routes::bad_annotation(&self.node);
+        if o.warnings.contains(&bad) {
+            if let Err(e) =
+                publish_node_event(&self.client, &node, "XdpcniBadAnnotation", &bad).await
+            {
+                warn!(error = %e, "could not publish the Event");
+                core.metrics.error(Stage::Event);
+            }
+        }
         for note in refusal_notes(&o.new_unreachable) {
             if let Err(e) =
                 publish_node_event(&self.client, &node, "XdpcniUnreachableNextHop", &note).await
@@ -287,9 +302,11 @@ impl NodeTask {
     /// every route in place.
     async fn route(&self, router: &mut routes::Router) -> bool {
         let nodes = self.nodes.state();
-        let taken = std::mem::replace(router, routes::Router::new(router.routing()));
+        let fresh = router.fresh();
+        let taken = std::mem::replace(router, fresh);
+        let nat_synced = self.ctx.core.nat_synced();
         let (back, routed) = taken
-            .pass_blocking(nodes, self.node.clone(), NODE_RESYNC)
+            .pass_blocking(nodes, self.node.clone(), NODE_RESYNC, nat_synced)
             .await;
         *router = back;
         match routed {
@@ -379,7 +396,8 @@ impl NodeTask {
         self.forward_changed(&change, &pod_list).await;
         self.trigger_unreconciled(&live).await;
         self.reconcile_orphans(&live, &pod_list).await;
-        let nat = nat_ports(&records, &self.endpoints.state(), &pod_list);
+        let remote = self.ctx.core.config().routing.fast_path;
+        let nat = nat_ports(&records, &self.endpoints.state(), &pod_list, remote);
         core.node_work(&listing, Some(nat), vanished).await;
         let synced = self.route(router).await;
         let converged = core.all_converged(&records);
@@ -389,6 +407,30 @@ impl NodeTask {
         // Only a pass that left everything in place makes the next quiet.
         *full = (converged && synced).then(|| (listing.generation, Instant::now()));
         Ok(())
+    }
+}
+
+/// The status of the fast path between nodes after a pass that wrote it
+/// (`off`: why it is off).
+fn cross_node_status(
+    off: Option<routes::FastPathOff>,
+    done: &crate::reconciler::RemoteDone,
+) -> crate::status::CrossNodeStatus {
+    crate::status::CrossNodeStatus {
+        on: off.is_none(),
+        off: off.map(|w| w.as_str().into()),
+        destinations: done.entries,
+        uplinks: done
+            .uplinks
+            .iter()
+            .map(|&ifindex| crate::status::UplinkStatus {
+                interface: crate::records::link_name(ifindex)
+                    .map(|n| String::from_utf8_lossy(&n).into_owned())
+                    .unwrap_or_else(|| format!("ifindex {ifindex}")),
+                ifindex,
+                counters: None,
+            })
+            .collect(),
     }
 }
 

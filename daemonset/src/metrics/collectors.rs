@@ -116,7 +116,63 @@ impl Collector for PodsCollector {
             .collect();
         encode_verdicts(&mut encoder, &views, &counters)?;
         encode_pod_modes(&mut encoder, &views)?;
+        self.encode_cross_node(&mut encoder)?;
         self.encode_maps(&mut encoder, &views)
+    }
+}
+
+impl PodsCollector {
+    /// The fast path between nodes: whether it is on (or why not), the pod
+    /// CIDRs it reaches, and each uplink program's counters by verdict.
+    fn encode_cross_node(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        let x = self.book.cross_node();
+        let mut family = encoder.encode_descriptor(
+            "xdpcni_cross_node_fast_path",
+            "1 when the fast path between nodes is on (state=on), else 1 for why it is off (config, node: the Node's annotation, bad_annotation, nat_ports: the NAT'd ports could not be written whole)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for state in ["on", "config", "node", "bad_annotation", "nat_ports"] {
+            let here = match &x.off {
+                Some(why) => why == state,
+                None => x.on && state == "on",
+            };
+            ConstGauge::new(i64::from(here)).encode(family.encode_family(&[("state", state)])?)?;
+        }
+        let family = encoder.encode_descriptor(
+            "xdpcni_cross_node_destinations",
+            "Other nodes' pod CIDRs the fast path sends to (host-gateway routes in place)",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::try_from(x.destinations).unwrap_or(i64::MAX)).encode(family)?;
+        let counters: Vec<_> = x
+            .uplinks
+            .iter()
+            .map(|u| self.maps.counters(u.ifindex))
+            .collect();
+        for bytes in [false, true] {
+            let what = if bytes { "bytes" } else { "packets" };
+            let name = format!("xdpcni_uplink_{what}");
+            let mut family = encoder.encode_descriptor(
+                &name,
+                &format!("{} that came in on a device the fast path between nodes receives on, by its program's verdict: from_node_peer (delivered to a pod), everything else left to the kernel (the node's own traffic as pass_no_endpoint)", if bytes { "Bytes" } else { "Packets" }),
+                None,
+                MetricType::Counter,
+            )?;
+            for (u, c) in x.uplinks.iter().zip(&counters) {
+                for &verdict in Verdict::ALL {
+                    let s = c.get(verdict);
+                    let labels = [
+                        ("interface", Escaped(&u.interface)),
+                        ("verdict", Escaped(verdict.label())),
+                    ];
+                    let value = if bytes { s.bytes } else { s.packets };
+                    ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -415,6 +415,16 @@ mod tests {
             }),
         );
         book.set_pod(pod(WhyCode::NodeDefault));
+        book.set_cross_node(crate::status::CrossNodeStatus {
+            on: true,
+            off: None,
+            destinations: 3,
+            uplinks: vec![crate::status::UplinkStatus {
+                interface: "eth0".into(),
+                ifindex: 2,
+                counters: None,
+            }],
+        });
         m.error(Stage::Routes);
         m.observe("pod", 0.002);
         m.ready.set(1);
@@ -442,6 +452,17 @@ mod tests {
         );
         assert!(text.contains(r#"mode="off"} 0"#));
         assert!(text.contains("\nxdpcni_map_full_pods 0\n"), "{text}");
+        // The fast path between nodes: on, its destinations, each uplink's
+        // verdicts.
+        assert!(
+            text.contains(r#"xdpcni_cross_node_fast_path{state="on"} 1"#)
+                && text.contains(r#"xdpcni_cross_node_fast_path{state="node"} 0"#)
+                && text.contains("\nxdpcni_cross_node_destinations 3\n")
+                && text.contains(
+                    r#"xdpcni_uplink_packets_total{interface="eth0",verdict="from_node_peer"} 0"#
+                ),
+            "{text}"
+        );
         // The Service programs' counters, and the frontends from the book.
         assert!(
             text.contains(r#"xdpcni_service_calls_total{result="translated"} 4"#)

@@ -5,6 +5,10 @@
 //! blocking thread, one at a time: the datapath owner ([`crate::owner`])
 //! holds it, and no other part of the agent can reach it.
 
+mod remote;
+
+pub use remote::RemoteDone;
+
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,

@@ -1,16 +1,94 @@
-//! What the datapath's fast path between nodes reads beside the routes
-//! (`remote_nets`, ebpf/src/node.bpf.h): read back from the kernel's own
-//! routes of the agent, each host-gateway route's pod CIDR with the device
-//! it leaves by, that device's MTU and the route's gateway. The routes
+//! The fast path between nodes as the routing pass keeps it: what the
+//! datapath reads beside the routes (`remote_nets`, ebpf/src/node.bpf.h),
+//! read back from the kernel's own routes of the agent (each host-gateway
+//! route's pod CIDR with the device it leaves by, that device's MTU and the
+//! route's gateway), and the uplink program on those devices. The routes
 //! stay the truth: an entry is made from a route in place and names the
-//! next hop the kernel uses.
+//! next hop the kernel uses; before a pass changes a route, the entries it
+//! changes go ([`Router::retain_remote`]), after it the entries of the
+//! routes in place are written ([`Router::sync_remote`]). The datapath
+//! owner writes both.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
+use k8s_openapi::api::core::v1::Node;
 use xdpcni_ebpf::{abi::RemoteNet, RemoteCidr};
 use xdpcni_host::netlink::{Netlink, NetlinkError};
 
-use super::{sync::agent_routes, Plan, Via};
+use super::{sync::agent_routes, Plan, RouteError, Routed, Router, Via};
+
+/// The Node annotation that turns the fast path between nodes off for that
+/// node (`"false"`; `"true"`, or none, leaves the config's
+/// `routing.fastPath`).
+pub const NODE_FAST_PATH_ANNOTATION: &str = "xdpcni.io/cross-node-fast-path";
+
+/// Why the fast path between nodes is off on this node, if it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastPathOff {
+    /// `routing.fastPath: false`.
+    Config,
+    /// The Node's [`NODE_FAST_PATH_ANNOTATION`] says `"false"`.
+    Node,
+    /// The Node's annotation has a value that is neither `"true"` nor
+    /// `"false"` (off until it is fixed: the kernel path is the safe one).
+    BadAnnotation,
+    /// The NAT'd ports could not be written whole (a full map): replies of
+    /// other nodes' Service backends would not be recognised.
+    NatPorts,
+}
+
+impl FastPathOff {
+    /// The label of its metric and status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Config => "config",
+            Self::Node => "node",
+            Self::BadAnnotation => "bad_annotation",
+            Self::NatPorts => "nat_ports",
+        }
+    }
+}
+
+/// Whether the fast path between nodes runs on node `me` (its Node object)
+/// with `routing.fastPath` `config` and the NAT'd ports written whole
+/// (`nat_synced`): `Err` says why not.
+pub fn fast_path(config: bool, me: Option<&Node>, nat_synced: bool) -> Result<(), FastPathOff> {
+    if !config {
+        return Err(FastPathOff::Config);
+    }
+    let value = me
+        .and_then(|n| n.metadata.annotations.as_ref())
+        .and_then(|a| a.get(NODE_FAST_PATH_ANNOTATION));
+    match value.map(String::as_str) {
+        None | Some("true") => {}
+        Some("false") => return Err(FastPathOff::Node),
+        Some(_) => return Err(FastPathOff::BadAnnotation),
+    }
+    if !nat_synced {
+        return Err(FastPathOff::NatPorts);
+    }
+    Ok(())
+}
+
+/// What the agent says of node `me`'s [`NODE_FAST_PATH_ANNOTATION`] when its
+/// value is neither `"true"` nor `"false"` (a log line and an Event).
+pub fn bad_annotation(me: &str) -> String {
+    format!(
+        "Node {me}: the annotation {NODE_FAST_PATH_ANNOTATION} is neither \"true\" nor \
+         \"false\": the fast path between nodes is off on this node until it is"
+    )
+}
+
+/// Each host-gateway route's pod CIDR in `plan`, with its next hop.
+fn gateways(plan: &Plan) -> BTreeMap<RemoteCidr, IpAddr> {
+    plan.routes
+        .keys()
+        .filter_map(|r| match r.via {
+            Via::Gateway(gw) => Some(((r.dst, r.prefix), gw)),
+            Via::Tunnel(_) => None,
+        })
+        .collect()
+}
 
 /// The `remote_nets` entries of the agent's routes in place that `want`
 /// also holds (a route on its way out is none); `device` is the VXLAN
@@ -51,4 +129,108 @@ pub fn uplinks(nets: &BTreeMap<RemoteCidr, RemoteNet>) -> Vec<u32> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+impl Router {
+    /// Before the pass changes routes: the entries whose route goes or
+    /// changes its next hop go first (every entry when the fast path is
+    /// off), so no program sends where the kernel no longer routes.
+    pub(super) fn retain_remote(&self, want: &Plan, on: bool) -> Result<(), RouteError> {
+        let Some(owner) = &self.owner else {
+            return Ok(());
+        };
+        let keep = if on { gateways(want) } else { BTreeMap::new() };
+        owner
+            .retain_remote_blocking(keep)
+            .map_err(|e| RouteError::FastPath(e.to_string()))?
+            .map_err(|e| RouteError::FastPath(e.to_string()))?;
+        Ok(())
+    }
+
+    /// After the pass made the routes: the entries of the host-gateway
+    /// routes in place written (none when the fast path is off), the uplink
+    /// program on their devices.
+    pub(super) fn sync_remote(
+        &self,
+        nl: &mut Netlink,
+        want: &Plan,
+        on: bool,
+        out: &mut Routed,
+    ) -> Result<(), RouteError> {
+        let Some(owner) = &self.owner else {
+            return Ok(());
+        };
+        let nets = if on {
+            remote_nets(nl, want, self.device)?
+        } else {
+            BTreeMap::new()
+        };
+        let devices = uplinks(&nets);
+        let done = owner
+            .sync_remote_blocking(nets, devices)
+            .map_err(|e| RouteError::FastPath(e.to_string()))?
+            .map_err(|e| RouteError::FastPath(e.to_string()))?;
+        out.fast_path = Some(done);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(annotation: Option<&str>) -> Node {
+        let mut meta = serde_json::json!({ "name": "me" });
+        if let Some(v) = annotation {
+            meta["annotations"] = serde_json::json!({ NODE_FAST_PATH_ANNOTATION: v });
+        }
+        serde_json::from_value(serde_json::json!({ "metadata": meta })).unwrap()
+    }
+
+    #[test]
+    fn the_fast_path_between_nodes_is_on_unless_config_node_or_nat_ports_say_otherwise() {
+        assert_eq!(fast_path(true, Some(&node(None)), true), Ok(()));
+        assert_eq!(fast_path(true, None, true), Ok(()));
+        assert_eq!(fast_path(true, Some(&node(Some("true"))), true), Ok(()));
+        assert_eq!(
+            fast_path(false, Some(&node(Some("true"))), true),
+            Err(FastPathOff::Config)
+        );
+        assert_eq!(
+            fast_path(true, Some(&node(Some("false"))), true),
+            Err(FastPathOff::Node)
+        );
+        assert_eq!(
+            fast_path(true, Some(&node(Some("off"))), true),
+            Err(FastPathOff::BadAnnotation),
+            "an unknown value is off: the kernel path is the safe one"
+        );
+        assert_eq!(
+            fast_path(true, Some(&node(None)), false),
+            Err(FastPathOff::NatPorts)
+        );
+    }
+
+    #[test]
+    fn only_host_gateway_routes_are_fast_path_destinations() {
+        let mut plan = Plan::default();
+        let gw: IpAddr = "192.0.2.2".parse().unwrap();
+        let tgw: IpAddr = "10.1.2.0".parse().unwrap();
+        for (dst, via) in [
+            ("10.1.1.0", Via::Gateway(gw)),
+            ("10.1.2.0", Via::Tunnel(tgw)),
+        ] {
+            plan.routes.insert(
+                super::super::NodeRoute {
+                    dst: dst.parse().unwrap(),
+                    prefix: 24,
+                    via,
+                },
+                "n".into(),
+            );
+        }
+        let g = gateways(&plan);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g.get(&("10.1.1.0".parse().unwrap(), 24)), Some(&gw));
+    }
 }

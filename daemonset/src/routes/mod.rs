@@ -18,7 +18,9 @@ mod fast;
 mod sync;
 
 pub use device::{ensure_device, Device};
-pub use fast::{remote_nets, uplinks};
+pub use fast::{
+    bad_annotation, fast_path, remote_nets, uplinks, FastPathOff, NODE_FAST_PATH_ANNOTATION,
+};
 pub use sync::sync;
 
 use std::{
@@ -38,7 +40,7 @@ use xdpcni_host::{
     },
 };
 
-use crate::config::Routing;
+use crate::{config::Routing, owner::Owner, reconciler::RemoteDone};
 
 pub use xdpcni_host::overlay::ROUTE_PROTOCOL;
 
@@ -277,6 +279,10 @@ pub enum RouteError {
     /// The device's transmit checksum offload could not be set.
     #[error("setting transmit checksum offload on {DEVICE}: {0}")]
     Offload(std::io::Error),
+    /// The datapath refused the fast path between nodes' entries (the
+    /// pass stops before the routes change; the next one retries).
+    #[error("the fast path between nodes: {0}")]
+    FastPath(String),
 }
 
 /// What one routing pass found and did.
@@ -297,12 +303,22 @@ pub struct Routed {
     pub warnings: Vec<String>,
     /// Whether the device was made, or removed, in this pass.
     pub device_changed: bool,
+    /// Why the fast path between nodes is off, if it is.
+    pub fast_path_off: Option<FastPathOff>,
+    /// What the pass wrote of the fast path between nodes (None: the
+    /// entries were not looked at: nothing changed).
+    pub fast_path: Option<RemoteDone>,
 }
 
 /// The routing state of this node's agent between passes, with its netlink
 /// socket.
 pub struct Router {
     routing: Routing,
+    /// Who writes the fast path between nodes (None: routes only).
+    owner: Option<Owner>,
+    /// What the last pass left of the fast path between nodes: None when
+    /// on, else why it is off (the status follows each change).
+    fast_off: Option<Option<FastPathOff>>,
     netlink: Option<Netlink>,
     device: Option<u32>,
     last: Option<(Plan, Instant)>,
@@ -313,10 +329,13 @@ pub struct Router {
 }
 
 impl Router {
-    /// A router for `routing`, with nothing in place yet.
-    pub fn new(routing: Routing) -> Self {
+    /// A router for `routing`, with nothing in place yet, that keeps the
+    /// fast path between nodes through `owner` (None: routes only).
+    pub fn new(routing: Routing, owner: Option<Owner>) -> Self {
         Self {
             routing,
+            owner,
+            fast_off: None,
             netlink: None,
             device: None,
             last: None,
@@ -332,6 +351,12 @@ impl Router {
         self.routing
     }
 
+    /// A router like this one with nothing in place (the next pass reads
+    /// the kernel again).
+    pub fn fresh(&self) -> Self {
+        Self::new(self.routing, self.owner.clone())
+    }
+
     /// Whether a device is waiting to be retired (the node pass must come
     /// back for it even when nothing else changes).
     pub fn retiring(&self) -> bool {
@@ -341,6 +366,7 @@ impl Router {
     /// Forgets what was put in place: the next pass reads the kernel again.
     pub fn invalidate(&mut self) {
         self.last = None;
+        self.fast_off = None;
     }
 
     /// [`Router::pass`] on a blocking thread (its netlink requests are
@@ -351,34 +377,43 @@ impl Router {
         nodes: Vec<Arc<Node>>,
         me: String,
         resync: Duration,
+        nat_synced: bool,
     ) -> (Self, Result<Routed, RouteError>) {
-        let routing = self.routing;
+        let fresh = self.fresh();
         let done = tokio::task::spawn_blocking(move || {
-            let outcome = self.pass(&nodes, &me, resync);
+            let outcome = self.pass(&nodes, &me, resync, nat_synced);
             (self, outcome)
         })
         .await;
-        done.unwrap_or_else(|e| (Self::new(routing), Err(RouteError::Task(e.to_string()))))
+        done.unwrap_or_else(|e| (fresh, Err(RouteError::Task(e.to_string()))))
     }
 
     /// One pass over `nodes` for node `me`. The kernel's entries are read
     /// and made right when the Nodes ask for something else than the last
     /// pass put in place, or `resync` after it (an entry removed by hand
-    /// comes back then). A failure closes the netlink socket: the next pass
-    /// opens another.
+    /// comes back then). A failure closes the netlink socket, and the next
+    /// pass opens another and reads everything again.
+    ///
+    /// The fast path between nodes follows the routes in the same pass
+    /// (unless [`fast_path`] says it is off; `nat_synced`: the NAT'd ports
+    /// were written whole): an entry whose route goes or changes goes
+    /// before the routes change, the entries of the routes in place are
+    /// written after.
     pub fn pass(
         &mut self,
         nodes: &[Arc<Node>],
         me: &str,
         resync: Duration,
+        nat_synced: bool,
     ) -> Result<Routed, RouteError> {
         let mut nl = match self.netlink.take() {
             Some(nl) => nl,
             None => Netlink::new()?,
         };
-        let outcome = self.pass_with(&mut nl, nodes, me, resync);
-        if outcome.is_ok() {
-            self.netlink = Some(nl);
+        let outcome = self.pass_with(&mut nl, nodes, me, resync, nat_synced);
+        match outcome {
+            Ok(_) => self.netlink = Some(nl),
+            Err(_) => self.invalidate(),
         }
         outcome
     }
@@ -389,11 +424,14 @@ impl Router {
         nodes: &[Arc<Node>],
         me: &str,
         resync: Duration,
+        nat_synced: bool,
     ) -> Result<Routed, RouteError> {
         let mut out = Routed::default();
         let mine = nodes
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(me));
+        out.fast_path_off = fast_path(self.routing.fast_path, mine.map(|n| &**n), nat_synced).err();
+        let fast_on = self.owner.is_some() && out.fast_path_off.is_none();
         let own_cidrs = mine.map(|n| pod_cidrs(n)).unwrap_or_default();
         let address = mine.and_then(|n| internal_ips(n).into_iter().next());
         let mut warnings = BTreeSet::new();
@@ -407,6 +445,19 @@ impl Router {
         for (node, why) in &want.bad_vteps {
             warnings.insert(format!("Node {node}: {why} (reached by host-gateway)"));
         }
+        match out.fast_path_off {
+            Some(FastPathOff::BadAnnotation) => {
+                warnings.insert(fast::bad_annotation(me));
+            }
+            Some(FastPathOff::NatPorts) => {
+                warnings.insert(
+                    "the NAT'd ports could not be written whole: the fast path between \
+                     nodes is off until they are"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
         out.warnings = warnings.difference(&self.warned).cloned().collect();
         self.warned = warnings;
         out.routes = want.counts();
@@ -418,12 +469,15 @@ impl Router {
         let fresh = self
             .last
             .as_ref()
-            .is_some_and(|(had, at)| *had == want && at.elapsed() < resync);
+            .is_some_and(|(had, at)| *had == want && at.elapsed() < resync)
+            && self.fast_off == Some(out.fast_path_off);
         if fresh && (local.is_none() || self.device.is_some()) {
             out.unreachable = self.refused;
             out.routes.0 -= out.unreachable.min(out.routes.0);
             return Ok(out);
         }
+        // Before a route changes: its entry goes.
+        self.retain_remote(&want, fast_on)?;
         self.device = match (&local, &underlay) {
             (Some(l), Some(u)) => {
                 let d = ensure_device(nl, &self.routing, u, &l.vtep, &own_cidrs)?;
@@ -433,9 +487,12 @@ impl Router {
             // A device being retired keeps its entries until it goes.
             _ => None,
         };
-        let report = sync(nl, &want, self.device).inspect_err(|_| self.last = None)?;
+        let report = sync(nl, &want, self.device)?;
         self.note_refused(&mut out, report);
+        // After: the entries of the routes in place.
+        self.sync_remote(nl, &want, fast_on, &mut out)?;
         self.last = Some((want, Instant::now()));
+        self.fast_off = Some(out.fast_path_off);
         Ok(out)
     }
 

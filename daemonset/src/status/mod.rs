@@ -13,9 +13,11 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+mod nodes;
 mod services;
 mod table;
 
+pub use nodes::{CrossNodeStatus, UplinkStatus};
 pub use services::{FrontendStatus, ServicesStatus};
 
 /// The path of the status endpoint.
@@ -317,6 +319,9 @@ pub struct Status {
     /// Service translation at the socket.
     #[serde(default)]
     pub services: ServicesStatus,
+    /// The fast path between nodes.
+    #[serde(default)]
+    pub cross_node: CrossNodeStatus,
     /// Pods whose records a failure to read left out (see the agent's log).
     pub unreadable_records: usize,
     /// Every pod, by namespace and name.
@@ -337,6 +342,7 @@ pub struct Book {
     pods: Mutex<BTreeMap<String, PodStatus>>,
     policy: Mutex<PolicyStatus>,
     services: Mutex<ServicesStatus>,
+    cross_node: Mutex<CrossNodeStatus>,
     last_node_pass: Mutex<Option<f64>>,
 }
 
@@ -391,6 +397,23 @@ impl Book {
     /// Service translation as last recorded.
     pub fn services(&self) -> ServicesStatus {
         self.services
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records what the last routing pass left of the fast path between
+    /// nodes.
+    pub fn set_cross_node(&self, s: CrossNodeStatus) {
+        *self
+            .cross_node
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = s;
+    }
+
+    /// The fast path between nodes as last recorded.
+    pub fn cross_node(&self) -> CrossNodeStatus {
+        self.cross_node
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -492,6 +515,20 @@ mod tests {
                 cgroup: Some("/sys/fs/cgroup/unified".into()),
                 ..ServicesStatus::default()
             },
+            cross_node: CrossNodeStatus {
+                on: true,
+                off: None,
+                destinations: 4,
+                uplinks: vec![UplinkStatus {
+                    interface: "eth0".into(),
+                    ifindex: 2,
+                    counters: Some(Counts {
+                        forward: 7,
+                        kernel: 30,
+                        ..Counts::default()
+                    }),
+                }],
+            },
             unreadable_records: 0,
             pods: vec![
                 pod(
@@ -543,6 +580,24 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("Last pass: 0.5s ago"), "{t}");
+        assert!(
+            t.contains(
+                "Fast path: between nodes on: 4 pod CIDRs, receiving on eth0 (7 delivered, 30 to the kernel)"
+            ),
+            "{t}"
+        );
+        let off = Status {
+            cross_node: CrossNodeStatus {
+                off: Some("node".into()),
+                ..CrossNodeStatus::default()
+            },
+            ..s.clone()
+        };
+        assert!(
+            off.table().contains("Fast path: between nodes off (node)"),
+            "{}",
+            off.table()
+        );
         assert!(t.contains("Pods:      2 (1 on the fast path)"), "{t}");
         let lines: Vec<&str> = t
             .lines()

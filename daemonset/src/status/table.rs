@@ -113,6 +113,7 @@ impl Status {
             ),
             format!("Policies:  {}", self.policies.summary()),
             format!("Services:  {}", self.services.summary()),
+            format!("Fast path: {}", self.cross_node.summary()),
             format!("Last pass: {last}"),
             format!("Pods:      {}", self.pods_summary()),
         ];
