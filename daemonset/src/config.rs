@@ -214,7 +214,7 @@ pub struct RoutingConfig {
     pub tx_checksum_offload: bool,
     /// The fast path between nodes: tc sends other nodes' pods their
     /// packets, and delivers theirs, without the host stack where the
-    /// kernel path would do the same (host-gateway routes; docs/routing.md).
+    /// kernel path would do the same (host-gateway routes; docs/install.md).
     /// A Node annotated [`crate::routes::NODE_FAST_PATH_ANNOTATION`]
     /// `"false"` turns it off for that node.
     #[serde(default = "yes")]

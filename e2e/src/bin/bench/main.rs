@@ -401,7 +401,7 @@ fn measure(o: &Opts) -> Result<Measured> {
     }
     if o.full() || o.workload(W_XNODE_TCP) {
         eprintln!("bench: TCP across nodes (hostGateway, vxlan) on two nodes with agents...");
-        xnode_bench(reps, o.secs, &mut push, &mut extra)?;
+        xnode_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }
     extra.append(&mut profile_lines);
     // The program's cost stage by stage, on fixed frames: what the

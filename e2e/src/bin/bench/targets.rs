@@ -29,6 +29,9 @@ pub const W_NP_REMOVE_P99: &str = "NetworkPolicy deleted -> allowed p99";
 pub const W_NP_FWD: &str = "Forwarding 64-byte, kernel path, raw-table sink";
 pub const W_MIGRATE: &str = "Datapath migration from the previous release";
 pub const W_XNODE_TCP: &str = "TCP 1 stream across nodes (iperf3)";
+pub const W_XNODE_UDP64: &str = "Across nodes: UDP 64-byte frames";
+pub const W_XNODE_RR: &str = "Across nodes: TCP RTT p50 (busy-poll)";
+pub const W_XNODE_HOST: &str = "Across nodes: the nodes' own TCP stream (iperf3)";
 pub const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
 pub const W_SVC_TCP: &str = "Service: TCP 1 stream (iperf3)";
 pub const W_SVC_UDP64: &str = "Service: UDP 64-byte frames";
@@ -91,6 +94,9 @@ pub const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_MIGRATE, "ms", false),
     (W_MIGRATE_READY, "ms", false),
     (W_XNODE_TCP, "Gbit/s", true),
+    (W_XNODE_UDP64, "Mpps", true),
+    (W_XNODE_RR, "us", false),
+    (W_XNODE_HOST, "Gbit/s", true),
     (W_SVC_TCP, "Gbit/s", true),
     (W_SVC_UDP64, "Mpps", true),
     (W_SVC_RR, "us", false),
@@ -106,6 +112,9 @@ pub const WORKLOADS: &[(&str, &str, bool)] = &[
 ];
 
 pub const XNODE_HG: &str = "xdpcni hostGateway";
+pub const XNODE_HG_KERNEL: &str = "xdpcni hostGateway, fast path off (kernel path)";
+pub const XNODE_UPLINK: &str = "uplink program attached";
+pub const XNODE_NO_UPLINK: &str = "no uplink program";
 pub const XNODE_VXLAN: &str = "xdpcni vxlan";
 pub const XNODE_VXLAN_CSUM: &str = "xdpcni vxlan, tx checksum offload off";
 pub const XNODE_SAME: &str = "xdpcni tc, same node";
@@ -302,6 +311,55 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             goal,
             what: if w == W_SVC_RR {
                 format!("{w}: {q} vs {p} (lower is better)")
+            } else {
+                format!("{w}: {p} vs {q}")
+            },
+        });
+    }
+    // The fast path between nodes (issue 36), two nodes, same run: against
+    // the kernel path under the same pods; the nodes' own stream with the
+    // uplink program and without. vxlan has no fast path yet: not measured.
+    for (name, w, p, q, goal) in [
+        (
+            "xnode_hostgw_udp64",
+            W_XNODE_UDP64,
+            XNODE_HG,
+            XNODE_HG_KERNEL,
+            1.2,
+        ),
+        // Lower is better: the kernel path's p50 over the fast path's.
+        ("xnode_hostgw_rr", W_XNODE_RR, XNODE_HG_KERNEL, XNODE_HG, 1.15),
+        (
+            "xnode_vxlan_tcp",
+            W_XNODE_TCP,
+            "xdpcni vxlan, fast path",
+            XNODE_VXLAN,
+            1.1,
+        ),
+        (
+            "xnode_vxlan_udp64",
+            W_XNODE_UDP64,
+            "xdpcni vxlan, fast path",
+            XNODE_VXLAN,
+            1.2,
+        ),
+        (
+            "xnode_host_tcp",
+            W_XNODE_HOST,
+            XNODE_UPLINK,
+            XNODE_NO_UPLINK,
+            0.98,
+        ),
+    ] {
+        out.push(Target {
+            name,
+            value: vs(w, p, q),
+            op: Op::AtLeast,
+            goal,
+            what: if w == W_XNODE_RR {
+                format!("{w}: {q} vs {p} (lower is better)")
+            } else if p.contains("vxlan") {
+                format!("{w}: {p} vs {q} (the vxlan fast path is not built yet: no row)")
             } else {
                 format!("{w}: {p} vs {q}")
             },

@@ -1,5 +1,6 @@
 //! Across nodes: two node namespaces on one wire, one API server,
-//! host-gateway and VXLAN against ptp with a route and conntrack on.
+//! host-gateway and VXLAN against ptp with a route and conntrack on, and
+//! the fast path between nodes on and off under the same pods.
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -10,16 +11,24 @@ use super::*;
 /// agents in Kubernetes mode against a real API server, first in
 /// `hostGateway`, then in `vxlan` (pods made again with the tunnel's MTU,
 /// as install-cni would give them); each phase also measures a same-node
-/// pair (the default tc fast path). The vxlan phase measures the device
+/// pair (the default tc fast path). The hostGateway phase measures the fast
+/// path between nodes against the kernel path (the Node annotation turns it
+/// off on both nodes) with TCP, UDP 64-byte and TCP_RR, and the nodes' own
+/// TCP stream with the uplink program attached and without. The vxlan phase measures the device
 /// with transmit checksum offload off too (`routing.vxlan.txChecksumOffload:
 /// false`, Flannel's workaround of an old kernel bug): what it costs.
 pub fn xnode_bench(
     reps: usize,
     secs: u32,
+    rounds: usize,
     push: &mut dyn FnMut(&str, &str, usize, f64),
     extra: &mut Vec<String>,
 ) -> Result<()> {
-    use xdpcni_e2e::{kube::ApiServer, nodes::ClusterNode, traffic::ping};
+    use xdpcni_e2e::{
+        kube::ApiServer,
+        nodes::ClusterNode,
+        traffic::{ping, tcp_rr_via},
+    };
     let wire = |n1: &ClusterNode, n2: &ClusterNode| -> Result<()> {
         let (w1, w2) = (xdpcni_e2e::unique_name("xw"), xdpcni_e2e::unique_name("xw"));
         n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node))?;
@@ -165,9 +174,54 @@ pub fn xnode_bench(
         let ct = iperf(&pb, &pa, ptp_ip, secs);
         conntrack(false)?;
         push(W_XNODE_TCP, XNODE_PTP_CT, rep, ct?);
-        push(W_XNODE_TCP, XNODE_HG, rep, iperf(&x2, &x1, x1_ip, secs)?);
         push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&y1, &x1, x1_ip, secs)?);
     }
+    // The fast path between nodes on and off, the same pods and agents.
+    let host1 = n1.ip(false).context("IPv4")?;
+    let x2_veth = xdpcni_e2e::node::host_veth(&rx2)?;
+    let x2_idx = n2.net.node.ifindex(&x2_veth)?;
+    let mut share: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let paths = [(XNODE_HG, true), (XNODE_HG_KERNEL, false)];
+    let dur = Duration::from_secs(u64::from(secs));
+    for rep in 0..reps {
+        for &(label, on) in rep_order(&paths, rep) {
+            for n in [&n1, &n2] {
+                cross_node(&api, &n1.net.node, n, on)?;
+            }
+            let maps = Maps::open_pinned(n2.pins.path())?;
+            let before = maps.counters(x2_idx)?;
+            push(W_XNODE_TCP, label, rep, iperf(&x2, &x1, x1_ip, secs)?);
+            let after = maps.counters(x2_idx)?;
+            let s = share.entry(label).or_default();
+            s.0 += after.forwarded() - before.forwarded();
+            s.1 += after.passed() - before.passed();
+            let to = SocketAddr::new(x1_ip, port());
+            push(
+                W_XNODE_UDP64,
+                label,
+                rep,
+                pps_via(&x2, &x1, to, to, 22, dur)? / 1e6,
+            );
+            check_interrupt()?;
+            let to = SocketAddr::new(x1_ip, port());
+            let mut rtts = tcp_rr_via(&x2, &x1, to, to, rounds, 100)?;
+            push(W_XNODE_RR, label, rep, percentile(&mut rtts, 0.5));
+            let host = if on { XNODE_UPLINK } else { XNODE_NO_UPLINK };
+            push(
+                W_XNODE_HOST,
+                host,
+                rep,
+                iperf(&n2.net.node, &n1.net.node, host1, secs)?,
+            );
+        }
+    }
+    for (label, (fast, kernel)) in &share {
+        extra.push(format!(
+            "across nodes, {label}: of the sending pod's packets of the TCP streams {fast} left by the fast path (redirect_neigh), {kernel} by the kernel"
+        ));
+    }
+    cross_node(&api, &n1.net.node, &n1, true)?;
+    cross_node(&api, &n1.net.node, &n2, true)?;
     drop(agents);
 
     // Phase 2: vxlan, new pods with the tunnel's MTU.
@@ -220,4 +274,46 @@ pub fn xnode_bench(
         n.del_pod(name, ns)?;
     }
     Ok(())
+}
+
+/// Turns the fast path between nodes on or off on node `n` (its Node
+/// annotation, through `api` from `from`) and waits until its agent's status
+/// says so: on with its uplink program, or off with none.
+fn cross_node(
+    api: &xdpcni_e2e::kube::ApiServer,
+    from: &Netns,
+    n: &xdpcni_e2e::nodes::ClusterNode,
+    on: bool,
+) -> Result<()> {
+    let name = n.name.clone();
+    let value = (!on).then_some("false");
+    api.with_client(from, |c| async move {
+        let patch = json!({ "metadata": { "annotations": {
+            xdpcni_agent::routes::NODE_FAST_PATH_ANNOTATION: value,
+        } } });
+        kube::Api::<k8s_openapi::api::core::v1::Node>::all(c)
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(patch),
+            )
+            .await?;
+        Ok(())
+    })?;
+    xdpcni_e2e::nodes::wait_for(
+        "the fast path between nodes turned",
+        Duration::from_secs(10),
+        || {
+            let Ok((_, body)) =
+                xdpcni_e2e::cni::http_get(&n.net.node, xdpcni_e2e::agent::LISTEN, "/v1/status")
+            else {
+                return false;
+            };
+            serde_json::from_str::<xdpcni_agent::status::Status>(&body).is_ok_and(|s| {
+                let x = &s.cross_node;
+                x.on == on && x.uplinks.is_empty() != on && (!on || x.destinations > 0)
+            })
+        },
+    )
+    .map(drop)
 }
