@@ -265,7 +265,9 @@ mod tests {
         );
         assert_eq!(
             value(&values, "routing", "fastPath"),
-            crate::config::RoutingConfig::default().fast_path.to_string()
+            crate::config::RoutingConfig::default()
+                .fast_path
+                .to_string()
         );
         assert_eq!(props["headroom"]["minimum"], *HEADROOM_RANGE.start());
         assert_eq!(props["headroom"]["maximum"], *HEADROOM_RANGE.end());

@@ -328,7 +328,13 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             1.2,
         ),
         // Lower is better: the kernel path's p50 over the fast path's.
-        ("xnode_hostgw_rr", W_XNODE_RR, XNODE_HG_KERNEL, XNODE_HG, 1.15),
+        (
+            "xnode_hostgw_rr",
+            W_XNODE_RR,
+            XNODE_HG_KERNEL,
+            XNODE_HG,
+            1.15,
+        ),
         (
             "xnode_vxlan_tcp",
             W_XNODE_TCP,
