@@ -129,6 +129,46 @@ impl ClusterNode {
         })
     }
 
+    /// Sets (or, `None`, removes) annotation `key` on its Node object.
+    pub fn annotate(
+        &self,
+        api: &ApiServer,
+        from: &Netns,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<()> {
+        let name = self.name.clone();
+        let patch = json!({ "metadata": { "annotations": { key: value } } });
+        api.with_client(from, |c| async move {
+            Api::<NodeObject>::all(c)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// The notes of the Events with `reason` about its Node (the agent
+    /// files them in kube-system).
+    pub fn events(&self, api: &ApiServer, from: &Netns, reason: &str) -> Result<Vec<String>> {
+        let name = self.name.clone();
+        let reason = reason.to_string();
+        api.with_client(from, |c| async move {
+            let evs = Api::<k8s_openapi::api::events::v1::Event>::namespaced(c, "kube-system")
+                .list(&Default::default())
+                .await?;
+            Ok(evs
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some(reason.as_str())
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(name.as_str())
+                })
+                .filter_map(|e| e.note)
+                .collect())
+        })
+    }
+
     /// Starts its agent against the API server of `kubeconfig`, with
     /// `config` changing its config first (e.g. its `routing`), and waits
     /// until it serves. Each start logs to a file of its own.

@@ -292,25 +292,8 @@ impl Cluster {
 
     /// Notes of the Events with `reason` about node `i`.
     fn node_events(&self, i: usize, reason: &str) -> Vec<String> {
-        let name = self.nodes[i].name.clone();
-        let reason = reason.to_string();
-        self.api
-            .with_client(&self.nodes[0].net.node, |c| async move {
-                let evs =
-                    kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(c, "kube-system")
-                        .list(&Default::default())
-                        .await?;
-                Ok(evs
-                    .items
-                    .into_iter()
-                    .filter(|e| {
-                        e.reason.as_deref() == Some(reason.as_str())
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some(name.as_str())
-                    })
-                    .filter_map(|e| e.note)
-                    .collect())
-            })
+        self.nodes[i]
+            .events(&self.api, &self.nodes[0].net.node, reason)
             .unwrap()
     }
 }

@@ -168,46 +168,16 @@ impl Two {
 
     /// Sets node `i`'s fast path annotation (None: removes it).
     fn annotate(&self, i: usize, value: Option<&str>) {
-        let name = self.n[i].name.clone();
-        let value = value.map(str::to_string);
-        self.api
-            .with_client(&self.n[0].net.node, |c| async move {
-                let patch = serde_json::json!({ "metadata": { "annotations": {
-                    xdpcni_agent::routes::NODE_FAST_PATH_ANNOTATION: value,
-                } } });
-                kube::Api::<k8s_openapi::api::core::v1::Node>::all(c)
-                    .patch(
-                        &name,
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(patch),
-                    )
-                    .await?;
-                Ok(())
-            })
+        let key = xdpcni_agent::routes::NODE_FAST_PATH_ANNOTATION;
+        self.n[i]
+            .annotate(&self.api, &self.n[0].net.node, key, value)
             .unwrap();
     }
 
     /// Notes of the Events with `reason` about node `i`.
     fn node_events(&self, i: usize, reason: &str) -> Vec<String> {
-        let name = self.n[i].name.clone();
-        let reason = reason.to_string();
-        self.api
-            .with_client(&self.n[0].net.node, |c| async move {
-                let evs =
-                    kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(c, "kube-system")
-                        .list(&Default::default())
-                        .await?;
-                Ok(evs
-                    .items
-                    .into_iter()
-                    .filter(|e| {
-                        e.reason.as_deref() == Some(reason.as_str())
-                            && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                                == Some(name.as_str())
-                    })
-                    .filter_map(|e| e.note)
-                    .collect())
-            })
+        self.n[i]
+            .events(&self.api, &self.n[0].net.node, reason)
             .unwrap()
     }
 }

@@ -285,21 +285,8 @@ fn cross_node(
     n: &xdpcni_e2e::nodes::ClusterNode,
     on: bool,
 ) -> Result<()> {
-    let name = n.name.clone();
-    let value = (!on).then_some("false");
-    api.with_client(from, |c| async move {
-        let patch = json!({ "metadata": { "annotations": {
-            xdpcni_agent::routes::NODE_FAST_PATH_ANNOTATION: value,
-        } } });
-        kube::Api::<k8s_openapi::api::core::v1::Node>::all(c)
-            .patch(
-                &name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await?;
-        Ok(())
-    })?;
+    let key = xdpcni_agent::routes::NODE_FAST_PATH_ANNOTATION;
+    n.annotate(api, from, key, (!on).then_some("false"))?;
     xdpcni_e2e::nodes::wait_for(
         "the fast path between nodes turned",
         Duration::from_secs(10),
