@@ -222,6 +222,7 @@ pub fn xnode_bench(
     }
     cross_node(&api, &n1.net.node, &n1, true)?;
     cross_node(&api, &n1.net.node, &n2, true)?;
+    extra.push(uplink_cost(&n1, &n2, host1, secs)?);
     drop(agents);
 
     // Phase 2: vxlan, new pods with the tunnel's MTU.
@@ -303,4 +304,56 @@ fn cross_node(
         },
     )
     .map(drop)
+}
+
+/// What the uplink program costs the nodes' own TCP stream (node-2 to
+/// node-1), from kernel BPF stats over one more stream, not a row's (the
+/// stats cost time of their own): its runs on both nodes, ns per run, and
+/// the share of the machine's CPU time they took.
+fn uplink_cost(
+    n1: &xdpcni_e2e::nodes::ClusterNode,
+    n2: &xdpcni_e2e::nodes::ClusterNode,
+    to: IpAddr,
+    secs: u32,
+) -> Result<String> {
+    let ids: Vec<u32> = [n1, n2]
+        .iter()
+        .map(|n| {
+            let (_, body) =
+                xdpcni_e2e::cni::http_get(&n.net.node, xdpcni_e2e::agent::LISTEN, "/v1/status")?;
+            let s: xdpcni_agent::status::Status = serde_json::from_str(&body)?;
+            s.datapath
+                .programs
+                .iter()
+                .find(|p| p.name == xdpcni_ebpf::TC_FROM_NODE_PROGRAM)
+                .map(|p| p.id)
+                .context("the uplink program's id")
+        })
+        .collect::<Result<_>>()?;
+    let totals = || -> Result<(u64, u128)> {
+        let mut out = (0, 0);
+        for info in aya::programs::loaded_programs() {
+            let info = info?;
+            if ids.contains(&info.id()) {
+                out.0 += info.run_count();
+                out.1 += info.run_time().as_nanos();
+            }
+        }
+        Ok(out)
+    };
+    let stats = BpfStats::enable()?;
+    let before = totals()?;
+    let gbps = iperf(&n2.net.node, &n1.net.node, to, secs)?;
+    let after = totals()?;
+    drop(stats);
+    let runs = after.0.saturating_sub(before.0);
+    let ns = after.1.saturating_sub(before.1) as f64;
+    ensure!(runs > 0, "the uplink program did not run");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    Ok(format!(
+        "across nodes, the nodes' own TCP stream with the uplink program ({gbps:.1} Gbit/s, bpf_stats on): the program ran {runs} times on both nodes ({:.0} runs/s), {:.0} ns per run: {:.2}% of the {cpus} CPUs' time",
+        runs as f64 / f64::from(secs),
+        ns / runs as f64,
+        100.0 * ns / (f64::from(secs) * cpus * 1e9)
+    ))
 }
