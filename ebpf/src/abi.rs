@@ -224,6 +224,8 @@ pub const EP_KERNEL_ONLY: u32 = 1;
 pub const EP_NO_NAT_PORTS: u32 = 2;
 /// Counter slots (`port_slots`): host veths that get counters of their own.
 pub const MAX_SLOTS: u32 = c_layout::XDPCNI_MAX_SLOTS;
+/// The (address, protocol, port) entries `nat_ports` holds at most.
+pub const MAX_NAT_PORTS: u32 = c_layout::XDPCNI_MAX_NAT_PORTS;
 
 /// `struct endpoint_info`: what the datapath knows of a pod address.
 #[repr(C)]

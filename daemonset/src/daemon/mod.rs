@@ -22,7 +22,7 @@ mod node_work;
 
 use cni_records::CniRecords;
 pub use http::View;
-pub use node_work::{BlockedChange, PassChecks};
+pub use node_work::{BlockedChange, NatWant, PassChecks};
 use node_work::{ForwardScan, NodeMemo};
 
 use std::{

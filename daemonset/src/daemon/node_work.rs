@@ -20,10 +20,22 @@ use crate::{
     records::{is_live, pod_key, PodKey},
 };
 
+/// The NAT'd ports the node-wide work writes: this node's pods' (Service
+/// backends, hostPorts), which same-node traffic needs, and other nodes'
+/// Service backends, which only the fast path between nodes needs (their
+/// replies arrive from other nodes).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NatWant {
+    /// This node's pods'.
+    pub local: BTreeSet<(IpAddr, L4Proto, u16)>,
+    /// Other nodes' Service backends.
+    pub others: BTreeSet<(IpAddr, L4Proto, u16)>,
+}
+
 /// The input of the node-wide work's last run, and when.
 pub(super) struct NodeMemo {
     generation: u64,
-    nat: Option<BTreeSet<(IpAddr, L4Proto, u16)>>,
+    nat: Option<NatWant>,
     at: Instant,
 }
 
@@ -104,12 +116,7 @@ impl Core {
     /// only when the records, `nat` or `force` (a pod reconciled this
     /// pass: its veth may be gone) say something changed, or
     /// [`NODE_RESYNC`] after it last ran: an idle node reads no map.
-    pub async fn node_work(
-        &self,
-        listing: &state::Listing,
-        nat: Option<BTreeSet<(IpAddr, L4Proto, u16)>>,
-        force: bool,
-    ) {
+    pub async fn node_work(&self, listing: &state::Listing, nat: Option<NatWant>, force: bool) {
         let records = Arc::clone(&listing.records);
         let memo = NodeMemo {
             generation: listing.generation,
@@ -165,12 +172,32 @@ impl Core {
         false
     }
 
-    /// Makes the NAT'd ports `nat`; whether it went without an error.
-    async fn sync_nat(&self, nat: BTreeSet<(IpAddr, L4Proto, u16)>) -> bool {
-        let outcome = self.owner.sync_nat_ports(nat).await;
-        self.nat_synced
-            .store(matches!(outcome, Ok(Ok(_))), Ordering::Release);
-        let error = match outcome {
+    /// Makes the NAT'd ports `nat`: all of them, or where they do not fit
+    /// (or the write fails) this node's pods' alone, which same-node
+    /// traffic needs; only the whole set lets the fast path between nodes
+    /// on ([`Core::nat_synced`]). Whether the local ones went without an
+    /// error.
+    async fn sync_nat(&self, nat: NatWant) -> bool {
+        let all: BTreeSet<_> = nat.local.union(&nat.others).copied().collect();
+        let fits = all.len() <= xdpcni_ebpf::abi::MAX_NAT_PORTS as usize;
+        let whole = if fits {
+            self.write_nat(all).await
+        } else {
+            warn!(
+                wanted = all.len(),
+                capacity = xdpcni_ebpf::abi::MAX_NAT_PORTS,
+                "the cluster's Service backends do not fit the NAT'd ports: the fast path \
+                 between nodes is off on this node"
+            );
+            false
+        };
+        self.nat_synced.store(whole, Ordering::Release);
+        whole || self.write_nat(nat.local).await
+    }
+
+    /// Writes the NAT'd ports `want`; whether it went without an error.
+    async fn write_nat(&self, want: BTreeSet<(IpAddr, L4Proto, u16)>) -> bool {
+        let error = match self.owner.sync_nat_ports(want).await {
             Ok(Ok((0, 0))) => return true,
             Ok(Ok((added, removed))) => {
                 info!(added, removed, "NAT'd ports updated");

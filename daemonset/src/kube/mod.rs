@@ -33,12 +33,7 @@ mod node_task;
 pub mod policies;
 mod services;
 
-use std::{
-    collections::{BTreeSet, HashSet},
-    net::IpAddr,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashSet, net::IpAddr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
@@ -54,12 +49,11 @@ use kube::{
 };
 use tokio::sync::{mpsc, Notify};
 use tracing::{debug, info, warn};
-use xdpcni_ebpf::L4Proto;
 use xdpcni_host::state::Record;
 
 use crate::{
     config::Config,
-    daemon::{Core, ReconcileError, Shutdown, RESYNC},
+    daemon::{Core, NatWant, ReconcileError, Shutdown, RESYNC},
     metrics::Stage,
     records::{is_live, pod_key, PodKey},
 };
@@ -73,20 +67,20 @@ use self::{
 /// How soon a pod whose reconcile failed is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
-/// The NAT'd ports: every Endpoints address that is a local pod (or, with
-/// `remote`, any address: the fast path between nodes receives other
-/// nodes' backends' replies), with each port of its subset (a Service
-/// backend: replies to a ClusterIP client must be un-DNATed), and every
-/// container port of a local pod published as a hostPort.
+/// The NAT'd ports: every Endpoints address with each port of its subset
+/// (a Service backend: replies to a ClusterIP client must be un-DNATed),
+/// a local pod's as `local`, any other's (with `remote`: the fast path
+/// between nodes receives other nodes' backends' replies) as `others`; and
+/// every container port of a local pod published as a hostPort.
 pub fn nat_ports(
     records: &[xdpcni_host::state::Record],
     endpoints: &[Arc<Endpoints>],
     pods: &[Arc<Pod>],
     remote: bool,
-) -> BTreeSet<(IpAddr, L4Proto, u16)> {
+) -> NatWant {
     let local: HashSet<IpAddr> = records.iter().flat_map(|r| r.ips.iter().copied()).collect();
     let proto = crate::services::model::proto;
-    let mut out = BTreeSet::new();
+    let mut want = NatWant::default();
     for ep in endpoints {
         for subset in ep.subsets.iter().flatten() {
             let addrs = subset
@@ -97,6 +91,11 @@ pub fn nat_ports(
                 .filter_map(|a| a.ip.parse::<IpAddr>().ok())
                 .filter(|ip| remote || local.contains(ip));
             for ip in addrs {
+                let out = if local.contains(&ip) {
+                    &mut want.local
+                } else {
+                    &mut want.others
+                };
                 for port in subset.ports.iter().flatten() {
                     if let (Some(p), Ok(n)) =
                         (proto(port.protocol.as_deref()), u16::try_from(port.port))
@@ -126,12 +125,12 @@ pub fn nat_ports(
                 u16::try_from(port.container_port),
             ) {
                 for ip in &ips {
-                    out.insert((*ip, p, n));
+                    want.local.insert((*ip, p, n));
                 }
             }
         }
     }
-    out
+    want
 }
 
 /// A reflector store of every object of kind `K`, fed by a watch in a task
@@ -378,6 +377,8 @@ pub async fn run(cfg: Config) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use xdpcni_ebpf::L4Proto;
+
     use super::*;
 
     #[test]
@@ -410,6 +411,7 @@ mod tests {
             .unwrap(),
         )];
         let got: Vec<_> = nat_ports(&records, &eps, &pods, false)
+            .local
             .into_iter()
             .collect();
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
@@ -423,8 +425,10 @@ mod tests {
         );
         // With the fast path between nodes, other nodes' backends too.
         let all = nat_ports(&records, &eps, &pods, true);
-        assert_eq!(all.len(), 5, "{all:?}");
-        assert!(all.contains(&(ip("10.9.9.9"), L4Proto::Tcp, 8080)));
-        assert!(all.contains(&(ip("10.9.9.9"), L4Proto::Udp, 53)));
+        assert_eq!(all.local.len(), 3, "{all:?}");
+        assert_eq!(all.others.len(), 2, "{all:?}");
+        assert!(all.others.contains(&(ip("10.9.9.9"), L4Proto::Tcp, 8080)));
+        assert!(all.others.contains(&(ip("10.9.9.9"), L4Proto::Udp, 53)));
+        assert!(nat_ports(&records, &eps, &pods, false).others.is_empty());
     }
 }
