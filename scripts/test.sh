@@ -46,7 +46,7 @@ test -x target/chart-cni/bin/xdpcni && test -s target/chart-cni/net.d/10-xdpcni.
 python3 - <<'PY'
 import json
 body = json.load(open("target/chart-agent.json"))
-assert body["routing"] == {"mode": "vxlan", "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
+assert body["routing"] == {"mode": "vxlan", "fastPath": True, "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
 # Services translated, at the node's cgroup mounted where the agent looks.
 assert body["services"] == {"translate": True, "cgroup": "/host/cgroup"}, body["services"]
 assert "mtu" not in body, body
@@ -78,6 +78,7 @@ agent.listenAddress=10.0.0.1 /agent/listenAddress
 cni.binDir=relative/bin /cni/binDir
 cni.netnsDir=/var/run/netns /cni/netnsDir
 image.pullPolicy=Sometimes /image/pullPolicy
+routing.fastPath=maybe /routing/fastPath
 monitoring.podMonitor.enabled=maybe /monitoring/podMonitor/enabled
 monitoring.podMonitor.interval=soon /monitoring/podMonitor/interval
 monitoring.dashboard.namespace=Bad_NS /monitoring/dashboard/namespace
