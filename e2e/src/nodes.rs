@@ -129,6 +129,26 @@ impl ClusterNode {
         })
     }
 
+    /// Its agent's `/v1/status`.
+    pub fn status(&self) -> Result<xdpcni_agent::status::Status> {
+        let (code, body) =
+            crate::cni::http_get(&self.net.node, crate::agent::LISTEN, "/v1/status")?;
+        anyhow::ensure!(code == 200, "/v1/status: {code} {body}");
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    /// The id of its datapath's program `name`, as its agent's status lists
+    /// it (the kernel truncates program names: the id tells them apart).
+    pub fn program_id(&self, name: &str) -> Result<u32> {
+        self.status()?
+            .datapath
+            .programs
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.id)
+            .with_context(|| format!("no program {name} in the status"))
+    }
+
     /// Sets (or, `None`, removes) annotation `key` on its Node object.
     pub fn annotate(
         &self,

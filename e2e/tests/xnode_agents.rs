@@ -68,9 +68,7 @@ fn count(n: &ClusterNode, dev: &str, label: &str) -> u64 {
 
 /// The agent's /v1/status on node `n`.
 fn status(n: &ClusterNode) -> Status {
-    let (code, body) = http_get(&n.net.node, xdpcni_e2e::agent::LISTEN, "/v1/status").unwrap();
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str(&body).unwrap()
+    n.status().unwrap()
 }
 
 /// The pod CIDRs in node `n`'s `remote_nets`.
@@ -87,13 +85,7 @@ fn remote_cidrs(n: &ClusterNode) -> Vec<String> {
 /// Whether the uplink program (by its id: the kernel truncates names) is
 /// on `dev`'s tcx ingress of node `n`.
 fn uplink_attached(n: &ClusterNode, dev: &str) -> bool {
-    let id = status(n)
-        .datapath
-        .programs
-        .iter()
-        .find(|p| p.name == xdpcni_ebpf::TC_FROM_NODE_PROGRAM)
-        .map(|p| p.id)
-        .unwrap();
+    let id = n.program_id(xdpcni_ebpf::TC_FROM_NODE_PROGRAM).unwrap();
     n.net
         .node
         .tcx_ingress(dev)

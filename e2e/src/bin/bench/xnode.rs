@@ -292,12 +292,7 @@ fn cross_node(
         "the fast path between nodes turned",
         Duration::from_secs(10),
         || {
-            let Ok((_, body)) =
-                xdpcni_e2e::cni::http_get(&n.net.node, xdpcni_e2e::agent::LISTEN, "/v1/status")
-            else {
-                return false;
-            };
-            serde_json::from_str::<xdpcni_agent::status::Status>(&body).is_ok_and(|s| {
+            n.status().is_ok_and(|s| {
                 let x = &s.cross_node;
                 x.on == on && x.uplinks.is_empty() != on && (!on || x.destinations > 0)
             })
@@ -318,17 +313,7 @@ fn uplink_cost(
 ) -> Result<String> {
     let ids: Vec<u32> = [n1, n2]
         .iter()
-        .map(|n| {
-            let (_, body) =
-                xdpcni_e2e::cni::http_get(&n.net.node, xdpcni_e2e::agent::LISTEN, "/v1/status")?;
-            let s: xdpcni_agent::status::Status = serde_json::from_str(&body)?;
-            s.datapath
-                .programs
-                .iter()
-                .find(|p| p.name == xdpcni_ebpf::TC_FROM_NODE_PROGRAM)
-                .map(|p| p.id)
-                .context("the uplink program's id")
-        })
+        .map(|n| n.program_id(xdpcni_ebpf::TC_FROM_NODE_PROGRAM))
         .collect::<Result<_>>()?;
     let totals = || -> Result<(u64, u128)> {
         let mut out = (0, 0);
