@@ -214,7 +214,8 @@ pub struct RoutingConfig {
     pub tx_checksum_offload: bool,
     /// The fast path between nodes: tc sends other nodes' pods their
     /// packets, and delivers theirs, without the host stack where the
-    /// kernel path would do the same (host-gateway routes; docs/install.md).
+    /// kernel path would do the same (host-gateway and tunnel routes;
+    /// docs/install.md).
     /// A Node annotated [`crate::routes::NODE_FAST_PATH_ANNOTATION`]
     /// `"false"` turns it off for that node.
     #[serde(default = "yes")]

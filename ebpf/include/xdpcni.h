@@ -409,9 +409,10 @@ struct pol_state {
  * agent that makes a route writes its entry after it and removes the entry
  * before the route, so a program never sends where the kernel has no
  * route. The tc program of a pod sends a packet for such a CIDR out of the
- * entry's device; the tc program on that device (the uplink) delivers one
- * from such a CIDR to a pod of this node. Added to layout 3 beside its maps:
- * a program that does not know it passes those packets to the kernel.
+ * entry's device; the tc program on that device (the uplink, or the VXLAN
+ * device) delivers one from such a CIDR to a pod of this node. Added to
+ * layout 3 beside its maps: a program that does not know it passes those
+ * packets to the kernel.
  */
 #define XDPCNI_MAX_REMOTE_NETS	 16384 /* other nodes' pod CIDRs */
 #define XDPCNI_REMOTE_FIXED_BITS 32    /* family and pad before the address */
@@ -423,16 +424,20 @@ struct remote_key {
 	__u8 addr[16];
 };
 
-/* remote_net.via */
-#define XDPCNI_VIA_GATEWAY 1 /* bpf_redirect_neigh to nexthop out of ifindex (host-gateway) */
+/*
+ * remote_net.via. XDPCNI_VIA_GATEWAY: bpf_redirect_neigh to nexthop out of
+ * ifindex, the uplink (host-gateway) or the agent's VXLAN device (whose
+ * neighbour and FDB entries give the peer's VTEP, as on the kernel path).
+ */
+#define XDPCNI_VIA_GATEWAY 1
 
 struct remote_net {
-	__u32 ifindex;	/* the device the route leaves by (the uplink) */
+	__u32 ifindex;	/* the device the route leaves by (uplink or VXLAN) */
 	__u32 via;	/* XDPCNI_VIA_* */
 	__u32 mtu;	/* the largest IP packet that path carries (the device's MTU) */
 	__u8 nh_family; /* XDPCNI_FAMILY_* of nexthop */
 	__u8 pad[3];
-	__u8 nexthop[16]; /* the route's gateway: the node's InternalIP */
+	__u8 nexthop[16]; /* the route's gateway: the InternalIP, or the tunnel gateway */
 };
 
 /*

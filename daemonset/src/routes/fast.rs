@@ -1,13 +1,16 @@
 //! The fast path between nodes as the routing pass keeps it: what the
 //! datapath reads beside the routes (`remote_nets`, ebpf/src/node.bpf.h),
-//! read back from the kernel's own routes of the agent (each host-gateway
-//! route's pod CIDR with the device it leaves by, that device's MTU and the
-//! route's gateway), and the uplink program on those devices. The routes
-//! stay the truth: an entry is made from a route in place and names the
-//! next hop the kernel uses; before a pass changes a route, the entries it
-//! changes go ([`Router::retain_remote`]), after it the entries of the
-//! routes in place are written ([`Router::sync_remote`]). The datapath
-//! owner writes both.
+//! read back from the kernel's own routes of the agent (each route's pod
+//! CIDR with the device it leaves by, that device's MTU and the route's
+//! gateway: the uplink and the peer's InternalIP for host-gateway, the
+//! VXLAN device and the CIDR's tunnel gateway for the tunnel), and the
+//! uplink program on those devices. The routes stay the truth: an entry is
+//! made from a route in place and names the next hop the kernel uses; the
+//! tunnel's entries go into the agent's own VXLAN device, whose neighbour
+//! and FDB entries (the same pass's) pick the VTEP as for the kernel path.
+//! Before a pass changes a route, the entries it changes go
+//! ([`Router::retain_remote`]), after it the entries of the routes in place
+//! are written ([`Router::sync_remote`]). The datapath owner writes both.
 
 use std::{collections::BTreeMap, net::IpAddr};
 
@@ -79,21 +82,20 @@ pub fn bad_annotation(me: &str) -> String {
     )
 }
 
-/// Each host-gateway route's pod CIDR in `plan`, with its next hop.
+/// Each route's pod CIDR in `plan`, with its next hop (the peer's
+/// InternalIP, or the CIDR's tunnel gateway).
 fn gateways(plan: &Plan) -> BTreeMap<RemoteCidr, IpAddr> {
     plan.routes
         .keys()
-        .filter_map(|r| match r.via {
-            Via::Gateway(gw) => Some(((r.dst, r.prefix), gw)),
-            Via::Tunnel(_) => None,
+        .map(|r| match r.via {
+            Via::Gateway(gw) | Via::Tunnel(gw) => ((r.dst, r.prefix), gw),
         })
         .collect()
 }
 
 /// The `remote_nets` entries of the agent's routes in place that `want`
 /// also holds (a route on its way out is none); `device` is the VXLAN
-/// device's ifindex, whose routes the fast path does not carry (yet: the
-/// kernel's tunnel takes them).
+/// device's ifindex (its routes are the tunnel's).
 pub fn remote_nets(
     nl: &mut Netlink,
     want: &Plan,
@@ -102,7 +104,7 @@ pub fn remote_nets(
     let mut mtus: BTreeMap<u32, Option<u32>> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for (route, oif) in agent_routes(nl, device)? {
-        let (Via::Gateway(gw), Some(oif)) = (route.via, oif) else {
+        let (Via::Gateway(gw) | Via::Tunnel(gw), Some(oif)) = (route.via, oif) else {
             continue;
         };
         if !want.routes.contains_key(&route) {
@@ -147,8 +149,8 @@ impl Router {
         Ok(())
     }
 
-    /// After the pass made the routes: the entries of the host-gateway
-    /// routes in place written (none when the fast path is off), the uplink
+    /// After the pass made the routes: the entries of the routes in place
+    /// written (none when the fast path is off), the uplink
     /// program on their devices.
     pub(super) fn sync_remote(
         &self,
@@ -212,7 +214,7 @@ mod tests {
     }
 
     #[test]
-    fn only_host_gateway_routes_are_fast_path_destinations() {
+    fn host_gateway_and_tunnel_routes_are_fast_path_destinations_by_their_own_next_hop() {
         let mut plan = Plan::default();
         let gw: IpAddr = "192.0.2.2".parse().unwrap();
         let tgw: IpAddr = "10.1.2.0".parse().unwrap();
@@ -230,7 +232,12 @@ mod tests {
             );
         }
         let g = gateways(&plan);
-        assert_eq!(g.len(), 1);
+        assert_eq!(g.len(), 2);
         assert_eq!(g.get(&("10.1.1.0".parse().unwrap(), 24)), Some(&gw));
+        assert_eq!(
+            g.get(&("10.1.2.0".parse().unwrap(), 24)),
+            Some(&tgw),
+            "a tunnel route's entry is kept while its tunnel gateway stays"
+        );
     }
 }

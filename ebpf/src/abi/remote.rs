@@ -10,7 +10,9 @@ use super::{c_layout, family_addr, ip_of};
 pub const MAX_REMOTE_NETS: u32 = c_layout::XDPCNI_MAX_REMOTE_NETS;
 /// Bits of a [`RemoteKey`] before the address.
 pub const REMOTE_FIXED_BITS: u32 = c_layout::XDPCNI_REMOTE_FIXED_BITS;
-/// `remote_net.via`: `bpf_redirect_neigh` to the gateway (host-gateway).
+/// `remote_net.via`: `bpf_redirect_neigh` to the gateway out of the
+/// route's device (the uplink for host-gateway, the VXLAN device for the
+/// tunnel).
 pub const VIA_GATEWAY: u32 = c_layout::XDPCNI_VIA_GATEWAY;
 
 /// `struct remote_key` without its prefixlen (aya's LPM `Key` adds it):
@@ -65,7 +67,9 @@ pub struct RemoteNet {
 }
 
 impl RemoteNet {
-    /// A host-gateway route out of `ifindex` (MTU `mtu`) via `gateway`.
+    /// A route out of `ifindex` (MTU `mtu`) via `gateway`: the uplink and
+    /// the peer's InternalIP, or the VXLAN device and the CIDR's tunnel
+    /// gateway.
     pub fn gateway(ifindex: u32, mtu: u32, gateway: IpAddr) -> Self {
         let (nh_family, nexthop) = family_addr(gateway);
         Self {
