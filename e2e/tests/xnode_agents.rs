@@ -16,7 +16,11 @@
 //!   entries are too (the same pass), and nothing more is sent by the fast
 //!   path to it.
 //! - A mode switch to vxlan on both agents under 10 ms pings: none lost;
-//!   the tunnel's routes are the kernel's, so the entries go.
+//!   the entries follow the routes into the tunnel, the uplink program
+//!   moves from the wire to the VXLAN device, and traffic goes out by
+//!   `redirect_neigh` into the tunnel and in by `from_node_peer` from it.
+//!   A Node deleted mid-stream under vxlan: no packet to its VTEP after
+//!   the pass that removes its routes.
 //!
 //! Needs root, bpffs, containernetworking-plugins, etcd and kube-apiserver
 //! (scripts/k8s-build.sh).
@@ -191,6 +195,42 @@ fn no_loss(what: &str, from: &Netns, to: IpAddr, during: impl FnOnce()) {
     assert_eq!(st.lost, 0, "{what}: {st:?}");
 }
 
+/// node-2's Node deleted under 10 ms pings from node-1's pod `from` to
+/// node-2's `to2`: once
+/// node-1's routes to it are gone, so are its entries, and nothing more
+/// leaves `veth` by the fast path (the pings fail, as on the kernel path:
+/// there is no route). Then the Node comes back and the fast path with it
+/// (through `device`).
+fn node_deleted_mid_stream(t: &Two, from: &Netns, to2: IpAddr, veth: &str, device: &str) {
+    let pings = BackgroundPing::start(from, to2, 100_000).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    t.n[1].delete_object(&t.api, &t.n[0].net.node).unwrap();
+    let pod4 = t.n[1].pod4.clone();
+    wait_for(
+        "node-1's route to node-2 removed",
+        Duration::from_secs(5),
+        || !t.n[0].agent_routes().contains(&pod4),
+    )
+    .unwrap();
+    let left = remote_cidrs(&t.n[0]);
+    assert!(left.is_empty(), "entries outlived their routes: {left:?}");
+    let before = count(&t.n[0], veth, "redirect_neigh");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        count(&t.n[0], veth, "redirect_neigh"),
+        before,
+        "nothing sent by the fast path to a node without a route"
+    );
+    let st = pings.interrupt().unwrap();
+    assert!(
+        st.lost > 0,
+        "no route, no path (as the kernel path): {st:?}"
+    );
+    t.n[1].create_object(&t.api, &t.n[0].net.node).unwrap();
+    t.wait_status(0, "node-1's fast path back with node-2", |s| on(s, device));
+    ping(from, to2, 2).unwrap();
+}
+
 #[test]
 fn xnode_agents_keep_the_fast_path_with_the_routes_across_annotation_restart_removal_and_mode() {
     let mut t = Two::new();
@@ -287,46 +327,37 @@ fn xnode_agents_keep_the_fast_path_with_the_routes_across_annotation_restart_rem
 
     // node-2's Node deleted mid-stream: when its routes are gone, so are
     // its entries; nothing more leaves by the fast path.
-    let pings = BackgroundPing::start(&a1, to2, 100_000).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    t.n[1].delete_object(&t.api, &t.n[0].net.node).unwrap();
-    let pod4 = t.n[1].pod4.clone();
-    wait_for(
-        "node-1's route to node-2 removed",
-        Duration::from_secs(5),
-        || !t.n[0].agent_routes().contains(&pod4),
-    )
-    .unwrap();
-    let left = remote_cidrs(&t.n[0]);
-    assert!(left.is_empty(), "entries outlived their routes: {left:?}");
-    let before = count(&t.n[0], &veth1, "redirect_neigh");
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        count(&t.n[0], &veth1, "redirect_neigh"),
-        before,
-        "nothing sent by the fast path to a node without a route"
-    );
-    let st = pings.interrupt().unwrap();
-    assert!(
-        st.lost > 0,
-        "no route, no path (as the kernel path): {st:?}"
-    );
-    t.n[1].create_object(&t.api, &t.n[0].net.node).unwrap();
-    t.wait_status(0, "node-1's fast path back with node-2", |s| on(s, &w1));
-    ping(&a1, to2, 2).unwrap();
+    node_deleted_mid_stream(&t, &a1, to2, &veth1, &w1);
 
-    // A mode switch to vxlan, node by node, under 10 ms pings: the tunnel
-    // routes are the kernel's, so the entries go; no ping is lost.
+    // A mode switch to vxlan, node by node, under 10 ms pings: the entries
+    // follow the routes into the tunnel (its device, its gateways), the
+    // uplink program leaves the wire for the VXLAN device; no ping is lost.
+    let device = xdpcni_host::overlay::DEVICE;
     no_loss("hostGateway -> vxlan", &a1, to2, || {
         t.agent(0, "vxlan");
         t.agent(1, "vxlan");
-        t.wait_status(0, "node-1's entries gone with the tunnel", |s| {
-            s.cross_node.on && s.cross_node.destinations == 0
+        t.wait_status(0, "node-1's fast path through the tunnel", |s| {
+            on(s, device) && s.cross_node.uplinks.len() == 1
+        });
+        t.wait_status(1, "node-2's fast path through the tunnel", |s| {
+            on(s, device)
         });
     });
-    assert!(t.n[0].agent_routes().contains(xdpcni_host::overlay::DEVICE));
-    assert!(remote_cidrs(&t.n[0]).is_empty());
-    ping(&a1, addr(&r2, true).unwrap(), 2).unwrap();
+    assert!(t.n[0].agent_routes().contains(device));
+    assert!(uplink_attached(&t.n[0], device) && !uplink_attached(&t.n[0], &w1));
+    let sent = count(&t.n[0], &veth1, "redirect_neigh");
+    let got = count(&t.n[1], device, "from_node_peer");
+    for v6 in [false, true] {
+        ping(&a1, addr(&r2, v6).unwrap(), 3).unwrap();
+        tcp_transfer(&a1, &a2, addr(&r2, v6).unwrap(), 1 << 20).unwrap();
+    }
+    let sent = count(&t.n[0], &veth1, "redirect_neigh") - sent;
+    let got = count(&t.n[1], device, "from_node_peer") - got;
+    eprintln!("vxlan: node-1 sent {sent}, node-2's VXLAN device delivered {got} by the fast path");
+    assert!(sent >= 6 && got >= 6, "{sent} {got}");
+    // And a Node deleted mid-stream under vxlan: no packet to its VTEP
+    // once its routes (and FDB) are gone.
+    node_deleted_mid_stream(&t, &a1, to2, &veth1, device);
 
     for (i, name, ns) in [(0, "a1", &a1), (1, "a2", &a2)] {
         t.n[i].del_pod(name, ns).unwrap();
