@@ -49,11 +49,22 @@ ROWS = {
         "ptp (baseline)",
         "ptp, conntrack on (as on a kube-proxy node)",
         "xdpcni hostGateway",
+        "xdpcni hostGateway, fast path off (kernel path)",
         "xdpcni vxlan",
+        "xdpcni vxlan, fast path off (kernel path)",
         "xdpcni vxlan, tx checksum offload off",
         "xdpcni tc, same node",
     ],
+    "Across nodes: the nodes' own TCP stream (iperf3)": ["uplink program attached", "no uplink program"],
 }
+XNODE = [
+    "xdpcni hostGateway",
+    "xdpcni hostGateway, fast path off (kernel path)",
+    "xdpcni vxlan",
+    "xdpcni vxlan, fast path off (kernel path)",
+]
+for w in ["Across nodes: UDP 64-byte frames", "Across nodes: TCP RTT p50 (busy-poll)"]:
+    ROWS[w] = XNODE
 SERVICE = [
     "ClusterIP, translated at the socket",
     "pod IP, no Service",
@@ -90,6 +101,11 @@ TARGETS = {
     "policy_fast_vs_kernel_udp64": ">= 1.2",
     "policy_fast_vs_nopolicy_udp64": ">= 0.95",
     "policy_update_p99_1000_ms": "<= 100",
+    "xnode_hostgw_udp64": ">= 1.2",
+    "xnode_hostgw_rr": ">= 1.15",
+    "xnode_vxlan_tcp": ">= 1.1",
+    "xnode_vxlan_udp64": ">= 1.2",
+    "xnode_host_tcp": ">= 0.98",
 }
 LINE = re.compile(r"^target ([a-z0-9_]+): (-?[0-9]+\.[0-9]+|none) \(goal (>=|<=) ([0-9.]+)\) (met|missed)$")
 

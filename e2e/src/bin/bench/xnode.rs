@@ -4,6 +4,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use xdpcni_e2e::traffic::tcp_rr_via;
 
 /// Two nodes on one wire (192.168.78.0/24), each a namespace with its own
 /// pods: `ptp` pods with host-gateway routes set by hand (the kernel's
@@ -14,9 +15,11 @@ use super::*;
 /// pair (the default tc fast path). The hostGateway phase measures the fast
 /// path between nodes against the kernel path (the Node annotation turns it
 /// off on both nodes) with TCP, UDP 64-byte and TCP_RR, and the nodes' own
-/// TCP stream with the uplink program attached and without. The vxlan phase measures the device
-/// with transmit checksum offload off too (`routing.vxlan.txChecksumOffload:
-/// false`, Flannel's workaround of an old kernel bug): what it costs.
+/// TCP stream with the uplink program attached and without. The vxlan phase
+/// measures the fast path through the tunnel against the kernel path the
+/// same way, and the device with transmit checksum offload off on the
+/// kernel path (`routing.vxlan.txChecksumOffload: false`, Flannel's
+/// workaround of an old kernel bug): what it costs.
 pub fn xnode_bench(
     reps: usize,
     secs: u32,
@@ -24,11 +27,7 @@ pub fn xnode_bench(
     push: &mut dyn FnMut(&str, &str, usize, f64),
     extra: &mut Vec<String>,
 ) -> Result<()> {
-    use xdpcni_e2e::{
-        kube::ApiServer,
-        nodes::ClusterNode,
-        traffic::{ping, tcp_rr_via},
-    };
+    use xdpcni_e2e::{kube::ApiServer, nodes::ClusterNode, traffic::ping};
     let wire = |n1: &ClusterNode, n2: &ClusterNode| -> Result<()> {
         let (w1, w2) = (xdpcni_e2e::unique_name("xw"), xdpcni_e2e::unique_name("xw"));
         n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node))?;
@@ -178,48 +177,15 @@ pub fn xnode_bench(
     }
     // The fast path between nodes on and off, the same pods and agents.
     let host1 = n1.ip(false).context("IPv4")?;
-    let x2_veth = xdpcni_e2e::node::host_veth(&rx2)?;
-    let x2_idx = n2.net.node.ifindex(&x2_veth)?;
-    let mut share: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    let opts = Compare {
+        api: &api,
+        nodes: [&n1, &n2],
+        reps,
+        secs,
+        rounds,
+    };
     let paths = [(XNODE_HG, true), (XNODE_HG_KERNEL, false)];
-    let dur = Duration::from_secs(u64::from(secs));
-    for rep in 0..reps {
-        for &(label, on) in rep_order(&paths, rep) {
-            for n in [&n1, &n2] {
-                cross_node(&api, &n1.net.node, n, on)?;
-            }
-            let maps = Maps::open_pinned(n2.pins.path())?;
-            let before = maps.counters(x2_idx)?;
-            push(W_XNODE_TCP, label, rep, iperf(&x2, &x1, x1_ip, secs)?);
-            let after = maps.counters(x2_idx)?;
-            let s = share.entry(label).or_default();
-            s.0 += after.forwarded() - before.forwarded();
-            s.1 += after.passed() - before.passed();
-            let to = SocketAddr::new(x1_ip, port());
-            push(
-                W_XNODE_UDP64,
-                label,
-                rep,
-                pps_via(&x2, &x1, to, to, 22, dur)? / 1e6,
-            );
-            check_interrupt()?;
-            let to = SocketAddr::new(x1_ip, port());
-            let mut rtts = tcp_rr_via(&x2, &x1, to, to, rounds, 100)?;
-            push(W_XNODE_RR, label, rep, percentile(&mut rtts, 0.5));
-            let host = if on { XNODE_UPLINK } else { XNODE_NO_UPLINK };
-            push(
-                W_XNODE_HOST,
-                host,
-                rep,
-                iperf(&n2.net.node, &n1.net.node, host1, secs)?,
-            );
-        }
-    }
-    for (label, (fast, kernel)) in &share {
-        extra.push(format!(
-            "across nodes, {label}: of the sending pod's packets of the TCP streams {fast} left by the fast path (redirect_neigh), {kernel} by the kernel"
-        ));
-    }
+    opts.fast_vs_kernel(&paths, (&x2, &rx2), (&x1, x1_ip), Some(host1), push, extra)?;
     cross_node(&api, &n1.net.node, &n1, true)?;
     cross_node(&api, &n1.net.node, &n2, true)?;
     extra.push(uplink_cost(&n1, &n2, host1, secs)?);
@@ -246,6 +212,19 @@ pub fn xnode_bench(
         }
         Ok(())
     };
+    let opts = Compare {
+        api: &api,
+        nodes: [&n1, &n2],
+        reps,
+        secs,
+        rounds,
+    };
+    let paths = [(XNODE_VXLAN, true), (XNODE_VXLAN_KERNEL, false)];
+    opts.fast_vs_kernel(&paths, (&v2, &rv2), (&v1, v1_ip), None, push, extra)?;
+    // The device's checksum offload off costs the kernel path's tunnel.
+    for n in [&n1, &n2] {
+        cross_node(&api, &n1.net.node, n, false)?;
+    }
     for rep in 0..reps {
         push(
             W_XNODE_TCP,
@@ -253,15 +232,17 @@ pub fn xnode_bench(
             rep,
             iperf(&pb, &pa, ptp_ip, secs)?,
         );
-        push(W_XNODE_TCP, XNODE_VXLAN, rep, iperf(&v2, &v1, v1_ip, secs)?);
         csum("off")?;
         let off = iperf(&v2, &v1, v1_ip, secs);
         csum("on")?;
         push(W_XNODE_TCP, XNODE_VXLAN_CSUM, rep, off?);
         push(W_XNODE_TCP, XNODE_SAME, rep, iperf(&w1, &v1, v1_ip, secs)?);
     }
+    for n in [&n1, &n2] {
+        cross_node(&api, &n1.net.node, n, true)?;
+    }
     extra.push(format!(
-        "across nodes: two node namespaces on one veth wire (MTU 1500); ptp pods with host-gateway routes set by hand; xdpcni pods of MTU 1500 (hostGateway) and {mtu} (vxlan; the device's tx checksum offload on, as the agent sets it by default, and off by ethtool for its own row); the same-node row is measured in both phases"
+        "across nodes: two node namespaces on one veth wire (MTU 1500); ptp pods with host-gateway routes set by hand; xdpcni pods of MTU 1500 (hostGateway) and {mtu} (vxlan; the device's tx checksum offload on, as the agent sets it by default, and off by ethtool for its own row, on the kernel path); the same-node row is measured in both phases"
     ));
     drop(agents);
     for (n, name, ns) in [
@@ -275,6 +256,80 @@ pub fn xnode_bench(
         n.del_pod(name, ns)?;
     }
     Ok(())
+}
+
+/// What the fast path between nodes is measured under: the API server,
+/// the two nodes, and the run's repetitions, seconds and TCP_RR rounds.
+struct Compare<'a> {
+    api: &'a xdpcni_e2e::kube::ApiServer,
+    nodes: [&'a xdpcni_e2e::nodes::ClusterNode; 2],
+    reps: usize,
+    secs: u32,
+    rounds: usize,
+}
+
+impl Compare<'_> {
+    /// Each of `paths` (a row label, the fast path on or off on both
+    /// nodes) under the same pods, repetitions interleaved: TCP, UDP
+    /// 64-byte and TCP_RR from `from` (node 2's pod and its CNI result) to
+    /// `to` (node 1's pod and address); with `host` (node 1's address), the
+    /// nodes' own TCP stream too, with and without the uplink program. The
+    /// sending pod's counters say which path each row's TCP took.
+    fn fast_vs_kernel(
+        &self,
+        paths: &[(&'static str, bool)],
+        from: (&Netns, &Value),
+        to: (&Netns, IpAddr),
+        host: Option<IpAddr>,
+        push: &mut dyn FnMut(&str, &str, usize, f64),
+        extra: &mut Vec<String>,
+    ) -> Result<()> {
+        let [n1, n2] = self.nodes;
+        let idx = n2.net.node.ifindex(&xdpcni_e2e::node::host_veth(from.1)?)?;
+        let (src, (dst, dst_ip)) = (from.0, to);
+        let mut share: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        let dur = Duration::from_secs(u64::from(self.secs));
+        for rep in 0..self.reps {
+            for &(label, on) in rep_order(paths, rep) {
+                for n in [n1, n2] {
+                    cross_node(self.api, &n1.net.node, n, on)?;
+                }
+                let maps = Maps::open_pinned(n2.pins.path())?;
+                let before = maps.counters(idx)?;
+                push(W_XNODE_TCP, label, rep, iperf(src, dst, dst_ip, self.secs)?);
+                let after = maps.counters(idx)?;
+                let s = share.entry(label).or_default();
+                s.0 += after.forwarded() - before.forwarded();
+                s.1 += after.passed() - before.passed();
+                let at = SocketAddr::new(dst_ip, port());
+                push(
+                    W_XNODE_UDP64,
+                    label,
+                    rep,
+                    pps_via(src, dst, at, at, 22, dur)? / 1e6,
+                );
+                check_interrupt()?;
+                let at = SocketAddr::new(dst_ip, port());
+                let mut rtts = tcp_rr_via(src, dst, at, at, self.rounds, 100)?;
+                push(W_XNODE_RR, label, rep, percentile(&mut rtts, 0.5));
+                if let Some(host) = host {
+                    let row = if on { XNODE_UPLINK } else { XNODE_NO_UPLINK };
+                    push(
+                        W_XNODE_HOST,
+                        row,
+                        rep,
+                        iperf(&n2.net.node, &n1.net.node, host, self.secs)?,
+                    );
+                }
+            }
+        }
+        for (label, (fast, kernel)) in &share {
+            extra.push(format!(
+                "across nodes, {label}: of the sending pod's packets of the TCP streams {fast} left by the fast path (redirect_neigh), {kernel} by the kernel"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Turns the fast path between nodes on or off on node `n` (its Node
