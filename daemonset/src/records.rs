@@ -45,18 +45,8 @@ pub fn is_live(rec: &Record) -> bool {
 }
 
 /// The name of the device with `ifindex` in this network namespace, if any.
-pub(crate) fn link_name(ifindex: u32) -> Option<Vec<u8>> {
-    let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: `name` has IF_NAMESIZE bytes, as if_indextoname requires.
-    if unsafe { libc::if_indextoname(ifindex, name.as_mut_ptr()) }.is_null() {
-        return None;
-    }
-    // SAFETY: if_indextoname NUL-terminated what it wrote into `name`.
-    Some(
-        unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
-            .to_bytes()
-            .to_vec(),
-    )
+pub(crate) fn link_name(ifindex: u32) -> Option<String> {
+    xdpcni_ebpf::ifname(ifindex).ok()
 }
 
 /// Whether the record's pod is being deleted: its DEL marked the record,
@@ -74,7 +64,7 @@ pub(crate) fn being_deleted(state_dir: &std::path::Path, rec: &Record) -> bool {
 /// it): one ioctl, so standalone mode can skip a pod that did not change
 /// and still learn at once of a veth deleted behind the CNI's back.
 pub fn veth_present(rec: &Record) -> bool {
-    link_name(rec.host_ifindex).is_some_and(|n| n == rec.host_veth.as_bytes())
+    link_name(rec.host_ifindex).is_some_and(|n| n == rec.host_veth)
 }
 
 /// Whether a device with `ifindex` exists in this network namespace.

@@ -33,7 +33,7 @@ pub use svc::{
     Op as ServiceOp, ServiceEntry, ServiceStats, Services, Want as ServiceWant, SERVICES_OBJECT,
     SOCK_PROGRAMS, SVC_LEASE_SECS,
 };
-pub use sys::LinkState;
+pub use sys::{ifname, LinkState};
 
 /// What the kernel holds, by id: how the tests show that a migration left
 /// no map or program behind.

@@ -1,6 +1,7 @@
 //! The two bpf(2) calls aya 0.14 does not expose: reading which ifindex an XDP
 //! or tcx link is attached to (0 once its device is gone), to tell a live
-//! pinned link from a defunct one, and detaching a pinned link at once.
+//! pinned link from a defunct one, and detaching a pinned link at once; and
+//! the one name lookup of a device by ifindex that every binary uses.
 
 use std::{
     ffi::CString,
@@ -222,4 +223,18 @@ pub fn map_update_batch(
     attr[36..40].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&map) as u32).to_ne_bytes());
     bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
     Ok(())
+}
+
+/// The name of the device with `ifindex` in the calling thread's network
+/// namespace (`if_indextoname(3)`): the error when there is none.
+pub fn ifname(ifindex: u32) -> io::Result<String> {
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buf holds IF_NAMESIZE bytes, as if_indextoname(3) requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
+    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(name.to_string_lossy().into_owned())
 }

@@ -425,7 +425,6 @@ fn cross_node_status(
             .iter()
             .map(|&ifindex| crate::status::UplinkStatus {
                 interface: crate::records::link_name(ifindex)
-                    .map(|n| String::from_utf8_lossy(&n).into_owned())
                     .unwrap_or_else(|| format!("ifindex {ifindex}")),
                 ifindex,
                 counters: None,

@@ -149,19 +149,8 @@ fn detach_pins(pin_dir: &Path, ifindex: u32) -> Result<bool> {
 /// The name of `ifindex` in the calling thread's network namespace (aya
 /// attaches tc programs by name).
 pub(crate) fn ifname_of(ifindex: u32) -> Result<String> {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: buf holds IF_NAMESIZE bytes, as if_indextoname(3) requires.
-    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return Err(Error::io(
-            "resolving the name of",
-            format!("ifindex {ifindex}"),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: if_indextoname wrote a NUL-terminated name into buf.
-    let name = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    Ok(name.to_string_lossy().into_owned())
+    crate::sys::ifname(ifindex)
+        .map_err(|e| Error::io("resolving the name of", format!("ifindex {ifindex}"), e))
 }
 
 /// Removes the hold links of `ifindex`; whether there was one.
