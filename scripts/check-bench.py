@@ -55,7 +55,11 @@ ROWS = {
         "xdpcni vxlan, tx checksum offload off",
         "xdpcni tc, same node",
     ],
-    "Across nodes: the nodes' own TCP stream (iperf3)": ["uplink program attached", "no uplink program"],
+    "Across nodes: the nodes' own TCP stream (iperf3)": [
+        "uplink program attached",
+        "no uplink program",
+        "a program that does nothing (the tcx hook alone)",
+    ],
 }
 XNODE = [
     "xdpcni hostGateway",

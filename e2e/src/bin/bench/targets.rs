@@ -115,6 +115,7 @@ pub const XNODE_HG: &str = "xdpcni hostGateway";
 pub const XNODE_HG_KERNEL: &str = "xdpcni hostGateway, fast path off (kernel path)";
 pub const XNODE_UPLINK: &str = "uplink program attached";
 pub const XNODE_NO_UPLINK: &str = "no uplink program";
+pub const XNODE_NOOP_UPLINK: &str = "a program that does nothing (the tcx hook alone)";
 pub const XNODE_VXLAN: &str = "xdpcni vxlan";
 pub const XNODE_VXLAN_KERNEL: &str = "xdpcni vxlan, fast path off (kernel path)";
 pub const XNODE_VXLAN_CSUM: &str = "xdpcni vxlan, tx checksum offload off";

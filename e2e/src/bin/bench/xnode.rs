@@ -28,7 +28,7 @@ pub fn xnode_bench(
     extra: &mut Vec<String>,
 ) -> Result<()> {
     use xdpcni_e2e::{kube::ApiServer, nodes::ClusterNode, traffic::ping};
-    let wire = |n1: &ClusterNode, n2: &ClusterNode| -> Result<()> {
+    let wire = |n1: &ClusterNode, n2: &ClusterNode| -> Result<[String; 2]> {
         let (w1, w2) = (xdpcni_e2e::unique_name("xw"), xdpcni_e2e::unique_name("xw"));
         n1.net.node.add_veth(&w1, &w2, Some(&n2.net.node))?;
         for (n, w) in [(n1, &w1), (n2, &w2)] {
@@ -38,7 +38,8 @@ pub fn xnode_bench(
                 .ip(&["addr", "add", &format!("{ip}/24"), "dev", w])?;
             n.net.node.ip(&["link", "set", w, "up"])?;
         }
-        ping(&n1.net.node, n2.ip(false).context("IPv4")?, 1)
+        ping(&n1.net.node, n2.ip(false).context("IPv4")?, 1)?;
+        Ok([w1, w2])
     };
     let node = |i: u8, base: u8| {
         ClusterNode::new(
@@ -87,7 +88,7 @@ pub fn xnode_bench(
     // xdpcni: one API server, two Nodes, an agent each.
     let mut n1 = node(1, 92)?;
     let mut n2 = node(2, 92)?;
-    wire(&n1, &n2)?;
+    let wires = wire(&n1, &n2)?;
     let api = ApiServer::start_on(&n1.net.node, "0.0.0.0")?;
     let kc2 = api.kubeconfig_via("192.168.78.1")?;
     for n in [&n1, &n2] {
@@ -180,6 +181,7 @@ pub fn xnode_bench(
     let opts = Compare {
         api: &api,
         nodes: [&n1, &n2],
+        wires: &wires,
         reps,
         secs,
         rounds,
@@ -215,6 +217,7 @@ pub fn xnode_bench(
     let opts = Compare {
         api: &api,
         nodes: [&n1, &n2],
+        wires: &wires,
         reps,
         secs,
         rounds,
@@ -263,12 +266,34 @@ pub fn xnode_bench(
 struct Compare<'a> {
     api: &'a xdpcni_e2e::kube::ApiServer,
     nodes: [&'a xdpcni_e2e::nodes::ClusterNode; 2],
+    /// Each node's end of the wire.
+    wires: &'a [String; 2],
     reps: usize,
     secs: u32,
     rounds: usize,
 }
 
 impl Compare<'_> {
+    /// bench.bpf.c's `tc_pass` on both wires' tcx ingress (as the uplink
+    /// program is attached), until the returned objects are dropped.
+    fn noop_on_wires(&self) -> Result<Vec<aya::Ebpf>> {
+        use aya::programs::{tc::TcAttachType, SchedClassifier};
+        let mut held = Vec::new();
+        for (n, w) in self.nodes.iter().zip(self.wires) {
+            let w = w.clone();
+            held.push(in_netns(&n.net.node, move || {
+                let mut ebpf = aya::Ebpf::load(xdpcni_ebpf::BENCH_OBJECT)?;
+                let prog: &mut SchedClassifier =
+                    ebpf.program_mut("tc_pass").context("tc_pass")?.try_into()?;
+                prog.load()?;
+                prog.attach(&w, TcAttachType::Ingress)
+                    .with_context(|| format!("tcx ingress on {w}"))?;
+                Ok(ebpf)
+            })?);
+        }
+        Ok(held)
+    }
+
     /// Each of `paths` (a row label, the fast path on or off on both
     /// nodes) under the same pods, repetitions interleaved: TCP, UDP
     /// 64-byte and TCP_RR from `from` (node 2's pod and its CNI result) to
@@ -320,6 +345,14 @@ impl Compare<'_> {
                         rep,
                         iperf(&n2.net.node, &n1.net.node, host, self.secs)?,
                     );
+                    if !on {
+                        // The control: the hook with a program that does
+                        // nothing, where the uplink program would be.
+                        let noop = self.noop_on_wires()?;
+                        let gbps = iperf(&n2.net.node, &n1.net.node, host, self.secs);
+                        drop(noop);
+                        push(W_XNODE_HOST, XNODE_NOOP_UPLINK, rep, gbps?);
+                    }
                 }
             }
         }
