@@ -97,6 +97,23 @@ impl Netns {
             .map(drop)
     }
 
+    /// What a differential test needs of a namespace's stack so that what it
+    /// sends depends on the path, not on timing: ICMP errors by count (no
+    /// rate limits) and incomplete fragment queues expired after 1 s (a
+    /// run's must not meet the next run's, nor outlive it).
+    pub fn for_differential_tests(&self) -> Result<()> {
+        for (key, value) in [
+            ("net.ipv4.icmp_ratelimit", "0"),
+            ("net.ipv4.icmp_msgs_per_sec", "100000"),
+            ("net.ipv6.icmp.ratelimit", "0"),
+            ("net.ipv4.ipfrag_time", "1"),
+            ("net.ipv6.ip6frag_time", "1"),
+        ] {
+            self.sysctl(key, value)?;
+        }
+        Ok(())
+    }
+
     /// Reads a sysctl inside the namespace.
     pub fn sysctl_get(&self, key: &str) -> Result<String> {
         Ok(self.exec(&["sysctl", "-n", key])?.trim().to_string())

@@ -205,19 +205,9 @@ impl Lab {
         let pins = PinDir::new("xq").unwrap();
         let net = Network::new(pins.path(), "1.1.0", Network::dual_stack()).unwrap();
         in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
-        // The test node's ICMP rate limits (its own namespace's sysctls)
-        // would make the number of errors depend on timing, not on the path.
-        for (key, value) in [
-            ("net.ipv4.icmp_ratelimit", "0"),
-            ("net.ipv4.icmp_msgs_per_sec", "100000"),
-            ("net.ipv6.icmp.ratelimit", "0"),
-            // Incomplete fragment queues a probe leaves must not join the
-            // same probe's fragments in the next mode's run.
-            ("net.ipv4.ipfrag_time", "1"),
-            ("net.ipv6.ip6frag_time", "1"),
-        ] {
-            net.node.sysctl(key, value).unwrap();
-        }
+        // The test node's ICMP rate limits and fragment timers (its own
+        // namespace's sysctls) would make what arrives depend on timing.
+        net.node.for_differential_tests().unwrap();
         let add = |id: &str, mtu: u32| {
             let ns = Netns::new("xe").unwrap();
             let out = net

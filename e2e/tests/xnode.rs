@@ -156,19 +156,11 @@ impl Side {
         )
         .unwrap();
         in_netns(&net.node, || Ok(Datapath::open(pins.path()).map(drop)?)).unwrap();
-        for (key, value) in [
-            ("net.ipv4.ip_forward", "1"),
-            ("net.ipv6.conf.all.forwarding", "1"),
-            // ICMP errors by count, not by timing.
-            ("net.ipv4.icmp_ratelimit", "0"),
-            ("net.ipv4.icmp_msgs_per_sec", "100000"),
-            ("net.ipv6.icmp.ratelimit", "0"),
-            // A probe's incomplete fragment queue must not meet the next run's.
-            ("net.ipv4.ipfrag_time", "1"),
-            ("net.ipv6.ip6frag_time", "1"),
-        ] {
-            net.node.sysctl(key, value).unwrap();
-        }
+        net.node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        net.node
+            .sysctl("net.ipv6.conf.all.forwarding", "1")
+            .unwrap();
+        net.node.for_differential_tests().unwrap();
         Self {
             pins,
             net,
@@ -286,15 +278,7 @@ impl Pod {
         let ns = Netns::new("xp").unwrap();
         // The pod's own ICMP errors (its reassembly timeouts) by count and
         // within the run that caused them, as the nodes' (Side::new).
-        for (key, value) in [
-            ("net.ipv4.icmp_ratelimit", "0"),
-            ("net.ipv4.icmp_msgs_per_sec", "100000"),
-            ("net.ipv6.icmp.ratelimit", "0"),
-            ("net.ipv4.ipfrag_time", "1"),
-            ("net.ipv6.ip6frag_time", "1"),
-        ] {
-            ns.sysctl(key, value).unwrap();
-        }
+        ns.for_differential_tests().unwrap();
         let out = side
             .net
             .call(
