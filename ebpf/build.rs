@@ -29,21 +29,14 @@ fn main() -> Result<()> {
     let include = manifest.join("include");
     let clang = env::var("CLANG").unwrap_or_else(|_| "clang".into());
 
-    for rel in [
-        "include/xdpcni.h",
-        "src/xdpcni.bpf.c",
-        "src/maps.bpf.h",
-        "src/parse.bpf.h",
-        "src/cpu.bpf.h",
-        "src/ct.bpf.h",
-        "src/policy.bpf.h",
-        "src/node.bpf.h",
-        "src/hold.bpf.h",
-        "src/bench.bpf.c",
-        "src/services.bpf.c",
-        "build/layout.c",
-    ] {
-        println!("cargo:rerun-if-changed={}", manifest.join(rel).display());
+    // Every C source: the objects' roots and entry files (src/*.bpf.c), the
+    // stage headers (src/lib/*.h), the shared layout and the layout probe.
+    let mut sources = vec![include.join("xdpcni.h"), manifest.join("build/layout.c")];
+    sources.extend(c_files(&manifest.join("src"), ".bpf.c")?);
+    let headers = c_files(&manifest.join("src/lib"), ".h")?;
+    sources.extend(headers.iter().cloned());
+    for path in &sources {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
     println!("cargo:rerun-if-env-changed=CLANG");
 
@@ -52,10 +45,34 @@ fn main() -> Result<()> {
         .map(|o| String::from_utf8_lossy(&o).trim().to_string())
         .unwrap_or_else(|_| "x86_64-linux-gnu".into());
 
+    // Each stage header and each entry file compiles on its own: each
+    // includes what it uses, whatever the object root includes before it.
+    // (A header alone may leave its helpers unused.)
+    let entries = ["pod.bpf.c", "node.bpf.c", "cpumap.bpf.c", "hold.bpf.c"];
+    let alone = headers
+        .iter()
+        .map(|h| (h.clone(), ["-x", "c-header", "-Wno-unused-function"]));
+    let entries = entries.iter().map(|e| {
+        (
+            manifest.join("src").join(e),
+            ["-x", "c", "-Wunused-function"],
+        )
+    });
+    for (path, lang) in alone.chain(entries) {
+        run(Command::new(&clang)
+            .args(["-O2", "-target", "bpf", "-Wall", "-Werror", "-fsyntax-only"])
+            .args(lang)
+            .arg("-I")
+            .arg(&include)
+            .arg(format!("-I/usr/include/{multiarch}"))
+            .arg(&path))
+        .with_context(|| format!("{} does not compile on its own", path.display()))?;
+    }
+
     // The datapath, a build of it that differs only in its instructions,
     // which the tests use to exercise an in-place upgrade, and the
     // stage-cost builds: the fast path stopped after each of its stages
-    // (XDPCNI_STAGES in xdpcni.bpf.c; tests and the benchmark only).
+    // (XDPCNI_STAGES in src/lib/common.h; tests and the benchmark only).
     let mut builds = vec![
         ("xdpcni.bpf.o".to_string(), "src/xdpcni.bpf.c", None),
         (
@@ -97,4 +114,21 @@ fn main() -> Result<()> {
     let layout = run(&mut Command::new(&layout_bin))?;
     std::fs::write(out_dir.join("c_layout.rs"), layout)?;
     Ok(())
+}
+
+/// The files of `dir` whose names end in `suffix`, sorted.
+fn c_files(dir: &std::path::Path, suffix: &str) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(suffix))
+        {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
 }

@@ -10,7 +10,7 @@ trap 'rm -f "$log"' EXIT
 step "cargo fmt"
 cargo fmt --all --check
 step "clang-format"
-clang-format --dry-run --Werror ebpf/src/*.c ebpf/src/*.h ebpf/include/*.h ebpf/build/*.c e2e/k8s/*.c
+clang-format --dry-run --Werror ebpf/src/*.c ebpf/src/lib/*.h ebpf/include/*.h ebpf/build/*.c e2e/k8s/*.c
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo clippy of the node's crates alone (without the e2e crate's test-objects, as the image builds them)"

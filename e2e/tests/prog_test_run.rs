@@ -1066,7 +1066,7 @@ fn coarse_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
 }
 
-/// The policy check's per-CPU cache (policy.bpf.h, pol_cache) serves a
+/// The policy check's per-CPU cache (lib/policy.h, pol_cache) serves a
 /// recorded flow's packets within one tick of the coarse clock; a new
 /// generation must reach the flow at its next packet all the same, in the
 /// same tick, on both hooks. Attempts are repeated until some ran whole

@@ -3,7 +3,8 @@
  * xdpcni datapath ABI: every map key, value and constant shared between the
  * programs under ebpf/src/ (XDP and tc) and userspace.
  *
- * WARNING: each struct here has a #[repr(C)] twin in ebpf/src/abi.rs, with
+ * WARNING: each struct here has a #[repr(C)] twin in ebpf/src/abi.rs or one of
+ * its modules (ebpf/src/abi/policy.rs, remote.rs, services.rs), with
  * compile-time size and offset assertions. Change both together. Padding is
  * written out as named fields so neither side has implicit holes.
  */
@@ -79,7 +80,7 @@ struct endpoint6_key {
 /*
  * Set with XDPCNI_EP_KERNEL_ONLY on a pod a NetworkPolicy isolates whose
  * verdicts are in the pol_* maps: these programs carry its flows that the
- * policies allow (policy.bpf.h). A program that does not know this bit sees
+ * policies allow (lib/policy.h). A program that does not know this bit sees
  * KERNEL_ONLY alone and leaves the pod to the kernel path and its nftables
  * rules: a rollback fails closed.
  */
@@ -284,7 +285,7 @@ struct stats_value {
 #define XDPCNI_STATS_ROWS (XDPCNI_MAX_SLOTS * XDPCNI_V_MAX)
 
 /*
- * NetworkPolicy in the datapath (policy.bpf.h): the verdicts of each pod a
+ * NetworkPolicy in the datapath (lib/policy.h): the verdicts of each pod a
  * policy isolates, compiled by the agent from the model that also writes the
  * nftables table, and a flow table of the flows they allowed. Added to
  * layout 3 beside its maps: an older binary of the layout never opens them
@@ -404,7 +405,7 @@ struct pol_state {
 #define XDPCNI_POL_STATS   5
 
 /*
- * The fast path between nodes (node.bpf.h). remote_nets (LPM trie): every
+ * The fast path between nodes (lib/remote.h, node.bpf.c). remote_nets (LPM trie): every
  * other node's pod CIDR the agent routes, and how: the same pass of the
  * agent that makes a route writes its entry after it and removes the entry
  * before the route, so a program never sends where the kernel has no

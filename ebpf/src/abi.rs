@@ -288,7 +288,7 @@ impl EndpointCached {
 pub const EPCACHE_SLOTS: u32 = c_layout::XDPCNI_EPCACHE_SLOTS;
 
 /// The cache slot of `ip`, as the programs compute it: its last 32 bits in
-/// host order, masked (`cached_endpoint` in xdpcni.bpf.c).
+/// host order, masked (`cached_endpoint` in lib/endpoint.h).
 pub fn epcache_slot(ip: IpAddr) -> u32 {
     let last = match ip {
         IpAddr::V4(v4) => v4.octets(),

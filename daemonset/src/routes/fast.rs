@@ -1,5 +1,5 @@
 //! The fast path between nodes as the routing pass keeps it: what the
-//! datapath reads beside the routes (`remote_nets`, ebpf/src/node.bpf.h),
+//! datapath reads beside the routes (`remote_nets`, ebpf/src/node.bpf.c),
 //! read back from the kernel's own routes of the agent (each route's pod
 //! CIDR with the device it leaves by, that device's MTU and the route's
 //! gateway: the uplink and the peer's InternalIP for host-gateway, the

@@ -1,5 +1,5 @@
 //! The `#[repr(C)]` twins of the NetworkPolicy structs of `include/xdpcni.h`
-//! (policy.bpf.h's maps), with their compile-time layout checks.
+//! (lib/policy.h's maps), with their compile-time layout checks.
 
 use std::net::IpAddr;
 

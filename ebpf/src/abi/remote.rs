@@ -1,5 +1,5 @@
 //! The `#[repr(C)]` twins of the structs of the fast path between nodes
-//! (`include/xdpcni.h`, node.bpf.h's `remote_nets`), with their
+//! (`include/xdpcni.h`, node.bpf.c's `remote_nets`), with their
 //! compile-time layout checks.
 
 use std::net::IpAddr;

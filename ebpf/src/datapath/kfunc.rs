@@ -1,5 +1,5 @@
 //! The kernel functions the datapath calls (the conntrack kfuncs of
-//! `ct.bpf.h`), bound at load. aya 0.14 cannot relocate a kfunc call (an
+//! `lib/ct.h`), bound at load. aya 0.14 cannot relocate a kfunc call (an
 //! extern in `.ksyms`), so the C source calls each as a helper with a number
 //! of its own (`XDPCNI_KFUNC_*` in xdpcni.h); before aya reads the object,
 //! each such call instruction becomes a kfunc call (`src_reg`

@@ -26,7 +26,7 @@ pub(crate) enum LinkKind {
     /// The hold program on this tc hook.
     Hold(HoldHook),
     /// The program on a device other nodes' pods' packets come in by
-    /// (tcx ingress; node.bpf.h).
+    /// (tcx ingress; node.bpf.c).
     Uplink,
 }
 

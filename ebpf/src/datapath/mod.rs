@@ -62,7 +62,7 @@ pub const FROM_POD_PROGRAM: &str = "xdpcni_from_pod";
 /// Name of the same datapath on the tc hook (tcx ingress of host veths).
 pub const TC_FROM_POD_PROGRAM: &str = "xdpcni_tc_from_pod";
 /// Name of the tc program on the devices other nodes' pods' packets come
-/// in by (node.bpf.h).
+/// in by (node.bpf.c).
 pub const TC_FROM_NODE_PROGRAM: &str = "xdpcni_tc_from_node";
 /// Name of the cpumap second-stage program.
 pub const CPUMAP_PROGRAM: &str = "xdpcni_cpumap";

@@ -1,4 +1,4 @@
-//! The NetworkPolicy maps (`pol_*`, policy.bpf.h): each isolated pod's
+//! The NetworkPolicy maps (`pol_*`, lib/policy.h): each isolated pod's
 //! verdicts, written by the agent alone, and the flow table the programs
 //! keep. A pod's verdicts change as one: the new ones are written under a
 //! new id beside the old, the pod's records then name the new id (one

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::netpol::model::PodRules;
 
-/// What the programs compute from `v` (policy.bpf.h's pol_allows, with
+/// What the programs compute from `v` (lib/policy.h's pol_allows, with
 /// LPM lookups as the kernel's: the entries never overlap).
 fn datapath_allows(v: &PodVerdicts, dir: u8, peer: IpAddr, proto: u8, port: u16) -> bool {
     let isolated = if dir == POL_EGRESS {

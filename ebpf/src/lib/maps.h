@@ -1,9 +1,11 @@
-// SPDX-License-Identifier: GPL-2.0-only
+/* SPDX-License-Identifier: GPL-2.0-only */
 /*
  * The datapath's maps, pinned by name: their definitions are the layout
  * (xdpcni.h's twins on the Rust side, ebpf/src/abi.rs).
- * Included once, by xdpcni.bpf.c.
  */
+#pragma once
+
+#include "common.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -128,7 +130,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } policy_gate SEC(".maps");
 
-/* NetworkPolicy verdicts and the flows they allowed (xdpcni.h, policy.bpf.h). */
+/* NetworkPolicy verdicts and the flows they allowed (xdpcni.h, lib/policy.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, XDPCNI_MAX_POL_PODS);
@@ -187,7 +189,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pol_stats SEC(".maps");
 
-/* Other nodes' pod CIDRs and how to reach them (xdpcni.h, node.bpf.h). */
+/* Other nodes' pod CIDRs and how to reach them (xdpcni.h, node.bpf.c). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, XDPCNI_MAX_REMOTE_NETS);

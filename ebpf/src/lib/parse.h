@@ -1,10 +1,12 @@
-// SPDX-License-Identifier: GPL-2.0-only
+/* SPDX-License-Identifier: GPL-2.0-only */
 /*
  * Stage 1 of classify(), parse: a frame from either hook (struct frame) read
  * into a struct packet (Ethernet, IPv4/IPv6, the L4 head), or the verdict
  * of a frame the fast path does not handle.
- * Included once, by xdpcni.bpf.c.
  */
+#pragma once
+
+#include "common.h"
 
 #define IPPROTO_ICMPV6_	     58
 #define ICMP_ECHOREPLY_	     0
@@ -57,7 +59,7 @@ struct packet {
 	__u32 l3_len;  /* IPv4 total length or IPv6 payload + 40 */
 	__u32 flow_id; /* ports, or the ICMP echo id: with the addresses, a flow */
 	__u8 proto;
-	__u8 l4_info;	/* set for the policy check only: TCP flags or ICMP type (policy.bpf.h) */
+	__u8 l4_info;	/* set for the policy check only: TCP flags or ICMP type (lib/policy.h) */
 	__u16 sport;	/* network order, 0 for ICMP */
 	__u16 dport;	/* network order, 0 for ICMP */
 	__u8 err_proto; /* an ICMP error about a flow between its own two ends: the flow's protocol
@@ -69,7 +71,7 @@ struct packet {
 
 enum stage_result {
 	STAGE_OK = -1,	  /* the next stage runs; anything >= 0 is the packet's verdict */
-	STAGE_CT = -3,	  /* decided, but for the NAT check of its hook (ct.bpf.h) */
+	STAGE_CT = -3,	  /* decided, but for the NAT check of its hook (lib/ct.h) */
 	STAGE_CT_TO = -4, /* the same, the flow to a port where the kernel NATs */
 };
 
@@ -130,7 +132,7 @@ static __always_inline __u8 quoted_flow(struct packet *p, __u8 proto, const stru
  * own two ends, the other way (what a pod answers about a packet it got):
  * sets p->err_proto and p->flow_id to that flow. The verdict stays
  * pass_l4 (the kernel's, which may have to translate the quoted headers)
- * unless the policy check finds the flow recorded (policy.bpf.h).
+ * unless the policy check finds the flow recorded (lib/policy.h).
  */
 static __always_inline void icmp_error(struct packet *p, void *l4, void *data_end, int v6)
 {
@@ -304,4 +306,24 @@ static __always_inline int parse(struct packet *p, const struct frame *f)
 	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
 		return parse_ipv6(p, eth + 1, f);
 	return XDPCNI_V_PASS_NOT_IP;
+}
+
+/* Headers the stages read, at most: Ethernet, IPv6 (or IPv4 without options), a TCP header. */
+#define XDPCNI_TC_PULL (ETH_HLEN + 40 + 60)
+
+/*
+ * An skb as the stages see it, its headers pulled into the linear part
+ * where the sender's stack did not put them (a frame short and linear
+ * already is not touched).
+ */
+static __always_inline void tc_frame(struct __sk_buff *skb, struct frame *f)
+{
+	__u32 head = skb->len < XDPCNI_TC_PULL ? skb->len : XDPCNI_TC_PULL;
+
+	if ((void *)(long)skb->data + head > (void *)(long)skb->data_end)
+		bpf_skb_pull_data(skb, head);
+	f->data = (void *)(long)skb->data;
+	f->data_end = (void *)(long)skb->data_end;
+	f->len = skb->len;
+	f->gso_size = skb->gso_size;
 }

@@ -14,8 +14,10 @@
  * backend) whose replies look like this flow's. The kernel would NAT the new
  * flow to a port of its own so that its replies stay apart; the fast path
  * cannot, so the flow goes to the kernel, which does.
- * Included once, by xdpcni.bpf.c.
  */
+#pragma once
+
+#include "parse.h"
 
 #define XDPCNI_CT_NAT	  0x30 /* IPS_SRC_NAT | IPS_DST_NAT */
 #define XDPCNI_ENOENT	  2

@@ -17,10 +17,14 @@
  * that is not a SYN with no record (picked up mid-stream), an ICMP echo
  * reply with no record, a UDP packet with no record whose flow conntrack
  * has (begun on the kernel path: it stays there), a pod with no verdicts.
- * Included once, by xdpcni.bpf.c, after ct.bpf.h.
  */
+#pragma once
 
-/* One packet per CPU: what the policy check reads (policy.bpf.h's pol_query); not pinned. */
+#include "maps.h"
+#include "parse.h"
+#include "ct.h"
+
+/* One packet per CPU: what the policy check reads (pol_query); not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -327,7 +331,7 @@ static __noinline int pol_conntrack_has(void *ctx, const struct packet *p, int x
 }
 
 /*
- * An ICMP error about a flow between its two ends (p->err_proto, parse.bpf.h):
+ * An ICMP error about a flow between its two ends (p->err_proto, lib/parse.h):
  * delivered when that flow is recorded and allowed under the verdicts in
  * force, as conntrack's "related" is on the kernel path; else the kernel's
  * (where no entry relates it: dropped as invalid for an isolated pod).
@@ -345,22 +349,107 @@ static __always_inline int pol_error_related(const struct packet *p, struct pol_
 	return 1;
 }
 
+/* An allowed packet: its flow in this CPU's cache, counted by how it was allowed. */
+static __always_inline int pol_allow(struct pol_cached *c, const struct pol_flow_key *k, __u64 gen,
+				     __u64 now, int from_lo, __u32 how)
+{
+	pol_cache_fill(c, k, gen, now, from_lo);
+	pol_count(how);
+	return STAGE_OK;
+}
+
+/* An allowed packet that changes nothing: counted. */
+static __always_inline int pol_hit(void)
+{
+	pol_count(XDPCNI_POL_HIT);
+	return STAGE_OK;
+}
+
+static __always_inline int pol_refuse(void)
+{
+	pol_count(XDPCNI_POL_REFUSED);
+	return XDPCNI_V_DROP_POLICY;
+}
+
+/* The kernel's rules decide: `r` the verdict (XDPCNI_V_PASS_POLICY, or pol_ends()'s). */
+static __always_inline int pol_to_kernel(int r)
+{
+	pol_count(XDPCNI_POL_KERNEL);
+	return r;
+}
+
+/* Whether this CPU found the packet's flow recorded and allowed in this tick (pol_cache). */
+static __always_inline int pol_cached(const struct pol_cached *c, const struct pol_flow_key *k,
+				      __u64 gen, __u64 now, int from_lo)
+{
+	return c && c->tick == now && c->generation == gen && c->from_lo == (__u32)from_lo &&
+	       pol_key_eq(&c->key, k);
+}
+
+/* Whether a recorded flow's packet begins a new connection: a SYN the other way, or after a close.
+ */
+static __always_inline int pol_begins_anew(const struct pol_flow *fl, int orig, __u8 flags)
+{
+	int syn = (flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_;
+
+	return syn && (!orig || (fl->state & (XDPCNI_POL_FIN | XDPCNI_POL_RST)));
+}
+
+/* A recorded flow's state follows its packet: replied, closed, reset. */
+static __always_inline void pol_follow(struct pol_flow *fl, int orig, __u8 flags)
+{
+	__u8 state = fl->state;
+
+	if (!orig)
+		state |= XDPCNI_POL_REPLIED;
+	if (flags & TCP_FIN_ && flags != 0xff)
+		state |= XDPCNI_POL_FIN;
+	if (flags & TCP_RST_ && flags != 0xff)
+		state |= XDPCNI_POL_RST;
+	if (state != fl->state)
+		fl->state = state;
+}
+
+/*
+ * Whether a packet with no record may begin a flow the fast path checks: a
+ * TCP SYN, an ICMP echo request, a UDP packet whose flow conntrack does not
+ * have (begun on the kernel path: it stays there). Else the kernel's rules.
+ */
+static __always_inline int pol_may_begin(void *ctx, const struct packet *p, __u8 flags, int xdp)
+{
+	if (p->proto == IPPROTO_TCP &&
+	    (flags == 0xff || (flags & (TCP_SYN_ | TCP_ACK_ | TCP_RST_ | TCP_FIN_)) != TCP_SYN_))
+		return 0;
+	if (p->proto == IPPROTO_ICMP && p->l4_info != ICMP_ECHO_)
+		return 0;
+	if (p->proto == IPPROTO_ICMPV6_ && p->l4_info != ICMPV6_ECHO_REQUEST_)
+		return 0;
+	if (p->proto == IPPROTO_UDP && pol_conntrack_has(ctx, p, xdp))
+		return 0;
+	return 1;
+}
+
 /*
  * The check: STAGE_OK (the fast path carries it), XDPCNI_V_DROP_POLICY or
- * XDPCNI_V_PASS_POLICY. `xdp`: a constant in each caller.
+ * XDPCNI_V_PASS_POLICY. Three paths: this CPU's cache (pol_cached), a
+ * recorded flow (followed by pol_follow, checked again under newer
+ * verdicts), a new one (pol_may_begin, then checked and recorded); an ICMP
+ * error by the flow it quotes (pol_error_related). One function, not one
+ * per path: their locals would not share the stack, and the check's frame
+ * with its callers' must fit 512 bytes. `xdp`: a constant in each caller.
  */
 static __always_inline int pol_check(void *ctx, const struct packet *p,
 				     const struct endpoint_info *src,
 				     const struct endpoint_info *dst, int xdp)
 {
 	struct pol_flow_key k __attribute__((aligned(8))) = {};
+	__u8 flags = p->proto == IPPROTO_TCP ? p->l4_info : 0;
+	int from_lo = pol_key(p, &k), r, allowed;
 	struct pol_pod *ps, *pd;
 	struct pol_state *st;
 	struct pol_cached *c;
 	struct pol_flow *fl;
 	__u32 zero = 0;
-	__u8 flags = p->proto == IPPROTO_TCP ? p->l4_info : 0;
-	int from_lo = pol_key(p, &k), r, allowed, cacheable;
 	__u64 now, gen;
 
 	st = bpf_map_lookup_elem(&pol_state, &zero);
@@ -368,98 +457,55 @@ static __always_inline int pol_check(void *ctx, const struct packet *p,
 		return XDPCNI_V_PASS_POLICY;
 	gen = st->generation;
 	now = bpf_ktime_get_coarse_ns();
-	if (p->err_proto) {
-		if (!pol_error_related(p, &k, gen, now))
-			goto kernel;
-		pol_count(XDPCNI_POL_HIT);
-		return STAGE_OK;
-	}
+	if (p->err_proto)
+		return pol_error_related(p, &k, gen, now) ? pol_hit()
+							  : pol_to_kernel(XDPCNI_V_PASS_POLICY);
 	/* A packet that changes no record: this CPU may have found its flow in this tick. */
-	cacheable = !(flags & (TCP_SYN_ | TCP_FIN_ | TCP_RST_));
-	c = cacheable ? pol_cache_slot(&k) : 0;
-	if (c && c->tick == now && c->generation == gen && c->from_lo == (__u32)from_lo &&
-	    pol_key_eq(&c->key, &k)) {
-		pol_count(XDPCNI_POL_HIT);
-		return STAGE_OK;
-	}
+	c = flags & (TCP_SYN_ | TCP_FIN_ | TCP_RST_) ? 0 : pol_cache_slot(&k);
+	if (pol_cached(c, &k, gen, now, from_lo))
+		return pol_hit();
 	fl = bpf_map_lookup_elem(&pol_flows, &k);
-	if (fl && !pol_expired(fl, p->proto, now)) {
+	if (fl && !pol_expired(fl, p->proto, now) &&
+	    !pol_begins_anew(fl, fl->orig_lo == from_lo, flags)) {
 		int orig = fl->orig_lo == from_lo;
-		int syn = (flags & (TCP_SYN_ | TCP_ACK_)) == TCP_SYN_;
 
-		/* A SYN the other way, or after a close: a new connection. */
-		if (!(syn && (!orig || (fl->state & (XDPCNI_POL_FIN | XDPCNI_POL_RST))))) {
-			__u8 state = fl->state;
-
-			if (!orig)
-				state |= XDPCNI_POL_REPLIED;
-			if (flags & TCP_FIN_ && flags != 0xff)
-				state |= XDPCNI_POL_FIN;
-			if (flags & TCP_RST_ && flags != 0xff)
-				state |= XDPCNI_POL_RST;
-			if (state != fl->state)
-				fl->state = state;
-			if (fl->generation == gen) {
-				fl->last_ns = now;
-				pol_cache_fill(c, &k, gen, now, from_lo);
-				pol_count(XDPCNI_POL_HIT);
-				return STAGE_OK;
-			}
+		pol_follow(fl, orig, flags);
+		r = XDPCNI_POL_HIT;
+		if (fl->generation != gen) {
 			/* Allowed under older verdicts: checked again, as it began. */
 			r = pol_ends(p, src, dst, &ps, &pd);
-			if (r) {
-				pol_count(XDPCNI_POL_KERNEL);
-				return r;
-			}
+			if (r)
+				return pol_to_kernel(r);
 			allowed =
 			    orig ? pol_flow_allowed(&p->src, ps, &p->dst, pd, p->proto, p->dport)
 				 : pol_flow_allowed(&p->dst, pd, &p->src, ps, p->proto, p->sport);
-			if (!allowed) {
-				pol_count(XDPCNI_POL_REFUSED);
-				return XDPCNI_V_DROP_POLICY;
-			}
+			if (!allowed)
+				return pol_refuse();
 			fl->generation = gen;
-			fl->last_ns = now;
-			pol_cache_fill(c, &k, gen, now, from_lo);
-			pol_count(XDPCNI_POL_RECHECK);
-			return STAGE_OK;
+			r = XDPCNI_POL_RECHECK;
 		}
+		fl->last_ns = now;
+		return pol_allow(c, &k, gen, now, from_lo, r);
 	}
 	/* No record: a new flow, where one may begin; else the kernel's rules. */
-	if (p->proto == IPPROTO_TCP &&
-	    (flags == 0xff || (flags & (TCP_SYN_ | TCP_ACK_ | TCP_RST_ | TCP_FIN_)) != TCP_SYN_))
-		goto kernel;
-	if (p->proto == IPPROTO_ICMP && p->l4_info != ICMP_ECHO_)
-		goto kernel;
-	if (p->proto == IPPROTO_ICMPV6_ && p->l4_info != ICMPV6_ECHO_REQUEST_)
-		goto kernel;
-	if (p->proto == IPPROTO_UDP && pol_conntrack_has(ctx, p, xdp))
-		goto kernel;
+	if (!pol_may_begin(ctx, p, flags, xdp))
+		return pol_to_kernel(XDPCNI_V_PASS_POLICY);
 	r = pol_ends(p, src, dst, &ps, &pd);
-	if (r) {
-		pol_count(XDPCNI_POL_KERNEL);
-		return r;
-	}
+	if (r)
+		return pol_to_kernel(r);
 	allowed = pol_flow_allowed(&p->src, ps, &p->dst, pd, p->proto, p->dport);
 	/* In a window (xdpcni.h), a new UDP flow must be allowed whichever end began it. */
 	if (allowed && p->proto == IPPROTO_UDP && pol_in_window(ps, pd, now))
 		allowed = pol_flow_allowed(&p->dst, pd, &p->src, ps, p->proto, p->sport);
-	if (!allowed) {
-		pol_count(XDPCNI_POL_REFUSED);
-		return XDPCNI_V_DROP_POLICY;
-	}
+	if (!allowed)
+		return pol_refuse();
 	{
 		struct pol_flow nf = {.generation = gen, .last_ns = now, .orig_lo = from_lo};
 
 		if (bpf_map_update_elem(&pol_flows, &k, &nf, BPF_ANY))
-			goto kernel;
+			return pol_to_kernel(XDPCNI_V_PASS_POLICY);
 	}
-	pol_cache_fill(c, &k, gen, now, from_lo);
-	pol_count(XDPCNI_POL_NEW);
-	return STAGE_OK;
-kernel:
-	pol_count(XDPCNI_POL_KERNEL);
-	return XDPCNI_V_PASS_POLICY;
+	return pol_allow(c, &k, gen, now, from_lo, XDPCNI_POL_NEW);
 }
 
 /*

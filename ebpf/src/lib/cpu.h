@@ -1,8 +1,11 @@
-// SPDX-License-Identifier: GPL-2.0-only
+/* SPDX-License-Identifier: GPL-2.0-only */
 /*
  * The cpumap redirect's choice of a CPU: one flow, one CPU, among the CPUs
- * its destination allows. Included once, by xdpcni.bpf.c (after parse.bpf.h).
+ * its destination allows.
  */
+#pragma once
+
+#include "parse.h"
 
 /*
  * Picks the n-th allowed CPU, n = hash mod the number of allowed CPUs. The

@@ -6,8 +6,11 @@
  * is dropped; ARP and IPv6 neighbour discovery pass (no policy covers them,
  * and the node's neighbour entry for the pod is then ready when the hold
  * goes).
- * Included once, by xdpcni.bpf.c.
  */
+#include "lib/common.h"
+#include "lib/parse.h"
+#include "lib/count.h"
+
 SEC("classifier")
 int xdpcni_hold(struct __sk_buff *skb)
 {
