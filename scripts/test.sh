@@ -160,6 +160,9 @@ echo "release binaries: $release_pass passed, 0 failed" | tee -a "$log"
 step "the previous release, built from git (scripts/previous-release.sh; the migration tests run it)"
 bash scripts/previous-release.sh >/dev/null
 
+step "sweep what killed test runs left (e2e/src/sweep.rs: names with a dead PID)"
+target/debug/sweep
+
 step "cargo test"
 # Every test binary runs even when one fails; the closing line counts them.
 cargo_rc=0

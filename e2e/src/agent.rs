@@ -14,8 +14,11 @@ use serde_json::Value;
 use crate::{
     cni::{agent_binary, wait_ready, Network, NodeProcess},
     netns::Netns,
-    node::AgentConfig,
 };
+
+/// The agent's configuration file, typed ([`xdpcni_agent::config::Config`]):
+/// the tests set its fields, never a JSON of their own.
+pub type AgentConfig = xdpcni_agent::config::Config;
 
 /// Where the agent listens in its node namespace (each test network has
 /// its own loopback): the agent's default.
@@ -64,7 +67,7 @@ impl StandaloneAgent {
         config(&mut cfg);
         let path = net.dir.path().join("agent.json");
         std::fs::write(&path, serde_json::to_string(&cfg)?)?;
-        let log = net.dir.path().join(crate::unique_name("agent-") + ".log");
+        let log = net.dir.path().join(crate::unique_name("xagent-") + ".log");
         let process = NodeProcess::spawn(
             &net.node,
             bin,

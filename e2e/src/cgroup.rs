@@ -8,6 +8,19 @@ use anyhow::{bail, Context, Result};
 
 use crate::netns::unique_name;
 
+/// Where cgroup v2 is mounted (here /sys/fs/cgroup/unified, beside the v1 controllers).
+pub fn cgroup2_root() -> Result<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    // mountinfo: ... mount-point ... - fstype source options
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+        })
+        .context("no cgroup2 mount in /proc/self/mountinfo")
+}
+
 /// A cgroup v2 directory, uniquely named, removed on Drop (once empty).
 #[derive(Debug)]
 pub struct TestCgroup {
@@ -19,17 +32,7 @@ impl TestCgroup {
     /// A new directory under the cgroup v2 mount (wherever it is: here
     /// /sys/fs/cgroup/unified, beside the v1 controllers).
     pub fn new() -> Result<Self> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-        // mountinfo: ... mount-point ... - fstype source options
-        let root = info
-            .lines()
-            .find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                (right.split_whitespace().next()? == "cgroup2")
-                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-            })
-            .context("no cgroup2 mount in /proc/self/mountinfo")?;
-        let path = root.join(unique_name("xdpcni-svc"));
+        let path = cgroup2_root()?.join(unique_name("xdpcni-svc"));
         std::fs::create_dir(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(Self { path })
     }

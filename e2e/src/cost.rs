@@ -280,7 +280,7 @@ fn median_of(samples: usize, want: u32, mut run: impl FnMut() -> Result<Run>) ->
 /// program. Root and bpffs; makes its own namespaces and pins.
 pub fn measure(samples: usize, repeat: u32) -> Result<StageCosts> {
     let node = WiredNode::new(2)?;
-    let pins = PinDir::new("cost")?;
+    let pins = PinDir::new("xcost")?;
     let frames = frames(&node);
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;

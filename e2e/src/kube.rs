@@ -67,7 +67,7 @@ impl ApiServer {
     /// to serve other namespaces over a link too; see [`Self::kubeconfig_via`]).
     pub fn start_on(node: &Netns, bind: &str) -> Result<Self> {
         let bin = apiserver_binary()?;
-        let dir = TempDir::new("xdpcni-k8s-")?;
+        let dir = TempDir::new("xdpcni-kube-")?;
         let d = dir.path();
         let key = d.join("sa.key");
         let key_s = key.to_string_lossy().to_string();

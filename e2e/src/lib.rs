@@ -16,6 +16,7 @@ pub mod netns;
 pub mod node;
 pub mod nodes;
 pub mod packet;
+pub mod sweep;
 pub mod testrun;
 pub mod topo;
 pub mod traffic;

@@ -12,11 +12,19 @@ use anyhow::{bail, Context, Result};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
-/// A name no other test (or other run of this binary) uses: prefix, pid, counter.
-/// Kept short so that derived veth names stay within 15 bytes.
+/// A name no other test (or other run of this binary) uses: `prefix` (`x`
+/// and lowercase letters or `-`), the PID, `_`, a counter. The PID parses
+/// back ([`crate::sweep::owner`]), so what a killed run left is found and
+/// removed: the first name a process takes sweeps ([`crate::sweep`]). Short
+/// enough for veth names derived from it (15 bytes).
 pub fn unique_name(prefix: &str) -> String {
+    debug_assert!(
+        prefix.starts_with('x') && prefix.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+        "a test resource's prefix is x and lowercase letters: {prefix}"
+    );
+    crate::sweep::sweep_once();
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{}{n}", std::process::id() % 100_000)
+    format!("{prefix}{}_{n}", std::process::id())
 }
 
 /// Runs a command, failing with its output if it fails.

@@ -23,9 +23,7 @@ use crate::{
     PinDir,
 };
 
-/// The agent's configuration file, typed ([`xdpcni_agent::config::Config`]):
-/// the tests set its fields, never a JSON of their own.
-pub type AgentConfig = xdpcni_agent::config::Config;
+pub use crate::agent::AgentConfig;
 
 /// How a [`Node`] is made.
 #[derive(Debug)]
