@@ -172,6 +172,12 @@ step "benchmark smoke test (checks every measurement runs, not the numbers)"
 target/debug/bench --quick --out target/bench-quick >/dev/null
 test -s target/bench-quick/bench.png
 python3 scripts/check-bench.py target/bench-quick/bench.md
+# An --only that names no workload is refused, naming the workloads (not an empty report).
+if out=$(target/debug/bench --quick --only "no such workload" --out target/bench-none 2>&1); then
+	echo "bench ran with an --only that matches nothing" >&2
+	exit 1
+fi
+grep -q "matches no workload" <<<"$out" || { echo "bench's refusal is unclear: $out" >&2; exit 1; }
 
 step "scale benchmark smoke test (every figure at full size, once; not the numbers)"
 target/debug/scale --quick --out target/scale-quick >/dev/null

@@ -126,6 +126,23 @@ impl Opts {
     fn workload(&self, w: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|o| w.contains(o.as_str()))
     }
+    /// Whether a phase measuring the workloads `ws` runs.
+    fn any(&self, ws: &[&str]) -> bool {
+        ws.iter().any(|w| self.workload(w))
+    }
+    /// An `--only` that names no workload, said with every name it could match.
+    fn check_only(&self) -> Result<()> {
+        let names: Vec<&str> = WORKLOADS.iter().map(|w| w.0).chain([W_STAGES]).collect();
+        for o in &self.only {
+            if !names.iter().any(|n| n.contains(o.as_str())) {
+                bail!(
+                    "--only {o:?} matches no workload (a workload runs when its name contains it); the workloads:\n  {}",
+                    names.join("\n  ")
+                );
+            }
+        }
+        Ok(())
+    }
     fn path_on(&self, b: &Bench) -> bool {
         self.path
             .as_deref()
@@ -149,8 +166,12 @@ fn main() -> Result<()> {
     // What a node runs: the product binaries, not the tests' hooked builds.
     xdpcni_e2e::cni::use_product_binaries();
     let o = parse_args();
+    o.check_only()?;
     install_signal_handlers()?;
     let run = measure(&o)?;
+    if run.samples.is_empty() && run.stages.is_none() {
+        bail!("nothing measured: --path {:?} names no path of the workloads --only chose", o.path);
+    }
     let rows = summarise(&run.samples);
     report(&o, &run, &rows)
 }
@@ -373,11 +394,11 @@ fn measure(o: &Opts) -> Result<Measured> {
             }
         }
     }
-    if o.full() || o.workload("NetworkPolicy") || o.workload(W_NP_FWD) {
+    if o.any(&[W_NP_APPLY_P50, W_NP_APPLY_P99, W_NP_REMOVE_P50, W_NP_REMOVE_P99, W_NP_FWD]) {
         eprintln!("bench: NetworkPolicy on a Kubernetes node (API server, agent)...");
         netpol_bench(reps, dur, &mut push, &mut extra)?;
     }
-    if o.full() || o.workload(W_MIGRATE) {
+    if o.any(&[W_MIGRATE, W_MIGRATE_READY]) {
         eprintln!("bench: datapath migration from the previous release...");
         let path = migration_bench(reps, pods_for_add, &mut push)?;
         extra.push(format!(
@@ -391,22 +412,32 @@ fn measure(o: &Opts) -> Result<Measured> {
             xdpcni_ebpf::PREVIOUS_LAYOUT,
         ));
     }
-    if o.full() || o.workload("Service") {
+    if o.any(&[W_SVC_TCP, W_SVC_UDP64, W_SVC_RR]) {
         eprintln!("bench: Services on a Kubernetes node (ClusterIP, pod IP, kube-proxy's path)...");
         services_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }
-    if o.full() || o.workload("NetworkPolicy:") {
+    if o.any(&[
+        W_NPF_TCP,
+        W_NPF_UDP64,
+        W_NPF_RR,
+        W_NPF_SCALE,
+        W_NPF_PROG,
+        W_NPF_CLOSE_P50,
+        W_NPF_CLOSE_P99,
+        W_NPF_OPEN_P50,
+        W_NPF_OPEN_P99,
+    ]) {
         eprintln!("bench: NetworkPolicy on the fast path (fast, kernel, no policy; 1-1000 policies; updates)...");
         policy_fast_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }
-    if o.full() || o.workload(W_XNODE_TCP) {
+    if o.any(&[W_XNODE_TCP, W_XNODE_UDP64, W_XNODE_RR, W_XNODE_HOST]) {
         eprintln!("bench: TCP across nodes (hostGateway, vxlan) on two nodes with agents...");
         xnode_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }
     extra.append(&mut profile_lines);
     // The program's cost stage by stage, on fixed frames: what the
     // bpf_stats rows add up to, and what each check costs.
-    let stages = if o.full() || o.workload(W_STAGES) {
+    let stages = if o.workload(W_STAGES) {
         eprintln!("bench: the datapath's cost per stage (BPF_PROG_TEST_RUN)...");
         let (samples, repeat) = if o.quick { (5, 50) } else { (101, 200) };
         Some(xdpcni_e2e::cost::measure(samples, repeat)?.table())
