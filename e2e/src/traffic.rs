@@ -89,78 +89,114 @@ fn fnv(h: &mut u64, data: &[u8]) {
     }
 }
 
+/// What a TCP run sends: `bytes`, hashed on both ends and compared (a
+/// check of delivery: the hashing caps the rate, ~5 Gbit/s here), or as much
+/// as it can for a time, only counted (a measure of the path's rate).
+#[derive(Debug, Clone, Copy)]
+enum Load {
+    Checked(usize),
+    Timed(Duration),
+}
+
 /// Streams `bytes` over TCP from `from` to a server on `to` inside `to_ns`;
 /// the server answers with the length and hash it received, which must match.
-/// Returns the goodput in Mbit/s (informative only).
+/// Returns the goodput in Mbit/s (informative only: the hashing bounds it).
 pub fn tcp_transfer(from: &Netns, to_ns: &Netns, to: IpAddr, bytes: usize) -> Result<f64> {
+    tcp_run(from, to_ns, to, Load::Checked(bytes))
+}
+
+/// One TCP stream from `from` to a server on `to` inside `to_ns` for `time`,
+/// nothing computed per byte on either end (the server's count must equal
+/// what was sent): the goodput in Mbit/s, what the path carries.
+pub fn tcp_stream(from: &Netns, to_ns: &Netns, to: IpAddr, time: Duration) -> Result<f64> {
+    tcp_run(from, to_ns, to, Load::Timed(time))
+}
+
+/// The server end: one connection accepted on `listener`, read to its end;
+/// answers with the bytes it got and their hash (0 when `hash` is off).
+fn tcp_sink(listener: &TcpListener, to: IpAddr, hash: bool) -> Result<()> {
+    listener.set_nonblocking(true)?;
+    let start = Instant::now();
+    let mut conn = loop {
+        match listener.accept() {
+            Ok((c, _)) => break c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if start.elapsed() > DEADLINE {
+                    bail!("no TCP connection to {to}");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let (mut n, mut h) = (0u64, 0xcbf2_9ce4_8422_2325u64);
+    let mut buf = vec![0u8; 1 << 17];
+    loop {
+        let len = conn.read(&mut buf).context("server read")?;
+        if len == 0 {
+            break;
+        }
+        n += len as u64;
+        if hash {
+            fnv(&mut h, &buf[..len]);
+        }
+    }
+    conn.write_all(&n.to_be_bytes())?;
+    conn.write_all(&(if hash { h } else { 0 }).to_be_bytes())?;
+    Ok(())
+}
+
+/// The client end: `load` sent to `to:port`, the server's answer checked; Mbit/s.
+fn tcp_source(to: IpAddr, port: u16, load: Load) -> Result<f64> {
+    let start = Instant::now();
+    let mut conn = TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_secs(5))
+        .with_context(|| format!("TCP connect to {to}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    conn.set_write_timeout(Some(Duration::from_secs(10)))?;
+    let chunk: Vec<u8> = (0..1 << 17).map(|i: usize| (i * 7 + 3) as u8).collect();
+    let (mut h, mut sent) = (0xcbf2_9ce4_8422_2325u64, 0usize);
+    loop {
+        let len = match load {
+            Load::Checked(bytes) if sent >= bytes => break,
+            Load::Checked(bytes) => chunk.len().min(bytes - sent),
+            Load::Timed(time) if start.elapsed() >= time => break,
+            Load::Timed(_) => chunk.len(),
+        };
+        conn.write_all(&chunk[..len]).context("client write")?;
+        if matches!(load, Load::Checked(_)) {
+            fnv(&mut h, &chunk[..len]);
+        }
+        sent += len;
+    }
+    conn.shutdown(Shutdown::Write)?;
+    let mut reply = [0u8; 16];
+    conn.read_exact(&mut reply).context("server summary")?;
+    let (mut n, mut rh) = ([0u8; 8], [0u8; 8]);
+    n.copy_from_slice(&reply[..8]);
+    rh.copy_from_slice(&reply[8..]);
+    let got = u64::from_be_bytes(n);
+    ensure!(got == sent as u64, "server got {got} of {sent} bytes");
+    if matches!(load, Load::Checked(_)) {
+        ensure!(u64::from_be_bytes(rh) == h, "stream corrupted in transit");
+    }
+    Ok(sent as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+fn tcp_run(from: &Netns, to_ns: &Netns, to: IpAddr, load: Load) -> Result<f64> {
+    let hash = matches!(load, Load::Checked(_));
     std::thread::scope(|s| {
         let (tx, rx) = mpsc::channel();
         let server = s.spawn(move || {
             in_netns(to_ns, || {
                 let listener = TcpListener::bind(SocketAddr::new(to, 0))?;
                 tx.send(listener.local_addr()?.port())?;
-                listener.set_nonblocking(true)?;
-                let start = Instant::now();
-                let mut conn = loop {
-                    match listener.accept() {
-                        Ok((c, _)) => break c,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            if start.elapsed() > DEADLINE {
-                                bail!("no TCP connection to {to}");
-                            }
-                            std::thread::sleep(Duration::from_millis(5));
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                };
-                conn.set_nonblocking(false)?;
-                conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-                let (mut n, mut h) = (0u64, 0xcbf2_9ce4_8422_2325u64);
-                let mut buf = vec![0u8; 1 << 16];
-                loop {
-                    let len = conn.read(&mut buf).context("server read")?;
-                    if len == 0 {
-                        break;
-                    }
-                    n += len as u64;
-                    fnv(&mut h, &buf[..len]);
-                }
-                conn.write_all(&n.to_be_bytes())?;
-                conn.write_all(&h.to_be_bytes())?;
-                Ok(())
+                tcp_sink(&listener, to, hash)
             })
         });
         let port = rx.recv_timeout(Duration::from_secs(5))?;
-        let client = in_netns(from, || {
-            let start = Instant::now();
-            let mut conn =
-                TcpStream::connect_timeout(&SocketAddr::new(to, port), Duration::from_secs(5))
-                    .with_context(|| format!("TCP connect to {to}"))?;
-            conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-            conn.set_write_timeout(Some(Duration::from_secs(10)))?;
-            let chunk: Vec<u8> = (0..1 << 16).map(|i: usize| (i * 7 + 3) as u8).collect();
-            let mut h = 0xcbf2_9ce4_8422_2325u64;
-            let mut sent = 0;
-            while sent < bytes {
-                let len = chunk.len().min(bytes - sent);
-                conn.write_all(&chunk[..len]).context("client write")?;
-                fnv(&mut h, &chunk[..len]);
-                sent += len;
-            }
-            conn.shutdown(Shutdown::Write)?;
-            let mut reply = [0u8; 16];
-            conn.read_exact(&mut reply).context("server summary")?;
-            let (mut n, mut rh) = ([0u8; 8], [0u8; 8]);
-            n.copy_from_slice(&reply[..8]);
-            rh.copy_from_slice(&reply[8..]);
-            ensure!(
-                u64::from_be_bytes(n) == bytes as u64,
-                "server got {} of {bytes} bytes",
-                u64::from_be_bytes(n)
-            );
-            ensure!(u64::from_be_bytes(rh) == h, "stream corrupted in transit");
-            Ok(bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e6)
-        });
+        let client = in_netns(from, || tcp_source(to, port, load));
         let server = server
             .join()
             .map_err(|_| anyhow::anyhow!("tcp server panicked"))?;

@@ -278,6 +278,62 @@ fn swap_foreign(dp: &mut Datapath, ours: &[u32], step: &mut dyn FnMut(&str)) -> 
     Ok(links)
 }
 
+/// With no previous layout of its own: refuses layout 1's maps pinned of
+/// their own (a release older than the previous one). Its pods keep
+/// forwarding on what is attached.
+fn refuse_layout1(pin_dir: &Path, layout: &Path) -> Result<()> {
+    let layout1: Vec<&str> = MapName::layout1()
+        .filter(|m| {
+            let old = pin_dir.join(m);
+            old.exists() && sys::pinned_id(&old).ok() != sys::pinned_id(&layout.join(m)).ok()
+        })
+        .collect();
+    if layout1.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Migration {
+        from: 1,
+        why: format!(
+            "{} holds layout 1's maps ({}) and no layout {PREVIOUS_LAYOUT}: this build \
+             migrates only from the previous release's layout {PREVIOUS_LAYOUT}; the pods \
+             keep forwarding on what is attached: upgrade through the previous release, or \
+             uninstall (docs/upgrades.md)",
+            pin_dir.display(),
+            layout1.join(", ")
+        ),
+    })
+}
+
+/// The previous layout's maps, opened to be copied from.
+fn open_previous(pin_dir: &Path) -> Result<Maps> {
+    let previous = previous_layout_dir(pin_dir);
+    Maps::open_dir(&previous, false).map_err(|e| Error::Migration {
+        from: PREVIOUS_LAYOUT,
+        why: format!(
+            "opening its maps: {e}: the pins in {} are not the previous release's layout \
+             {PREVIOUS_LAYOUT}, the only one this build migrates from (an older release's?); the \
+             pods keep forwarding on what is attached: upgrade through the previous release, or \
+             uninstall (docs/upgrades.md)",
+            previous.display()
+        ),
+    })
+}
+
+/// The cpumap CPUs as the previous layout had them.
+fn copy_cpus(dp: &mut Datapath, src: &Maps) -> Result<()> {
+    for cpu in 0..MAX_CPUS {
+        match src.cpu_queue_size(cpu)? {
+            Some(q) => dp.enable_cpu(cpu, q)?,
+            None => {
+                if dp.maps.cpu_queue_size(cpu)?.is_some() {
+                    dp.disable_cpu(cpu)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Brings `dp` (this layout, just loaded) to a complete datapath that every
 /// link uses, migrating from a previous layout of its own if one is pinned,
 /// and leaves the previous layout's names as aliases of this layout's
@@ -296,26 +352,8 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
     ];
     ours.extend(dp.tc_from_node_program_id()?);
     let separate = separate_previous(&pin_dir, &layout);
-    let layout1: Vec<&str> = MapName::layout1()
-        .filter(|m| {
-            let old = pin_dir.join(m);
-            old.exists() && sys::pinned_id(&old).ok() != sys::pinned_id(&layout.join(m)).ok()
-        })
-        .collect();
-    if separate.is_empty() && !layout1.is_empty() {
-        // Layout 1 of its own, no layout 2: a release older than the
-        // previous one. Its pods keep forwarding on what is attached.
-        return Err(Error::Migration {
-            from: 1,
-            why: format!(
-                "{} holds layout 1's maps ({}) and no layout {PREVIOUS_LAYOUT}: this build \
-                 migrates only from the previous release's layout {PREVIOUS_LAYOUT}; the pods \
-                 keep forwarding on what is attached: upgrade through the previous release, or \
-                 uninstall (docs/upgrades.md)",
-                pin_dir.display(),
-                layout1.join(", ")
-            ),
-        });
+    if separate.is_empty() {
+        refuse_layout1(&pin_dir, &layout)?;
     }
     if separate.is_empty()
         || (meta.state == META_COMPLETE && foreign_links(&pin_dir, &ours)?.is_empty())
@@ -337,28 +375,9 @@ pub(crate) fn converge(dp: &mut Datapath, step: &mut dyn FnMut(&str)) -> Result<
     dp.maps.set_meta(DatapathMeta::new(META_FILLING, &build))?;
     step("migrate:started");
 
-    let previous = previous_layout_dir(&pin_dir);
-    let src = Maps::open_dir(&previous, false).map_err(|e| Error::Migration {
-        from: PREVIOUS_LAYOUT,
-        why: format!(
-            "opening its maps: {e}: the pins in {} are not the previous release's layout \
-             {PREVIOUS_LAYOUT}, the only one this build migrates from (an older release's?); the \
-             pods keep forwarding on what is attached: upgrade through the previous release, or \
-             uninstall (docs/upgrades.md)",
-            previous.display()
-        ),
-    })?;
+    let src = open_previous(&pin_dir)?;
     let filled = dp.maps.fill_from(&src, &separate)?;
-    for cpu in 0..MAX_CPUS {
-        match src.cpu_queue_size(cpu)? {
-            Some(q) => dp.enable_cpu(cpu, q)?,
-            None => {
-                if dp.maps.cpu_queue_size(cpu)?.is_some() {
-                    dp.disable_cpu(cpu)?;
-                }
-            }
-        }
-    }
+    copy_cpus(dp, &src)?;
     dp.maps.refresh_cache()?;
     step("migrate:filled");
     let links = swap_foreign(dp, &ours, step)?;

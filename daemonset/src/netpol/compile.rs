@@ -126,14 +126,32 @@ struct Group {
     peers: AddrSet,
 }
 
-/// The entries of one direction's `rules` into `v` (`dir` its index).
+/// The entries of one direction's `rules` into `v` (`dir` its index):
+/// the rules grouped by their ports, each group's peers and ports as
+/// intervals, the intervals partitioned into the prefixes the maps hold.
 fn direction(
     rules: &[Rule],
     dir: u8,
     sets: &BTreeMap<String, AddrSet>,
     v: &mut PodVerdicts,
 ) -> Result<(), NotCompiled> {
-    // Ports as written (None: any) -> group.
+    let groups = group_rules(rules, dir, sets, v);
+    if groups.len() > POL_MAX_GROUPS as usize {
+        return Err(NotCompiled::TooManyGroups(groups.len()));
+    }
+    let iv = intervals(groups, usize::from(dir), v);
+    emit(dir, iv, v);
+    Ok(())
+}
+
+/// Ports as written (None: any) -> the group of rules with those ports;
+/// egress rules' named ports go to `v.named` as they are met.
+fn group_rules(
+    rules: &[Rule],
+    dir: u8,
+    sets: &BTreeMap<String, AddrSet>,
+    v: &mut PodVerdicts,
+) -> BTreeMap<Option<Vec<PortRange>>, Group> {
     let mut groups: BTreeMap<Option<Vec<PortRange>>, Group> = BTreeMap::new();
     for rule in rules {
         let key = match &rule.ports {
@@ -162,29 +180,42 @@ fn direction(
             }
         }
     }
-    if groups.len() > POL_MAX_GROUPS as usize {
-        return Err(NotCompiled::TooManyGroups(groups.len()));
-    }
-    let d = usize::from(dir);
-    let mut v4: Vec<Vec<(u128, u128)>> = Vec::new();
-    let mut v6: Vec<Vec<(u128, u128)>> = Vec::new();
-    let mut by_proto: BTreeMap<u8, Vec<Vec<(u128, u128)>>> = BTreeMap::new();
+    groups
+}
+
+/// Each group's intervals, indexed by its group number: IPv4 and IPv6 peers,
+/// and ports by protocol.
+#[derive(Default)]
+struct Intervals {
+    v4: Vec<Vec<(u128, u128)>>,
+    v6: Vec<Vec<(u128, u128)>>,
+    by_proto: BTreeMap<u8, Vec<Vec<(u128, u128)>>>,
+}
+
+/// The groups as intervals; a group of any peer or any port sets its bit in
+/// `v.any_peer` / `v.any_port` of direction `d` instead.
+fn intervals(
+    groups: BTreeMap<Option<Vec<PortRange>>, Group>,
+    d: usize,
+    v: &mut PodVerdicts,
+) -> Intervals {
+    let mut iv = Intervals::default();
     for (g, (ports, mut group)) in groups.into_iter().enumerate() {
         let bit = 1u64 << g;
         group.peers.normalize();
         if group.any_peer {
             v.any_peer[d] |= bit;
-            v4.push(Vec::new());
-            v6.push(Vec::new());
+            iv.v4.push(Vec::new());
+            iv.v6.push(Vec::new());
         } else {
-            v4.push(
+            iv.v4.push(
                 group
                     .peers
                     .v4()
                     .map(|(a, b)| (u128::from(u32::from(a)), u128::from(u32::from(b))))
                     .collect(),
             );
-            v6.push(
+            iv.v6.push(
                 group
                     .peers
                     .v6()
@@ -197,20 +228,26 @@ fn direction(
             Some(ranges) => {
                 for r in ranges {
                     let Some(p) = ipproto(r.proto) else { continue };
-                    let per = by_proto.entry(p).or_default();
+                    let per = iv.by_proto.entry(p).or_default();
                     per.resize(g + 1, Vec::new());
                     per[g].push((u128::from(r.lo), u128::from(r.hi)));
                 }
             }
         }
     }
-    for (lo, hi, groups) in partition(&v4, u128::from(u32::MAX)) {
+    iv
+}
+
+/// The intervals partitioned into prefixes, each with the mask of the
+/// groups it belongs to: `v.peers` and `v.ports` of direction `dir`.
+fn emit(dir: u8, iv: Intervals, v: &mut PodVerdicts) {
+    for (lo, hi, groups) in partition(&iv.v4, u128::from(u32::MAX)) {
         for (a, plen) in prefixes(lo, hi, 32) {
             let ip = IpAddr::from(std::net::Ipv4Addr::from(a as u32));
             v.peers.push((dir, ip, plen, mask(&groups)));
         }
     }
-    for (lo, hi, groups) in partition(&v6, u128::MAX) {
+    for (lo, hi, groups) in partition(&iv.v6, u128::MAX) {
         for (a, plen) in prefixes(lo, hi, 128) {
             v.peers.push((
                 dir,
@@ -220,7 +257,7 @@ fn direction(
             ));
         }
     }
-    for (proto, mut per) in by_proto {
+    for (proto, mut per) in iv.by_proto {
         for rs in &mut per {
             rs.sort_unstable();
             merge(rs);
@@ -231,7 +268,6 @@ fn direction(
             }
         }
     }
-    Ok(())
 }
 
 /// Merges the overlapping and adjacent ranges of sorted `v`.

@@ -144,25 +144,8 @@ impl Enforcer {
         local: &BTreeSet<IpAddr>,
         leaving: &BTreeSet<PodKey>,
     ) -> Result<Applied, NetpolError> {
-        let before = match &self.objects {
-            Some(o) => o.clone(),
-            None => list(&["list", "table", "inet", nft::TABLE], "list table")?
-                .map(|l| nft::objects_of(&l))
-                .unwrap_or_default(),
-        };
-        // Pods isolated now that the ruleset in force does not isolate at
-        // all: their flows so far may have run on the fast path.
-        let newly_isolated: Vec<PodKey> = e
-            .pods
-            .iter()
-            .filter(|(k, _)| {
-                [model::Direction::Ingress, model::Direction::Egress]
-                    .into_iter()
-                    .all(|d| !before.chains.contains(&nft::chain_name(k, d, false)))
-                    || leaving.contains(*k)
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
+        let before = self.objects_in_kernel()?;
+        let newly_isolated = newly_isolated(e, &before, leaving);
         let switching = self.open_windows(e, &newly_isolated, local);
         if let Some((have, open, r)) = &self.in_force {
             if have == e && *open == switching {
@@ -174,31 +157,8 @@ impl Enforcer {
                 });
             }
         }
-        let generation = nft::next_generation(before.generation);
-        if generation == 1 {
-            // A new table, or the generation wrapped: no connection may
-            // carry a generation from before.
-            let cleared = forget_generations()?;
-            info!(cleared, "conntrack marks of earlier rulesets cleared");
-        }
-        let in_force = self.in_force.as_ref().map(|(_, _, r)| r);
-        let mut now = nft::ruleset(
-            e,
-            &switching,
-            generation,
-            in_force.map_or(generation, |r| r.epoch),
-        );
-        let whole = match in_force {
-            Some(r) if !now.clashes_with(r) => false,
-            Some(_) => {
-                // Two contents under one name: everything anew, under a
-                // new epoch.
-                now = nft::ruleset(e, &switching, generation, generation);
-                true
-            }
-            None => true,
-        };
-        let batch = match in_force {
+        let (now, whole) = self.next_ruleset(e, &switching, before.generation)?;
+        let batch = match self.in_force.as_ref().map(|(_, _, r)| r) {
             Some(r) if !whole => nft::transaction(&now, &Before::InForce(r)),
             _ => nft::transaction(&now, &Before::Listed(&before)),
         };
@@ -229,6 +189,48 @@ impl Enforcer {
             rules,
             seconds,
             newly_isolated,
+        })
+    }
+
+    /// What the table holds: as this enforcer last wrote it, or listed.
+    fn objects_in_kernel(&self) -> Result<Objects, NetpolError> {
+        Ok(match &self.objects {
+            Some(o) => o.clone(),
+            None => list(&["list", "table", "inet", nft::TABLE], "list table")?
+                .map(|l| nft::objects_of(&l))
+                .unwrap_or_default(),
+        })
+    }
+
+    /// The ruleset that enforces `e` after the table's generation `was`,
+    /// and whether it must be written whole: the first one, or one whose
+    /// contents clash with the rules in force under a name (then everything
+    /// anew, under a new epoch). A new table, or a wrapped generation, first
+    /// clears conntrack's marks of earlier rulesets.
+    fn next_ruleset(
+        &self,
+        e: &Enforcement,
+        switching: &Switching,
+        was: u16,
+    ) -> Result<(Ruleset, bool), NetpolError> {
+        let generation = nft::next_generation(was);
+        if generation == 1 {
+            // A new table, or the generation wrapped: no connection may
+            // carry a generation from before.
+            let cleared = forget_generations()?;
+            info!(cleared, "conntrack marks of earlier rulesets cleared");
+        }
+        let in_force = self.in_force.as_ref().map(|(_, _, r)| r);
+        let now = nft::ruleset(
+            e,
+            switching,
+            generation,
+            in_force.map_or(generation, |r| r.epoch),
+        );
+        Ok(match in_force {
+            Some(r) if !now.clashes_with(r) => (now, false),
+            Some(_) => (nft::ruleset(e, switching, generation, generation), true),
+            None => (now, true),
         })
     }
 
@@ -355,6 +357,22 @@ pub fn forget_connections(
         deleted += conntrack::delete(&gone).map_err(NetpolError::Conntrack)?;
     }
     Ok(deleted)
+}
+
+/// The pods of `e` that the ruleset in force (`before`) does not isolate
+/// at all, and those `leaving` the datapath's check: their flows so far may
+/// have run on the fast path, unseen by conntrack.
+fn newly_isolated(e: &Enforcement, before: &Objects, leaving: &BTreeSet<PodKey>) -> Vec<PodKey> {
+    e.pods
+        .iter()
+        .filter(|(k, _)| {
+            [model::Direction::Ingress, model::Direction::Egress]
+                .into_iter()
+                .all(|d| !before.chains.contains(&nft::chain_name(k, d, false)))
+                || leaving.contains(*k)
+        })
+        .map(|(k, _)| k.clone())
+        .collect()
 }
 
 #[cfg(test)]

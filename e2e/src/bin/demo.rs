@@ -15,8 +15,9 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use xdpcni_e2e::{
     cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
+    measure::median,
     netns::Netns,
-    traffic::{ping, tcp_transfer, udp_echo},
+    traffic::{ping, tcp_stream, tcp_transfer, udp_echo},
     PinDir,
 };
 use xdpcni_ebpf::{
@@ -25,7 +26,22 @@ use xdpcni_ebpf::{
 };
 
 const LISTEN: &str = "127.0.0.1:9965";
-const TCP_BYTES: usize = 32 << 20;
+/// Each pod pair's TCP delivery check: hashed at both ends (slow, exact).
+const TCP_CHECK_BYTES: usize = 4 << 20;
+/// The TCP rate: streams of this long, this many times, p1 -> p2, nothing
+/// computed per byte (what the path carries, not what a hash allows).
+const TCP_STREAM: Duration = Duration::from_millis(1000);
+const TCP_REPS: usize = 5;
+
+/// The modes the demo walks, with the attachment the agent shows for each.
+const MODES: &[(&str, &str, &str)] = &[
+    ("off", "devmap", "none"),
+    ("native", "devmap", "xdp"),
+    ("native", "cpumap", "xdp"),
+    ("generic", "devmap", "xdpgeneric"),
+    ("generic", "cpumap", "xdpgeneric"),
+    ("tc", "devmap", "tc"),
+];
 
 struct Pod {
     name: String,
@@ -34,10 +50,57 @@ struct Pod {
     ips: Vec<IpAddr>,
 }
 
+/// The node: its pods, its agent, the agent's pods file, its network and
+/// pins; dropped in that order (fields drop as declared).
+struct Demo {
+    pods: Vec<Pod>,
+    agent: NodeProcess,
+    pods_file: std::path::PathBuf,
+    net: Network,
+    pins: PinDir,
+}
+
+/// One mode's TCP rate: the median and the range of its streams, Mbit/s.
+struct Rate {
+    mode: String,
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
 fn main() -> Result<()> {
     // What a node runs: the product binaries, not the tests' hooked builds.
     xdpcni_e2e::cni::use_product_binaries();
     println!("== a node namespace, the xdpcni-agent (standalone), three pods through the CNI");
+    let mut demo = start()?;
+    make_pods(&mut demo)?;
+    let maps = Maps::open_pinned(demo.pins.path())?;
+
+    println!("\n== traffic between the pods in each mode (set through the agent's pods file)\n");
+    println!(
+        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | devmap or tc peer | XDP cpumap | to the kernel | to the kernel, by verdict | TCP p1 -> p2, Mbit/s: median (min-max) |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | --- | ---: |");
+    // Every kernel verdict seen, for the legend below the table.
+    let mut seen: std::collections::BTreeSet<Verdict> = std::collections::BTreeSet::new();
+    let mut rates = Vec::new();
+    for (mode, redirect, want) in MODES {
+        rates.push(run_mode(&demo, &maps, mode, redirect, want, &mut seen)?);
+    }
+    println!(
+        "\n\"off\": no program on the pods' veths, so no counter moves and the kernel routes everything."
+    );
+    println!("What went to the kernel in the fast-path modes, by verdict:");
+    for v in &seen {
+        println!("  {}: {}", v.label(), v.when());
+    }
+    compare_rates(&rates);
+    show_metrics_and_status(&demo)?;
+    clean_up(demo)
+}
+
+/// The node namespace and the agent on it, ready.
+fn start() -> Result<Demo> {
     let pins = PinDir::new("xdemo")?;
     let net = Network::new(pins.path(), "1.1.0", Network::dual_stack())?;
     let pods_file = net.dir.path().join("pods.json");
@@ -58,7 +121,6 @@ fn main() -> Result<()> {
         &["standalone", "--config", &cfg.to_string_lossy()],
         &net.dir.path().join("agent.log"),
     )?;
-    let _start = Instant::now();
     wait_ready(&net.node, LISTEN, Duration::from_secs(15), || {
         std::fs::read_to_string(net.dir.path().join("agent.log")).unwrap_or_default()
     })?;
@@ -67,8 +129,17 @@ fn main() -> Result<()> {
         agent.pid(),
         pins.path().display()
     );
+    Ok(Demo {
+        net,
+        pins,
+        pods_file,
+        agent,
+        pods: Vec::new(),
+    })
+}
 
-    let mut pods = Vec::new();
+/// Three pods through CNI ADD.
+fn make_pods(demo: &mut Demo) -> Result<()> {
     for i in 1..=3 {
         let name = format!("p{i}");
         let ns = Netns::new("xp")?;
@@ -76,7 +147,7 @@ fn main() -> Result<()> {
         let path = ns.path();
         let mut call = Call::new("ADD", &name, Some(&path));
         call.args = &args;
-        let out = net.call(&call, &json!({}))?;
+        let out = demo.net.call(&call, &json!({}))?;
         if out.status != 0 {
             bail!("CNI ADD {name}: {}", out.json);
         }
@@ -92,108 +163,146 @@ fn main() -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        pods.push(Pod {
+        demo.pods.push(Pod {
             name,
             ns,
             host,
             ips,
         });
     }
-    let maps = Maps::open_pinned(pins.path())?;
+    Ok(())
+}
 
-    println!("\n== traffic between the pods in each mode (set through the agent's pods file)\n");
-    println!(
-        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | devmap or tc peer | XDP cpumap | to the kernel | to the kernel, by verdict | best TCP Mbit/s |"
-    );
-    println!("| --- | --- | ---: | ---: | ---: | --- | ---: |");
-    // Every kernel verdict seen, for the legend below the table.
-    let mut seen: std::collections::BTreeSet<Verdict> = std::collections::BTreeSet::new();
-    for (mode, redirect, want) in [
-        ("off", "devmap", "none"),
-        ("native", "devmap", "xdp"),
-        ("native", "cpumap", "xdp"),
-        ("generic", "devmap", "xdpgeneric"),
-        ("generic", "cpumap", "xdpgeneric"),
-        ("tc", "devmap", "tc"),
-    ] {
-        let mut file = serde_json::Map::new();
-        for p in &pods {
-            file.insert(
-                format!("default/{}", p.name),
-                json!({ "xdpcni.io/xdp-mode": mode, "xdpcni.io/redirect": redirect }),
-            );
+/// Every pod switched to `mode` through the pods file, seen attached as `want`.
+fn switch_all(demo: &Demo, mode: &str, redirect: &str, want: &str) -> Result<()> {
+    let mut file = serde_json::Map::new();
+    for p in &demo.pods {
+        file.insert(
+            format!("default/{}", p.name),
+            json!({ "xdpcni.io/xdp-mode": mode, "xdpcni.io/redirect": redirect }),
+        );
+    }
+    std::fs::write(&demo.pods_file, Value::Object(file).to_string())?;
+    let start = Instant::now();
+    for p in &demo.pods {
+        while xdpcni_e2e::agent::mode_of(&demo.net.node, &p.host)? != want {
+            if start.elapsed() > Duration::from_secs(5) {
+                bail!("{} did not switch to {mode}", p.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::fs::write(&pods_file, Value::Object(file).to_string())?;
-        let start = Instant::now();
-        for p in &pods {
-            loop {
-                let now = xdpcni_e2e::agent::mode_of(&net.node, &p.host)?;
-                if now == want {
-                    break;
-                }
-                if start.elapsed() > Duration::from_secs(5) {
-                    bail!("{} did not switch to {mode}", p.name);
-                }
-                std::thread::sleep(Duration::from_millis(20));
+    }
+    // Let the agent finish the pass (endpoint records, offloads).
+    std::thread::sleep(Duration::from_millis(400));
+    Ok(())
+}
+
+/// One mode: ping, UDP and a checked TCP transfer between every pair, then
+/// the TCP rate; its table row, counted from the pods' counters.
+fn run_mode(
+    demo: &Demo,
+    maps: &Maps,
+    mode: &str,
+    redirect: &str,
+    want: &str,
+    seen: &mut std::collections::BTreeSet<Verdict>,
+) -> Result<Rate> {
+    switch_all(demo, mode, redirect, want)?;
+    let pods = &demo.pods;
+    // Packets of each verdict over every pod's host veth.
+    let totals = || -> Result<BTreeMap<Verdict, u64>> {
+        let mut out = BTreeMap::new();
+        for p in pods {
+            for (v, s) in maps.counters(demo.net.node.ifindex(&p.host)?)?.iter() {
+                *out.entry(v).or_default() += s.packets;
             }
         }
-        // Let the agent finish the pass (endpoint records, offloads).
-        std::thread::sleep(Duration::from_millis(400));
-        // Packets of each verdict over every pod's host veth.
-        let totals = || -> Result<BTreeMap<Verdict, u64>> {
-            let mut out = BTreeMap::new();
-            for p in &pods {
-                for (v, s) in maps.counters(net.node.ifindex(&p.host)?)?.iter() {
-                    *out.entry(v).or_default() += s.packets;
-                }
-            }
-            Ok(out)
-        };
-        let before = totals()?;
-        let mut best = 0f64;
-        for (i, from) in pods.iter().enumerate() {
-            let to = &pods[(i + 1) % pods.len()];
-            for addr in &to.ips {
-                ping(&from.ns, *addr, 2)?;
-                udp_echo(&from.ns, &to.ns, *addr, 20, 1000)?;
-            }
-            best = best.max(tcp_transfer(&from.ns, &to.ns, to.ips[0], TCP_BYTES)?);
+        Ok(out)
+    };
+    let before = totals()?;
+    for (i, from) in pods.iter().enumerate() {
+        let to = &pods[(i + 1) % pods.len()];
+        for addr in &to.ips {
+            ping(&from.ns, *addr, 2)?;
+            udp_echo(&from.ns, &to.ns, *addr, 20, 1000)?;
         }
-        let after = totals()?;
-        let grew =
-            |v: Verdict| after.get(&v).copied().unwrap_or(0) - before.get(&v).copied().unwrap_or(0);
-        let mut kernel: Vec<(Verdict, u64)> = Verdict::ALL
+        tcp_transfer(&from.ns, &to.ns, to.ips[0], TCP_CHECK_BYTES)?;
+    }
+    let mut mbps = (0..TCP_REPS)
+        .map(|_| tcp_stream(&pods[0].ns, &pods[1].ns, pods[1].ips[0], TCP_STREAM))
+        .collect::<Result<Vec<f64>>>()?;
+    let after = totals()?;
+    let grew =
+        |v: Verdict| after.get(&v).copied().unwrap_or(0) - before.get(&v).copied().unwrap_or(0);
+    let mut kernel: Vec<(Verdict, u64)> = Verdict::ALL
+        .iter()
+        .filter(|v| v.kind() == VerdictKind::Kernel)
+        .map(|&v| (v, grew(v)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    kernel.sort_by_key(|k| std::cmp::Reverse(k.1));
+    seen.extend(kernel.iter().map(|(v, _)| *v));
+    let by_verdict = if kernel.is_empty() {
+        "-".to_string()
+    } else {
+        kernel
             .iter()
-            .filter(|v| v.kind() == VerdictKind::Kernel)
-            .map(|&v| (v, grew(v)))
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        kernel.sort_by_key(|k| std::cmp::Reverse(k.1));
-        seen.extend(kernel.iter().map(|(v, _)| *v));
-        let by_verdict = if kernel.is_empty() {
-            "-".to_string()
+            .map(|(v, n)| format!("{} {n}", v.label()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let rate = Rate {
+        mode: format!("{mode} {redirect}"),
+        min: mbps.iter().copied().fold(f64::INFINITY, f64::min),
+        max: mbps.iter().copied().fold(0.0, f64::max),
+        median: median(&mut mbps),
+    };
+    println!(
+        "| {mode} | {redirect} | {} | {} | {} | {by_verdict} | {:.0} ({:.0}-{:.0}) |",
+        grew(Verdict::RedirectDevmap) + grew(Verdict::RedirectPeer),
+        grew(Verdict::RedirectCpumap),
+        kernel.iter().map(|(_, n)| n).sum::<u64>(),
+        rate.median,
+        rate.min,
+        rate.max,
+    );
+    Ok(rate)
+}
+
+/// Each mode's TCP rate against kernel routing (`off`): a ratio of medians,
+/// and whether it is beyond this run's noise (the two ranges apart).
+fn compare_rates(rates: &[Rate]) {
+    let Some(off) = rates.iter().find(|r| r.mode.starts_with("off")) else {
+        return;
+    };
+    println!(
+        "\nTCP p1 -> p2 against kernel routing (off), medians of {TCP_REPS} streams of {} s, one \
+         run on this machine (docs/benchmark.md has the benchmark's figures, many runs):",
+        TCP_STREAM.as_secs_f64()
+    );
+    for r in rates.iter().filter(|r| !r.mode.starts_with("off")) {
+        let verdict = if r.min > off.max {
+            "ahead of off, beyond this run's noise"
+        } else if r.max < off.min {
+            "behind off, beyond this run's noise"
         } else {
-            kernel
-                .iter()
-                .map(|(v, n)| format!("{} {n}", v.label()))
-                .collect::<Vec<_>>()
-                .join(", ")
+            "within this run's noise of off (the ranges overlap)"
         };
         println!(
-            "| {mode} | {redirect} | {} | {} | {} | {by_verdict} | {best:.0} |",
-            grew(Verdict::RedirectDevmap) + grew(Verdict::RedirectPeer),
-            grew(Verdict::RedirectCpumap),
-            kernel.iter().map(|(_, n)| n).sum::<u64>(),
+            "  {:16} {:.2}x off: {verdict}",
+            r.mode,
+            r.median / off.median
         );
     }
     println!(
-        "\n\"off\": no program on the pods' veths, so no counter moves and the kernel routes everything."
+        "  (native: the kernel turns the pod's TSO off while native XDP is attached, so its TCP is \
+         segmented in the pod: the mode for pods that consume in XDP, not for sockets)"
     );
-    println!("What went to the kernel in the fast-path modes, by verdict:");
-    for v in &seen {
-        println!("  {}: {}", v.label(), v.when());
-    }
+}
 
+/// The agent's view: a few metrics lines and `xdpcni-agent status`.
+fn show_metrics_and_status(demo: &Demo) -> Result<()> {
+    let net = &demo.net;
     let (_, metrics) = http_get(&net.node, LISTEN, "/metrics")?;
     println!("\n== a few lines of the agent's /metrics\n");
     for line in metrics
@@ -223,14 +332,19 @@ fn main() -> Result<()> {
     for line in String::from_utf8_lossy(&status.stdout).lines() {
         println!("  {line}");
     }
+    Ok(())
+}
 
+fn clean_up(demo: Demo) -> Result<()> {
     println!("\n== cleaning up: CNI DEL, agent SIGTERM, datapath unpinned, namespaces deleted");
-    for p in &pods {
-        let out = net.call(&Call::new("DEL", &p.name, Some(&p.ns.path())), &json!({}))?;
+    for p in &demo.pods {
+        let out = demo
+            .net
+            .call(&Call::new("DEL", &p.name, Some(&p.ns.path())), &json!({}))?;
         if out.status != 0 {
             bail!("CNI DEL {}: {}", p.name, out.json);
         }
     }
-    agent.stop(libc::SIGTERM)?;
+    demo.agent.stop(libc::SIGTERM)?;
     Ok(())
 }

@@ -170,7 +170,10 @@ fn main() -> Result<()> {
     install_signal_handlers()?;
     let run = measure(&o)?;
     if run.samples.is_empty() && run.stages.is_none() {
-        bail!("nothing measured: --path {:?} names no path of the workloads --only chose", o.path);
+        bail!(
+            "nothing measured: --path {:?} names no path of the workloads --only chose",
+            o.path
+        );
     }
     let rows = summarise(&run.samples);
     report(&o, &run, &rows)
@@ -394,7 +397,13 @@ fn measure(o: &Opts) -> Result<Measured> {
             }
         }
     }
-    if o.any(&[W_NP_APPLY_P50, W_NP_APPLY_P99, W_NP_REMOVE_P50, W_NP_REMOVE_P99, W_NP_FWD]) {
+    if o.any(&[
+        W_NP_APPLY_P50,
+        W_NP_APPLY_P99,
+        W_NP_REMOVE_P50,
+        W_NP_REMOVE_P99,
+        W_NP_FWD,
+    ]) {
         eprintln!("bench: NetworkPolicy on a Kubernetes node (API server, agent)...");
         netpol_bench(reps, dur, &mut push, &mut extra)?;
     }
