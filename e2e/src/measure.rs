@@ -4,7 +4,7 @@
 //! (a raw 64-byte frame from one pod to a raw-table DROP in another).
 
 use std::{
-    net::IpAddr,
+    net::{IpAddr, SocketAddr, UdpSocket},
     time::{Duration, Instant},
 };
 
@@ -12,9 +12,10 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
 
 use crate::{
+    netns::in_netns,
     netns::{parse_mac, Netns},
     packet::{eth, ipv4, udp, ETH_P_IP, IPPROTO_UDP},
-    traffic::raw_flood,
+    traffic::{raw_flood, udp_flood},
 };
 
 /// The median of `v` (sorted in place).
@@ -279,6 +280,32 @@ pub fn rx_packets(ns: &Netns) -> Result<u64> {
     v[0]["stats64"]["rx"]["packets"]
         .as_u64()
         .context("no rx stats")
+}
+
+/// UDP datagrams of `payload` bytes per second delivered to `to_ns`'s eth0
+/// from `from`'s flood to `dial` (one sender per entry of `cpus`, for
+/// `dur`), received by a socket bound at `bind` (a Service address translated
+/// or DNAT'd to it, or `dial` itself) that is never read: datagrams are
+/// delivered, then dropped at the full socket, without ICMP replies.
+pub fn udp_rate(
+    from: &Netns,
+    to_ns: &Netns,
+    bind: SocketAddr,
+    dial: SocketAddr,
+    payload: usize,
+    cpus: &[Option<usize>],
+    dur: Duration,
+) -> Result<f64> {
+    let sink = in_netns(to_ns, || Ok(UdpSocket::bind(bind)?))?;
+    let before = rx_packets(to_ns)?;
+    let start = Instant::now();
+    let sent = udp_flood(from, dial, payload, cpus, dur)?;
+    let elapsed = start.elapsed();
+    std::thread::sleep(Duration::from_millis(100));
+    let delivered = rx_packets(to_ns)? - before;
+    drop(sink);
+    ensure!(sent > 0, "nothing sent");
+    Ok(delivered as f64 / elapsed.as_secs_f64())
 }
 
 /// The destination port of the forwarding workload (discard).

@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Value};
 use xdpcni_e2e::{
     cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
-    measure::median,
+    measure::{median, udp_rate},
     netns::Netns,
     traffic::{ping, tcp_stream, tcp_transfer, udp_echo},
     PinDir,
@@ -28,10 +28,12 @@ use xdpcni_ebpf::{
 const LISTEN: &str = "127.0.0.1:9965";
 /// Each pod pair's TCP delivery check: hashed at both ends (slow, exact).
 const TCP_CHECK_BYTES: usize = 4 << 20;
-/// The TCP rate: streams of this long, this many times, p1 -> p2, nothing
-/// computed per byte (what the path carries, not what a hash allows).
-const TCP_STREAM: Duration = Duration::from_millis(1000);
-const TCP_REPS: usize = 5;
+/// The rates, p1 -> p2, each this many times this long: a TCP stream with
+/// nothing computed per byte (what the path carries, not what a hash
+/// allows), and a flood of 64-byte UDP payloads (the per-packet cost).
+const RATE_TIME: Duration = Duration::from_millis(1000);
+const RATE_REPS: usize = 3;
+const UDP_PORT: u16 = 9100;
 
 /// The modes the demo walks, with the attachment the agent shows for each.
 const MODES: &[(&str, &str, &str)] = &[
@@ -60,12 +62,28 @@ struct Demo {
     pins: PinDir,
 }
 
-/// One mode's TCP rate: the median and the range of its streams, Mbit/s.
+/// One mode's rate: the median and the range of its repetitions.
 struct Rate {
-    mode: String,
     median: f64,
     min: f64,
     max: f64,
+}
+
+impl Rate {
+    fn of(mut v: Vec<f64>) -> Self {
+        Self {
+            min: v.iter().copied().fold(f64::INFINITY, f64::min),
+            max: v.iter().copied().fold(0.0, f64::max),
+            median: median(&mut v),
+        }
+    }
+}
+
+/// A mode's two rates: TCP Mbit/s, UDP 64-byte kpps.
+struct Rates {
+    mode: String,
+    tcp: Rate,
+    udp: Rate,
 }
 
 fn main() -> Result<()> {
@@ -78,9 +96,9 @@ fn main() -> Result<()> {
 
     println!("\n== traffic between the pods in each mode (set through the agent's pods file)\n");
     println!(
-        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | devmap or tc peer | XDP cpumap | to the kernel | to the kernel, by verdict | TCP p1 -> p2, Mbit/s: median (min-max) |"
+        "| xdpcni.io/xdp-mode | xdpcni.io/redirect | devmap or tc peer | XDP cpumap | to the kernel | to the kernel, by verdict | TCP Mbit/s | UDP 64 B kpps |"
     );
-    println!("| --- | --- | ---: | ---: | ---: | --- | ---: |");
+    println!("| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |");
     // Every kernel verdict seen, for the legend below the table.
     let mut seen: std::collections::BTreeSet<Verdict> = std::collections::BTreeSet::new();
     let mut rates = Vec::new();
@@ -206,7 +224,7 @@ fn run_mode(
     redirect: &str,
     want: &str,
     seen: &mut std::collections::BTreeSet<Verdict>,
-) -> Result<Rate> {
+) -> Result<Rates> {
     switch_all(demo, mode, redirect, want)?;
     let pods = &demo.pods;
     // Packets of each verdict over every pod's host veth.
@@ -228,8 +246,14 @@ fn run_mode(
         }
         tcp_transfer(&from.ns, &to.ns, to.ips[0], TCP_CHECK_BYTES)?;
     }
-    let mut mbps = (0..TCP_REPS)
-        .map(|_| tcp_stream(&pods[0].ns, &pods[1].ns, pods[1].ips[0], TCP_STREAM))
+    let (from, to) = (&pods[0].ns, &pods[1].ns);
+    let tcp = (0..RATE_REPS)
+        .map(|_| tcp_stream(from, to, pods[1].ips[0], RATE_TIME))
+        .collect::<Result<Vec<f64>>>()?;
+    let dial = std::net::SocketAddr::new(pods[1].ips[0], UDP_PORT);
+    let senders = vec![None; std::thread::available_parallelism().map_or(1, |n| n.get())];
+    let udp = (0..RATE_REPS)
+        .map(|_| Ok(udp_rate(from, to, dial, dial, 64, &senders, RATE_TIME)? / 1e3))
         .collect::<Result<Vec<f64>>>()?;
     let after = totals()?;
     let grew =
@@ -251,52 +275,67 @@ fn run_mode(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let rate = Rate {
+    let rates = Rates {
         mode: format!("{mode} {redirect}"),
-        min: mbps.iter().copied().fold(f64::INFINITY, f64::min),
-        max: mbps.iter().copied().fold(0.0, f64::max),
-        median: median(&mut mbps),
+        tcp: Rate::of(tcp),
+        udp: Rate::of(udp),
     };
     println!(
-        "| {mode} | {redirect} | {} | {} | {} | {by_verdict} | {:.0} ({:.0}-{:.0}) |",
+        "| {mode} | {redirect} | {} | {} | {} | {by_verdict} | {:.0} | {:.0} |",
         grew(Verdict::RedirectDevmap) + grew(Verdict::RedirectPeer),
         grew(Verdict::RedirectCpumap),
         kernel.iter().map(|(_, n)| n).sum::<u64>(),
-        rate.median,
-        rate.min,
-        rate.max,
+        rates.tcp.median,
+        rates.udp.median,
     );
-    Ok(rate)
+    Ok(rates)
 }
 
-/// Each mode's TCP rate against kernel routing (`off`): a ratio of medians,
-/// and whether it is beyond this run's noise (the two ranges apart).
-fn compare_rates(rates: &[Rate]) {
+/// Each mode's rates against kernel routing (`off`): ratios of medians,
+/// and whether each is beyond this run's noise (the two ranges apart).
+fn compare_rates(rates: &[Rates]) {
     let Some(off) = rates.iter().find(|r| r.mode.starts_with("off")) else {
         return;
     };
     println!(
-        "\nTCP p1 -> p2 against kernel routing (off), medians of {TCP_REPS} streams of {} s, one \
-         run on this machine (docs/benchmark.md has the benchmark's figures, many runs):",
-        TCP_STREAM.as_secs_f64()
+        "\np1 -> p2 against kernel routing (off): medians of {RATE_REPS} runs of {} s each, in \
+         this run on this machine (docs/benchmark.md: the benchmark's figures over many runs)",
+        RATE_TIME.as_secs_f64()
+    );
+    let said = |r: &Rate, o: &Rate| {
+        let how = if r.min > o.max {
+            "ahead, beyond the noise"
+        } else if r.max < o.min {
+            "behind, beyond the noise"
+        } else {
+            "within the noise (ranges overlap)"
+        };
+        format!("{:.2}x ({how})", r.median / o.median)
+    };
+    println!("  {:16} {:34} UDP 64-byte kpps", "mode", "TCP Mbit/s");
+    println!(
+        "  {:16} {:34} {:.0} ({:.0}-{:.0})",
+        "off devmap",
+        format!(
+            "{:.0} ({:.0}-{:.0})",
+            off.tcp.median, off.tcp.min, off.tcp.max
+        ),
+        off.udp.median,
+        off.udp.min,
+        off.udp.max
     );
     for r in rates.iter().filter(|r| !r.mode.starts_with("off")) {
-        let verdict = if r.min > off.max {
-            "ahead of off, beyond this run's noise"
-        } else if r.max < off.min {
-            "behind off, beyond this run's noise"
-        } else {
-            "within this run's noise of off (the ranges overlap)"
-        };
         println!(
-            "  {:16} {:.2}x off: {verdict}",
+            "  {:16} {:34} {}",
             r.mode,
-            r.median / off.median
+            said(&r.tcp, &off.tcp),
+            said(&r.udp, &off.udp)
         );
     }
     println!(
-        "  (native: the kernel turns the pod's TSO off while native XDP is attached, so its TCP is \
-         segmented in the pod: the mode for pods that consume in XDP, not for sockets)"
+        "  native: the kernel turns the pod's TSO off while native XDP is attached, so its TCP is \
+         segmented in the pod (the mode for receivers that consume in XDP, not for sockets); \
+         generic: super-packets take the kernel path (pass_gso)"
     );
 }
 

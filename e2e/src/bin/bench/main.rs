@@ -48,7 +48,7 @@ use xdpcni_e2e::{
     in_netns,
     measure::{
         busy_between, cpu_times, frame_between, median, percentile, raw_sink_rate, report_tail,
-        rx_packets, write_report, BpfStats, Fwd, Op, Target,
+        write_report, BpfStats, Fwd, Op, Target,
     },
     netns::Netns,
     node::AgentConfig,

@@ -23,18 +23,7 @@ pub fn pps_via(
     dur: Duration,
 ) -> Result<f64> {
     check_interrupt()?;
-    // A bound socket that is never read: datagrams are delivered (and then
-    // dropped at the full socket) without ICMP port-unreachable replies.
-    let sink = in_netns(to_ns, || Ok(UdpSocket::bind(bind)?))?;
-    let before = rx_packets(to_ns)?;
-    let start = Instant::now();
-    let sent = udp_flood(from, dial, payload, &every_cpu(), dur)?;
-    let elapsed = start.elapsed();
-    std::thread::sleep(Duration::from_millis(100));
-    let delivered = rx_packets(to_ns)? - before;
-    drop(sink);
-    ensure!(sent > 0, "nothing sent");
-    Ok(delivered as f64 / elapsed.as_secs_f64())
+    xdpcni_e2e::measure::udp_rate(from, to_ns, bind, dial, payload, &every_cpu(), dur)
 }
 
 /// Where the forwarding workload's frames end, at the same cost on every
