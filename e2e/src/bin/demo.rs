@@ -31,7 +31,7 @@ const TCP_CHECK_BYTES: usize = 4 << 20;
 /// The rates, p1 -> p2, each this many times this long: a TCP stream with
 /// nothing computed per byte (what the path carries, not what a hash
 /// allows), and a flood of 64-byte UDP payloads (the per-packet cost).
-const RATE_TIME: Duration = Duration::from_millis(1000);
+const RATE_TIME: Duration = Duration::from_millis(500);
 const RATE_REPS: usize = 3;
 const UDP_PORT: u16 = 9100;
 
