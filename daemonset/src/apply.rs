@@ -1,5 +1,6 @@
 //! Bringing one pod to its mode: the only place that turns what the agent
-//! decided for a pod (its wish, or kernel-only) into datapath state, through
+//! decided for a pod (its hold, its wish, or kernel-only) into datapath
+//! state (the reconciler's pods, `reconciler/pods.rs`, call it), through
 //! the datapath's verbs (which keep the order the programs rely on) and the
 //! pod's offloads, in an order that never breaks traffic in flight.
 //!
@@ -24,7 +25,12 @@ use xdpcni_host::{
     state::Record,
 };
 
-use crate::wish::{Problem, Wish};
+use tracing::{info, warn};
+
+use crate::{
+    reconciler::Hold,
+    wish::{Problem, Wish},
+};
 
 /// Failures bringing a pod to its mode (retried by the caller).
 #[derive(Debug, thiserror::Error)]
@@ -232,4 +238,29 @@ impl Pod<'_> {
         out.mode = XdpMode::Off;
         Ok(())
     }
+}
+
+/// Brings the hold of the pod of `rec` to what `want` says: a
+/// classified pod's hold (the CNI's, at ADD) goes, and the pod takes
+/// kernel routing until the rest of its reconcile attaches its mode; a
+/// pod whose policies cannot be put in force is held (its records
+/// flagged kernel-only first). Whether it is held now.
+pub fn hold(dp: &mut Datapath, rec: &Record, want: Hold) -> Result<bool, xdpcni_ebpf::Error> {
+    match want {
+        Hold::Keep => {}
+        Hold::Release => {
+            if dp.release_hold(rec.host_ifindex)? {
+                info!(host_veth = %rec.host_veth, "hold released: the pod is classified");
+            }
+        }
+        Hold::Hold => {
+            if dp.hold_pod(rec.host_ifindex, &rec.host_veth, &rec.ips)? {
+                warn!(
+                    host_veth = %rec.host_veth,
+                    "held: the NetworkPolicy rules that select the pod are not in force"
+                );
+            }
+        }
+    }
+    Ok(dp.is_held(rec.host_ifindex))
 }

@@ -5,20 +5,24 @@
 //!
 //! | part | job | file |
 //! | --- | --- | --- |
-//! | `owner` | the datapath's one writer: a thread that alone holds the reconciler and runs the commands tasks send it | `crate::owner` |
+//! | `owner` | the datapath's one writer: a thread that alone holds the reconciler and runs the jobs tasks send it (`Owner::run`) | `crate::owner` |
 //! | `records` | the CNI's records: cached, unreadable ones reported, inotify wakes the tasks | `cni_records.rs` |
 //! | `policy_facts` | what the NetworkPolicy state says of the local pods, as the policy task last published it | here |
 //! | `forward` | the pods FORWARD rules name | `node_work.rs` |
 //! | `view` | what /metrics and /v1/status show: the book, readiness | `http.rs` |
 //! | `metrics` | the Prometheus registry | `crate::metrics` |
 //!
-//! The node-wide work (collection, NAT'd ports, the quiet-pass test) is in
-//! `node_work.rs`; the HTTP side (/metrics, /healthz, /readyz, /v1/status)
-//! in `http.rs`.
+//! The core writes no map itself: each of its datapath calls is one job for
+//! the owner, whose answer it turns into the metrics and the status. The
+//! node-wide work (collection, NAT'd ports, the quiet-pass test) is in
+//! `node_work.rs`; the Services (the socket programs, their maps, the
+//! status's Services part) in `services.rs`; the HTTP side (/metrics,
+//! /healthz, /readyz, /v1/status) in `http.rs`.
 
 mod cni_records;
 mod http;
 mod node_work;
+mod services;
 
 use cni_records::CniRecords;
 pub use http::View;
@@ -34,7 +38,7 @@ use std::{
 use anyhow::{Context, Result};
 use tokio::sync::watch;
 use tracing::{info, warn};
-use xdpcni_ebpf::{Datapath, Maps};
+use xdpcni_ebpf::Maps;
 use xdpcni_host::{
     pod::online_cpus,
     state::{self, Record},
@@ -48,7 +52,7 @@ use crate::{
     owner::{Owner, OwnerGone},
     reconciler::{Hold, KernelOnly, PodInput, PodOutcome, PolicyFacts, Reconciler},
     records::{pod_key, Annotations, PodKey},
-    status::{self, Book, FrontendStatus, PodStatus, PolicyStatus, ServicesStatus},
+    status::{self, Book, PodStatus, PolicyStatus},
 };
 
 /// How often a converged pod is reconciled again without a change to it (a
@@ -151,22 +155,10 @@ impl Core {
         let records_dir = cfg.state_dir.clone();
         let online = online_cpus();
         let defaults = cfg.defaults(online)?;
-        let dp = Datapath::open_with(
-            &cfg.pin_dir,
-            xdpcni_ebpf::DATAPATH_OBJECT,
-            &mut xdpcni_host::hook::stop_point,
-        )
-        .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
-        let build = dp.build().unwrap_or_default();
-        info!(
-            pin_dir = %cfg.pin_dir.display(),
-            layout = xdpcni_ebpf::abi::LAYOUT,
-            build,
-            upgraded = dp.upgraded(),
-            migrated_from = dp.migration().map(|m| m.from),
-            program = dp.from_pod_program_id().unwrap_or(0),
-            "datapath ready"
-        );
+        let (reconciler, opened) =
+            Reconciler::open(&cfg.pin_dir, defaults, online, cfg.state_dir.clone())
+                .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;
+        let build = opened.build.clone();
         // The scrape reads the counters through its own handle on the pins,
         // never waiting for a reconcile.
         let maps: Arc<dyn DatapathReader> = Arc::new(
@@ -192,15 +184,17 @@ impl Core {
             },
         );
         metrics.set_datapath(xdpcni_ebpf::abi::LAYOUT, &build);
-        let migration_seconds = dp.migration().map_or(0.0, |m| m.duration.as_secs_f64());
+        let migration_seconds = opened
+            .migration
+            .as_ref()
+            .map_or(0.0, |m| m.duration.as_secs_f64());
         metrics.migration.set(migration_seconds);
         let datapath = status::DatapathStatus {
             pin_dir: cfg.pin_dir.display().to_string(),
             layout: xdpcni_ebpf::abi::LAYOUT,
             build,
-            programs: dp
-                .program_ids()
-                .unwrap_or_default()
+            programs: opened
+                .programs
                 .into_iter()
                 .map(|(name, id)| status::ProgramStatus {
                     name: name.into(),
@@ -210,10 +204,8 @@ impl Core {
             maps: Vec::new(),
             migration_seconds,
         };
-        let state_dir = cfg.state_dir.clone();
         Ok(Arc::new(Self {
-            owner: Owner::start(Reconciler::new(dp, defaults, online, state_dir))
-                .context("starting the datapath owner's thread")?,
+            owner: Owner::start(reconciler).context("starting the datapath owner's thread")?,
             records: CniRecords::new(&records_dir),
             policy_facts: watch::channel(None).0,
             forward: ForwardScan::default(),
@@ -340,7 +332,8 @@ impl Core {
     ) -> Result<PodOutcome, ReconcileError> {
         let started = Instant::now();
         let id = rec.container_id.clone();
-        let result = self.owner.reconcile(rec.clone(), input).await?;
+        let job = rec.clone();
+        let result = self.owner.run(move |r| r.reconcile(&job, &input)).await?;
         self.metrics.observe("pod", started.elapsed().as_secs_f64());
         self.view.converged(id, result.is_ok());
         match result {
@@ -362,7 +355,7 @@ impl Core {
     /// Writes the policy gate the CNI reads (the namespaces that hold
     /// NetworkPolicies); a failure is counted, logged and returned.
     pub async fn write_gate(&self, namespaces: BTreeMap<String, u32>) -> Result<()> {
-        let written = self.owner.write_gate(namespaces).await?;
+        let written = self.owner.run(move |r| r.write_gate(&namespaces)).await?;
         if let Err(e) = &written {
             warn!(error = %e, "writing the policy gate: every new pod is held until it works");
             self.metrics.error(Stage::Gate);
@@ -374,9 +367,9 @@ impl Core {
     /// counted, logged and returned (the pods then stay on the kernel path).
     pub async fn sync_policy(
         &self,
-        want: crate::owner::PolicyWant,
+        want: crate::reconciler::PolicyWant,
     ) -> Result<xdpcni_ebpf::PolicySynced> {
-        let done = self.owner.sync_policy(want).await?;
+        let done = self.owner.run(move |r| r.sync_policy(&want)).await?;
         if let Err(e) = &done {
             warn!(error = %e, "writing the NetworkPolicy verdicts: their pods take the kernel path");
             self.metrics.error(Stage::Netpol);
@@ -393,7 +386,7 @@ impl Core {
             self.metrics.error(Stage::Pins);
             false
         };
-        match self.owner.ensure_pinned().await {
+        match self.owner.run(Reconciler::ensure_pinned).await {
             Ok(Ok(true)) => {
                 self.metrics.reloads.inc();
                 *self
@@ -458,102 +451,6 @@ impl Core {
         self.records.watch(targets)
     }
 
-    /// Loads the Service programs and attaches them to the cgroup v2 root
-    /// under the config's `services.cgroup`: the cgroup on success, why
-    /// not otherwise (then kube-proxy keeps every Service; the status and
-    /// `xdpcni_reconcile_errors_total{stage="services"}` say so).
-    pub async fn open_services(&self) -> bool {
-        let opened = match xdpcni_ebpf::cgroup2_root(&self.cfg.services.cgroup) {
-            Ok(root) => answered(
-                self.owner
-                    .open_services(self.cfg.pin_dir.clone(), root.clone())
-                    .await,
-            )
-            .map(|()| root),
-            Err(e) => Err(e.to_string()),
-        };
-        let mut status = self.view.book.services();
-        status.enabled = true;
-        match opened {
-            Ok(root) => {
-                info!(cgroup = %root.display(), "Service programs attached");
-                status.cgroup = Some(root.display().to_string());
-                status.error = None;
-                self.view.book.set_services(status);
-                true
-            }
-            Err(e) => {
-                warn!(error = %e, "Service translation off: every Service stays kube-proxy's");
-                self.metrics.error(Stage::Services);
-                status.error = Some(e);
-                self.view.book.set_services(status);
-                false
-            }
-        }
-    }
-
-    /// Says in the status that Service translation is off (the config, or
-    /// a mode without an API server), and why.
-    pub fn services_off(&self, why: Option<&str>) {
-        self.view.book.set_services(ServicesStatus {
-            enabled: self.cfg.services.translate,
-            error: why.map(Into::into),
-            ..ServicesStatus::default()
-        });
-    }
-
-    /// Writes `frontends` into the Service maps for the pod namespaces
-    /// `netns`, through the datapath owner; `since` is when the change that
-    /// asked for it was seen (`xdpcni_service_sync_seconds`). False if the
-    /// write failed (counted, logged, in the status; retried by the caller).
-    pub async fn sync_services(
-        &self,
-        frontends: &[crate::services::model::Frontend],
-        netns: crate::services::PodNamespaces,
-        since: Instant,
-    ) -> bool {
-        let namespaces = netns.len();
-        let want = crate::services::wants(frontends);
-        let result = answered(self.owner.sync_services(want, netns).await);
-        let mut status = self.view.book.services();
-        let ok = match result {
-            Ok(done) => {
-                self.metrics
-                    .service_sync
-                    .observe(since.elapsed().as_secs_f64());
-                if done.writes > 0 || done.netns != (0, 0) {
-                    info!(
-                        writes = done.writes,
-                        netns_added = done.netns.0,
-                        netns_removed = done.netns.1,
-                        "Service maps updated"
-                    );
-                }
-                status.namespaces = namespaces;
-                status.frontends = frontends.iter().map(FrontendStatus::of).collect();
-                status.sync_error = None;
-                true
-            }
-            Err(e) => {
-                warn!(error = %e, "writing the Service maps failed; retrying");
-                self.metrics.error(Stage::Services);
-                status.sync_error = Some(e);
-                false
-            }
-        };
-        self.view.book.set_services(status);
-        ok
-    }
-
-    /// Renews the lease on the Service maps (between full writes); a
-    /// failure is logged and counted (the next full write renews it too).
-    pub async fn renew_services_lease(&self) {
-        if let Err(e) = answered(self.owner.renew_services_lease().await) {
-            warn!(error = %e, "renewing the lease on the Service maps failed");
-            self.metrics.error(Stage::Services);
-        }
-    }
-
     /// Reads the FORWARD rules when `forwardScanMs` passed since the last
     /// read: which pods they newly name or no longer name.
     pub async fn scan_forward(&self, records: &[Record]) -> BlockedChange {
@@ -564,7 +461,9 @@ impl Core {
 }
 
 /// A datapath owner's answer as one result: its error, or that it stopped.
-fn answered<T>(r: Result<Result<T, xdpcni_ebpf::Error>, OwnerGone>) -> Result<T, String> {
+pub(super) fn answered<T>(
+    r: Result<Result<T, xdpcni_ebpf::Error>, OwnerGone>,
+) -> Result<T, String> {
     r.map_err(|e| e.to_string())?.map_err(|e| e.to_string())
 }
 

@@ -162,7 +162,8 @@ impl Core {
     /// Collects what deleted pods left behind; whether it went without an
     /// error (one is counted and logged).
     async fn collect(&self, records: &Arc<Vec<Record>>) -> bool {
-        let error = match self.owner.collect(Arc::clone(records)).await {
+        let live = Arc::clone(records);
+        let error = match self.owner.run(move |r| r.collect(&live)).await {
             Ok(Ok(_)) => return true,
             Ok(Err(e)) => e.to_string(),
             Err(e) => e.to_string(),
@@ -197,7 +198,7 @@ impl Core {
 
     /// Writes the NAT'd ports `want`; whether it went without an error.
     async fn write_nat(&self, want: BTreeSet<(IpAddr, L4Proto, u16)>) -> bool {
-        let error = match self.owner.sync_nat_ports(want).await {
+        let error = match self.owner.run(move |r| r.sync_nat_ports(&want)).await {
             Ok(Ok((0, 0))) => return true,
             Ok(Ok((added, removed))) => {
                 info!(added, removed, "NAT'd ports updated");

@@ -205,7 +205,7 @@ impl ServiceTask {
             if full {
                 let netns = pod_netns(&core.records());
                 ok = core
-                    .sync_services(&self.frontends(&backends), netns, since)
+                    .sync_services(self.frontends(&backends), netns, since)
                     .await;
                 last_full = Instant::now();
             } else {

@@ -1,13 +1,28 @@
-//! The node's datapath state and the two kinds of work on it, shared by the
-//! standalone and the Kubernetes modes: reconciling one pod (its record from
-//! the CNI, its wish, applied), and the node-wide work (NAT'd ports,
-//! collecting what deleted pods left). Synchronous: callers run it on a
-//! blocking thread, one at a time: the datapath owner ([`crate::owner`])
-//! holds it, and no other part of the agent can reach it.
+//! The node's datapath and the agent's one writer of it, shared by the
+//! standalone and the Kubernetes modes. The datapath owner
+//! ([`crate::owner`]) holds the [`Reconciler`] on its thread and runs each
+//! task's work on it, one job at a time; no other part of the agent can
+//! reach it (`ebpf/tests/one_writer.rs` checks it). Who writes what, by
+//! capability, each a module here asked by one task:
+//!
+//! | capability | what it writes | module | asked by |
+//! | --- | --- | --- | --- |
+//! | pods | a pod's hold, mode, endpoint records, links (through `crate::apply`) | `pods.rs` | the pod reconciles (`kube`, `standalone`) |
+//! | the node | collection, NAT'd ports, the pins re-created | here | the node work (`daemon/node_work.rs`) |
+//! | NetworkPolicy | the policy gate, the verdicts (`pol_*`) | `policy.rs` | the policy task (`kube/policies`) |
+//! | Services | the socket programs, their maps and lease | `services.rs` | the Service task (`kube/services.rs`) |
+//! | nets between nodes | `remote_nets`, the uplink programs | `remote.rs` | the routing pass (`routes/fast.rs`) |
+//!
+//! Synchronous: every method runs on the owner's thread.
 
+mod pods;
+mod policy;
 mod remote;
+mod services;
 
+pub use policy::PolicyWant;
 pub use remote::RemoteDone;
+pub use services::ServicesSynced;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -15,14 +30,13 @@ use std::{
 };
 
 use tracing::{info, warn};
-use xdpcni_ebpf::{abi::SvcAddr, Datapath, L4Proto, ServiceWant, Services, SVC_LEASE_SECS};
+use xdpcni_ebpf::{Datapath, L4Proto, Services};
 use xdpcni_host::{pod::XdpMode, state::Record};
 
 use crate::{
-    apply::{apply, Applied, ApplyError},
-    records::{being_deleted, link_exists, pod_key, veth_present, Annotations, PodKey},
-    status::{Why, WhyCode},
-    wish::{resolve, Problem, Wish, ANNOTATION_MODE},
+    records::{link_exists, pod_key, Annotations, PodKey},
+    status::Why,
+    wish::{Problem, Wish},
 };
 
 /// Why a pod must take the kernel path both ways.
@@ -175,81 +189,6 @@ pub struct PodOutcome {
     pub new_problems: Vec<Problem>,
 }
 
-/// Why a pod is in its mode: the first that applies of a vanished veth, a
-/// hold, kernel-only, a full map, a kernel refusal, the annotation, the
-/// node default.
-fn why(wish: &Wish, pod: &PodInput, held: bool, applied: &Applied) -> Why {
-    let annotations = &pod.annotations;
-    let (code, text) = if held && pod.hold == Hold::Hold {
-        (
-            WhyCode::Held,
-            "held: the rules of a NetworkPolicy that selects it are not in force (fail closed)"
-                .to_string(),
-        )
-    } else if held {
-        (
-            WhyCode::Held,
-            "held since its CNI ADD until the agent classifies it against the NetworkPolicies"
-                .to_string(),
-        )
-    } else if let Some(k) = &pod.kernel_only {
-        match k {
-            KernelOnly::Policies(names) => (
-                WhyCode::NetworkPolicy,
-                format!(
-                    "kernel-only: NetworkPolicy {} isolates it",
-                    names.join(", ")
-                ),
-            ),
-            KernelOnly::ForwardRule(rule) => (
-                WhyCode::ForwardRule,
-                format!("kernel-only: the FORWARD rule `{rule}` names it"),
-            ),
-        }
-    } else if let Some(full) = &applied.map_full {
-        (
-            WhyCode::MapFull,
-            format!("kernel routing: a datapath map is full ({full})"),
-        )
-    } else if let Some((from, err)) = &applied.refused {
-        (
-            WhyCode::Fallback,
-            format!(
-                "fallback from {} to {}: the kernel refused {}: {err}",
-                from.as_str(),
-                applied.mode.as_str(),
-                from.as_str()
-            ),
-        )
-    } else {
-        match annotations.get(ANNOTATION_MODE) {
-            Some(v) if XdpMode::parse(v.trim()) == Some(wish.mode) => (
-                WhyCode::Annotation,
-                format!("annotation {ANNOTATION_MODE}={}", v.trim()),
-            ),
-            Some(v) => (
-                WhyCode::NodeDefault,
-                format!(
-                    "node default {} ({ANNOTATION_MODE}={v:?} refused)",
-                    wish.mode.as_str()
-                ),
-            ),
-            None => (
-                WhyCode::NodeDefault,
-                format!("node default {}", wish.mode.as_str()),
-            ),
-        }
-    };
-    let text = match &pod.policy_in_datapath {
-        Some(names) if !code.is_kernel_only() => format!(
-            "{text}; fast path, NetworkPolicy {} enforced in the datapath",
-            names.join(", ")
-        ),
-        _ => text,
-    };
-    Why { code, text }
-}
-
 /// The datapath and what the agent remembers between reconciles.
 pub struct Reconciler {
     dp: Datapath,
@@ -262,16 +201,54 @@ pub struct Reconciler {
     services_synced: bool,
 }
 
-/// What one pass of the Service writer did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServicesSynced {
-    /// Frontends written or removed.
-    pub writes: usize,
-    /// Pod network namespaces added to and removed from translation.
-    pub netns: (usize, usize),
+/// What the datapath a [`Reconciler::open`] found or made is: for the
+/// log, the metrics and the status.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    /// Its build (the programs' tag).
+    pub build: String,
+    /// Whether this start moved the links to another build's programs.
+    pub upgraded: bool,
+    /// The migration from the previous layout this start made, if any.
+    pub migration: Option<xdpcni_ebpf::Migration>,
+    /// Each program's name and id.
+    pub programs: Vec<(&'static str, u32)>,
 }
 
 impl Reconciler {
+    /// Opens (or takes over, upgrades or migrates) the datapath pinned
+    /// under `pin_dir`, a reconciler over it (see [`Reconciler::new`]), and
+    /// what it is.
+    pub fn open(
+        pin_dir: &std::path::Path,
+        defaults: Wish,
+        online: u64,
+        state_dir: std::path::PathBuf,
+    ) -> Result<(Self, Opened), xdpcni_ebpf::Error> {
+        let dp = Datapath::open_with(
+            pin_dir,
+            xdpcni_ebpf::DATAPATH_OBJECT,
+            &mut xdpcni_host::hook::stop_point,
+        )?;
+        let build = dp.build().unwrap_or_default();
+        info!(
+            pin_dir = %pin_dir.display(),
+            layout = xdpcni_ebpf::abi::LAYOUT,
+            build,
+            upgraded = dp.upgraded(),
+            migrated_from = dp.migration().map(|m| m.from),
+            program = dp.from_pod_program_id().unwrap_or(0),
+            "datapath ready"
+        );
+        let opened = Opened {
+            build,
+            upgraded: dp.upgraded(),
+            migration: dp.migration().cloned(),
+            programs: dp.program_ids().unwrap_or_default(),
+        };
+        Ok((Self::new(dp, defaults, online, state_dir), opened))
+    }
+
     /// A reconciler over `dp` with node `defaults`; `online` is the mask of
     /// online CPUs that CPU lists are checked against; the CNI's records
     /// are in `state_dir`.
@@ -285,181 +262,6 @@ impl Reconciler {
             services: None,
             services_synced: false,
         }
-    }
-
-    /// Loads the Service programs with their maps pinned under `pin_dir`
-    /// and attaches them to the cgroup v2 root `cgroup` through pinned
-    /// links (moved to this build's programs where an earlier agent left
-    /// them). From then on [`Reconciler::sync_services`] writes their maps.
-    pub fn open_services(
-        &mut self,
-        pin_dir: &std::path::Path,
-        cgroup: &std::path::Path,
-    ) -> Result<(), xdpcni_ebpf::Error> {
-        let mut s = Services::open(pin_dir)?;
-        s.attach_pinned(pin_dir, cgroup)?;
-        self.services = Some(s);
-        Ok(())
-    }
-
-    /// Makes the Service maps hold `want` (frontend -> backends) for the
-    /// sockets of the network namespaces `netns` (the node's pods): the
-    /// namespaces first, so a new pod is translated as soon as its Services
-    /// are, then the frontends in the writer's safe order.
-    pub fn sync_services(
-        &mut self,
-        want: &BTreeMap<SvcAddr, ServiceWant>,
-        netns: &crate::services::PodNamespaces,
-    ) -> Result<ServicesSynced, xdpcni_ebpf::Error> {
-        let Some(s) = self.services.as_mut() else {
-            return Err(xdpcni_ebpf::Error::Invalid {
-                what: "services",
-                why: "the Service programs are not loaded".into(),
-            });
-        };
-        let netns = s.sync_netns(netns)?;
-        let writes = s.sync(want)?;
-        // The maps are what the API says: the programs may translate on.
-        s.renew_lease(SVC_LEASE_SECS)?;
-        self.services_synced = true;
-        Ok(ServicesSynced { writes, netns })
-    }
-
-    /// Renews the lease on the Service maps, if they were written whole
-    /// once (until then the programs translate nothing).
-    pub fn renew_services_lease(&mut self) -> Result<bool, xdpcni_ebpf::Error> {
-        match self.services.as_mut() {
-            Some(s) if self.services_synced => s.renew_lease(SVC_LEASE_SECS).map(|()| true),
-            _ => Ok(false),
-        }
-    }
-
-    /// Applies the wish of `pod` (annotations over the node defaults) to
-    /// the pod of `rec`. A held pod (see `Hold`) is kept on
-    /// kernel routing with kernel-only records whatever its input: the fast
-    /// path would carry its frames past the hold.
-    pub fn reconcile(&mut self, rec: &Record, pod: &PodInput) -> Result<PodOutcome, ApplyError> {
-        let key = pod_key(rec);
-        let (wish, mut problems) = resolve(&pod.annotations, &self.defaults, self.online);
-        if !veth_present(rec) {
-            if being_deleted(&self.state_dir, rec) {
-                // Its DEL removed the veth and is removing the record: the
-                // normal end of a pod, nothing to report.
-                return Ok(self.deleted(key, wish));
-            }
-            // Deleted outside the CNI: nothing to attach to. Its leftovers
-            // in the datapath go at its DEL (or collection once it has no
-            // record); reported once, not retried as a failure.
-            let why = Why {
-                code: WhyCode::VethGone,
-                text: "no network: the host veth was deleted outside the CNI".into(),
-            };
-            let problem = Problem::veth_gone(&rec.host_veth);
-            return Ok(self.outcome(key, wish, why, Applied::nothing(), vec![problem]));
-        }
-        let held = match self.hold(rec, pod.hold) {
-            Ok(held) => held,
-            Err(_) if being_deleted(&self.state_dir, rec) => return Ok(self.deleted(key, wish)),
-            Err(e) => return Err(e.into()),
-        };
-        let kernel_only = pod.kernel_only.is_some() || held;
-        let policy = !kernel_only && pod.policy_in_datapath.is_some();
-        let applied = match apply(&mut self.dp, rec, &wish, kernel_only, policy) {
-            Ok(a) => a,
-            // Its DEL took the veth away meanwhile: the normal end of a
-            // pod, not a failure to retry or report.
-            Err(_) if being_deleted(&self.state_dir, rec) => return Ok(self.deleted(key, wish)),
-            Err(e) => return Err(e),
-        };
-        if applied.changed {
-            info!(mode = applied.mode.as_str(), kernel_only, held, "applied");
-        }
-        let why = why(&wish, pod, held, &applied);
-        problems.extend(applied.problems.iter().cloned());
-        Ok(self.outcome(key, wish, why, applied, problems))
-    }
-
-    /// The outcome for a pod whose CNI DEL runs: off, nothing to report.
-    fn deleted(&mut self, key: PodKey, wish: Wish) -> PodOutcome {
-        let why = Why {
-            code: WhyCode::VethGone,
-            text: "being deleted (its CNI DEL removed the host veth)".into(),
-        };
-        self.outcome(key, wish, why, Applied::nothing(), Vec::new())
-    }
-
-    /// The outcome of a reconcile, with `problems` reported (logged and
-    /// returned) only when they differ from the pod's last ones.
-    fn outcome(
-        &mut self,
-        key: PodKey,
-        wish: Wish,
-        why: Why,
-        applied: Applied,
-        problems: Vec<Problem>,
-    ) -> PodOutcome {
-        let text = problems
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
-        let new_problems = if !text.is_empty() && self.reported.get(&key) != Some(&text) {
-            warn!(problem = %text, "wish refused, fallback in use");
-            problems.clone()
-        } else {
-            Vec::new()
-        };
-        self.reported.insert(key, text);
-        PodOutcome {
-            mode: applied.mode,
-            wish,
-            why,
-            changed: applied.changed,
-            map_full: applied.map_full.is_some(),
-            problems,
-            new_problems,
-        }
-    }
-
-    /// Brings the hold of the pod of `rec` to what `want` says: a
-    /// classified pod's hold (the CNI's, at ADD) goes, and the pod takes
-    /// kernel routing until the rest of its reconcile attaches its mode; a
-    /// pod whose policies cannot be put in force is held (its records
-    /// flagged kernel-only first). Whether it is held now.
-    fn hold(&mut self, rec: &Record, want: Hold) -> Result<bool, xdpcni_ebpf::Error> {
-        match want {
-            Hold::Keep => {}
-            Hold::Release => {
-                if self.dp.release_hold(rec.host_ifindex)? {
-                    info!(host_veth = %rec.host_veth, "hold released: the pod is classified");
-                }
-            }
-            Hold::Hold => {
-                if self
-                    .dp
-                    .hold_pod(rec.host_ifindex, &rec.host_veth, &rec.ips)?
-                {
-                    warn!(
-                        host_veth = %rec.host_veth,
-                        "held: the NetworkPolicy rules that select the pod are not in force"
-                    );
-                }
-            }
-        }
-        Ok(self.dp.is_held(rec.host_ifindex))
-    }
-
-    /// Writes the policy gate the CNI reads at ADD: the namespaces that hold
-    /// NetworkPolicies (name -> how many), complete.
-    pub fn write_gate(
-        &mut self,
-        namespaces: &BTreeMap<String, u32>,
-    ) -> Result<bool, xdpcni_ebpf::Error> {
-        if !self.dp.set_policy_namespaces(namespaces)? {
-            return Ok(false);
-        }
-        info!(namespaces = namespaces.len(), "policy gate written");
-        Ok(true)
     }
 
     /// Re-creates the datapath when its pins were removed from under it
@@ -497,26 +299,6 @@ impl Reconciler {
         let keys: HashSet<PodKey> = records.iter().map(pod_key).collect();
         self.reported.retain(|k, _| keys.contains(k));
         Ok(collected.len())
-    }
-
-    /// Makes the datapath's NetworkPolicy verdicts those of `want` (each
-    /// isolated pod's addresses, verdicts and window end).
-    pub fn sync_policy(
-        &mut self,
-        want: &[(Vec<IpAddr>, xdpcni_ebpf::PodVerdicts, u64)],
-    ) -> Result<xdpcni_ebpf::PolicySynced, xdpcni_ebpf::Error> {
-        let started = std::time::Instant::now();
-        let done = self.dp.sync_policy(want)?;
-        if done.written > 0 || done.removed > 0 {
-            info!(
-                written = done.written,
-                removed = done.removed,
-                generation = done.generation,
-                ms = started.elapsed().as_secs_f64() * 1e3,
-                "NetworkPolicy verdicts in the datapath"
-            );
-        }
-        Ok(done)
     }
 
     /// Makes the datapath's NAT'd ports equal `want`: the (address, protocol,

@@ -143,7 +143,7 @@ impl Router {
         };
         let keep = if on { gateways(want) } else { BTreeMap::new() };
         owner
-            .retain_remote_blocking(keep)
+            .run_blocking(move |r| r.retain_remote(&keep))
             .map_err(|e| RouteError::FastPath(e.to_string()))?
             .map_err(|e| RouteError::FastPath(e.to_string()))?;
         Ok(())
@@ -169,7 +169,7 @@ impl Router {
         };
         let devices = uplinks(&nets);
         let done = owner
-            .sync_remote_blocking(nets, devices)
+            .run_blocking(move |r| r.sync_remote(&nets, &devices))
             .map_err(|e| RouteError::FastPath(e.to_string()))?
             .map_err(|e| RouteError::FastPath(e.to_string()))?;
         out.fast_path = Some(done);

@@ -53,6 +53,43 @@ pub struct ServicesStatus {
 }
 
 impl ServicesStatus {
+    /// Translation off (`enabled`: whether the config asks for it), and why.
+    pub fn off(enabled: bool, why: Option<&str>) -> Self {
+        Self {
+            enabled,
+            error: why.map(Into::into),
+            ..Self::default()
+        }
+    }
+
+    /// The Service programs attached at the cgroup `Ok(cgroup)`, or why not.
+    pub fn opened(&mut self, cgroup: Result<String, String>) {
+        self.enabled = true;
+        match cgroup {
+            Ok(c) => {
+                self.cgroup = Some(c);
+                self.error = None;
+            }
+            Err(e) => self.error = Some(e),
+        }
+    }
+
+    /// A write of the Service maps: `Ok((namespaces, frontends))` what they
+    /// hold now, or why the write failed (they keep what they held).
+    pub fn synced(
+        &mut self,
+        written: Result<(usize, &[crate::services::model::Frontend]), String>,
+    ) {
+        match written {
+            Ok((namespaces, frontends)) => {
+                self.namespaces = namespaces;
+                self.frontends = frontends.iter().map(FrontendStatus::of).collect();
+                self.sync_error = None;
+            }
+            Err(e) => self.sync_error = Some(e),
+        }
+    }
+
     /// The Services line of the status table.
     pub(super) fn summary(&self) -> String {
         if let Some(e) = &self.error {

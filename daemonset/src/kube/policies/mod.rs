@@ -20,9 +20,10 @@
 //!    (a newly isolated pod is flagged for the datapath's check, or goes
 //!    kernel-only where its verdicts do not fit, a classified one's hold goes,
 //!    a pod whose rules failed is held: fail closed), and hands the pod
-//!    controller those whose reconcile failed, to retry. The task never
-//!    writes the datapath itself: each pod's reconcile turns the facts into
-//!    its state;
+//!    controller those whose reconcile failed, to retry. The task writes
+//!    node-wide maps only (the gate, the verdicts: steps 1, 2 and 4, through
+//!    the datapath owner, `reconciler/policy.rs`), never a pod's state: each
+//!    pod's reconcile turns the facts into its hold, mode and records;
 //! 7. deletes the conntrack entries of pods isolated anew, once their fast
 //!    path traffic has drained (conntrack never saw what XDP carried).
 

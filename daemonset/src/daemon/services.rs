@@ -1,0 +1,112 @@
+//! The core's Services: the Service task (`kube/services.rs`) asks through
+//! these for the socket programs to be loaded and their maps written (by the
+//! datapath owner, `reconciler/services.rs`), and the status and metrics
+//! follow each answer (`status/services.rs` keeps what the status says).
+
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::{answered, Core};
+use crate::{metrics::Stage, reconciler::Reconciler, services::model::Frontend};
+
+impl Core {
+    /// Loads the Service programs and attaches them to the cgroup v2 root
+    /// under the config's `services.cgroup`: whether they are (if not,
+    /// kube-proxy keeps every Service; the status and
+    /// `xdpcni_reconcile_errors_total{stage="services"}` say so).
+    pub async fn open_services(&self) -> bool {
+        let opened = match xdpcni_ebpf::cgroup2_root(&self.cfg.services.cgroup) {
+            Ok(root) => {
+                let (pin_dir, cgroup) = (self.cfg.pin_dir.clone(), root.clone());
+                answered(
+                    self.owner
+                        .run(move |r| r.open_services(&pin_dir, &cgroup))
+                        .await,
+                )
+                .map(|()| root)
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let mut status = self.view.book.services();
+        let ok = match &opened {
+            Ok(root) => {
+                info!(cgroup = %root.display(), "Service programs attached");
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "Service translation off: every Service stays kube-proxy's");
+                self.metrics.error(Stage::Services);
+                false
+            }
+        };
+        status.opened(opened.map(|root| root.display().to_string()));
+        self.view.book.set_services(status);
+        ok
+    }
+
+    /// Says in the status that Service translation is off (the config, or
+    /// a mode without an API server), and why.
+    pub fn services_off(&self, why: Option<&str>) {
+        let status = crate::status::ServicesStatus::off(self.cfg.services.translate, why);
+        self.view.book.set_services(status);
+    }
+
+    /// Writes `frontends` into the Service maps for the pod namespaces
+    /// `netns`, through the datapath owner; `since` is when the change that
+    /// asked for it was seen (`xdpcni_service_sync_seconds`). False if the
+    /// write failed (counted, logged, in the status; retried by the caller).
+    pub async fn sync_services(
+        &self,
+        frontends: Vec<Frontend>,
+        netns: crate::services::PodNamespaces,
+        since: Instant,
+    ) -> bool {
+        let namespaces = netns.len();
+        let (frontends, result) = self
+            .owner
+            .run(move |r| {
+                let done = r.sync_services(&frontends, &netns);
+                (frontends, done)
+            })
+            .await
+            .map_or_else(
+                |gone| (Vec::new(), Err(gone.to_string())),
+                |(f, done)| (f, done.map_err(|e| e.to_string())),
+            );
+        let mut status = self.view.book.services();
+        let ok = match &result {
+            Ok(done) => {
+                self.metrics
+                    .service_sync
+                    .observe(since.elapsed().as_secs_f64());
+                if done.writes > 0 || done.netns != (0, 0) {
+                    info!(
+                        writes = done.writes,
+                        netns_added = done.netns.0,
+                        netns_removed = done.netns.1,
+                        "Service maps updated"
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                warn!(error = %e, "writing the Service maps failed; retrying");
+                self.metrics.error(Stage::Services);
+                false
+            }
+        };
+        status.synced(result.map(|_| (namespaces, frontends.as_slice())));
+        self.view.book.set_services(status);
+        ok
+    }
+
+    /// Renews the lease on the Service maps (between full writes); a
+    /// failure is logged and counted (the next full write renews it too).
+    pub async fn renew_services_lease(&self) {
+        if let Err(e) = answered(self.owner.run(Reconciler::renew_services_lease).await) {
+            warn!(error = %e, "renewing the lease on the Service maps failed");
+            self.metrics.error(Stage::Services);
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The reconciler's Services: the socket programs (`services.bpf.c`)
+//! loaded and attached, their maps written from the cluster's Services
+//! (`crate::services`), and the lease that lets them translate.
+
+use xdpcni_ebpf::{Services, SVC_LEASE_SECS};
+
+use super::Reconciler;
+
+/// What one pass of the Service writer did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServicesSynced {
+    /// Frontends written or removed.
+    pub writes: usize,
+    /// Pod network namespaces added to and removed from translation.
+    pub netns: (usize, usize),
+}
+
+impl Reconciler {
+    /// Loads the Service programs with their maps pinned under `pin_dir`
+    /// and attaches them to the cgroup v2 root `cgroup` through pinned
+    /// links (moved to this build's programs where an earlier agent left
+    /// them). From then on [`Reconciler::sync_services`] writes their maps.
+    pub fn open_services(
+        &mut self,
+        pin_dir: &std::path::Path,
+        cgroup: &std::path::Path,
+    ) -> Result<(), xdpcni_ebpf::Error> {
+        let mut s = Services::open(pin_dir)?;
+        s.attach_pinned(pin_dir, cgroup)?;
+        self.services = Some(s);
+        Ok(())
+    }
+
+    /// Makes the Service maps hold `frontends` (the cluster's Services as this
+    /// node's clients see them, each frontend -> its backends) for the
+    /// sockets of the network namespaces `netns` (the node's pods): the
+    /// namespaces first, so a new pod is translated as soon as its Services
+    /// are, then the frontends in the writer's safe order.
+    pub fn sync_services(
+        &mut self,
+        frontends: &[crate::services::model::Frontend],
+        netns: &crate::services::PodNamespaces,
+    ) -> Result<ServicesSynced, xdpcni_ebpf::Error> {
+        let want = crate::services::wants(frontends);
+        let Some(s) = self.services.as_mut() else {
+            return Err(xdpcni_ebpf::Error::Invalid {
+                what: "services",
+                why: "the Service programs are not loaded".into(),
+            });
+        };
+        let netns = s.sync_netns(netns)?;
+        let writes = s.sync(&want)?;
+        // The maps are what the API says: the programs may translate on.
+        s.renew_lease(SVC_LEASE_SECS)?;
+        self.services_synced = true;
+        Ok(ServicesSynced { writes, netns })
+    }
+
+    /// Renews the lease on the Service maps, if they were written whole
+    /// once (until then the programs translate nothing).
+    pub fn renew_services_lease(&mut self) -> Result<bool, xdpcni_ebpf::Error> {
+        match self.services.as_mut() {
+            Some(s) if self.services_synced => s.renew_lease(SVC_LEASE_SECS).map(|()| true),
+            _ => Ok(false),
+        }
+    }
+}
