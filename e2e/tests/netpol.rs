@@ -1147,7 +1147,17 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
     let (udp_last, tcp_last) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let stop = Arc::new(AtomicBool::new(false));
     let b_ip = b.ip(false);
+    /// Sets the flag when dropped: a failed assertion in the scope below
+    /// stops the flows, so the scope's join returns and the test fails
+    /// (rather than waiting forever for threads that never stop).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop_on_panic = StopOnDrop(&stop);
         // b pushes to whoever connects to its port 7071.
         s.spawn(|| {
             in_netns(&b.netns, || {
@@ -1211,13 +1221,23 @@ fn netpol_flows_begun_on_the_fast_path_stop_when_their_pod_is_isolated() {
                 .unwrap();
             });
         }
-        // Both flowing on the fast path.
-        std::thread::sleep(Duration::from_millis(1000));
+        // Both flowing on the fast path: each has delivered within the last
+        // 100 ms (waited for up to 5 s: on a loaded machine a flow can
+        // pause for longer than that at one instant).
+        let flowing = || {
+            let t = now();
+            udp_last.load(Ordering::Relaxed) + 100 > t && tcp_last.load(Ordering::Relaxed) + 100 > t
+        };
+        let until = now() + 5000;
+        while !flowing() && now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let t = now();
         assert!(
-            udp_last.load(Ordering::Relaxed) + 100 > t
-                && tcp_last.load(Ordering::Relaxed) + 100 > t,
-            "both flows run before the policy"
+            flowing(),
+            "both flows run before the policy: at {t} ms, the last UDP echo at {} ms, the last TCP data at {} ms",
+            udp_last.load(Ordering::Relaxed),
+            tcp_last.load(Ordering::Relaxed)
         );
         node.create_policy(np(
             "x",

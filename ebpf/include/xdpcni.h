@@ -181,7 +181,9 @@ struct policy_gate {
 	  "ICMPv6 router solicitation/advertisement, neighbour discovery, "                        \
 	  "redirect")                                                                              \
 	X(PASS_NO_ENDPOINT, 6, KERNEL,                                                             \
-	  "destination is not a pod of this node (other nodes, Services, the host, the world)")    \
+	  "destination is no pod of this node, and no other node's pod CIDR the fast path may "    \
+	  "send to (Services, the host, the world; other nodes' pods from an XDP-mode pod or "     \
+	  "with the fast path between nodes off)")                                                 \
 	X(PASS_TTL, 7, KERNEL, "TTL/hop limit would expire: the kernel sends the ICMP error")      \
 	X(PASS_KERNEL_ONLY, 8, KERNEL,                                                             \
 	  "source or destination endpoint flagged kernel-only (a NetworkPolicy isolates it and "   \
