@@ -555,6 +555,11 @@ pub fn raw_flood(
     )
 }
 
+/// One unpinned sender per online CPU, for [`flood`] and [`udp_flood`].
+pub fn every_cpu() -> Vec<Option<usize>> {
+    vec![None; std::thread::available_parallelism().map_or(1, |n| n.get())]
+}
+
 /// Sends UDP datagrams of `payload` bytes from `from` to `to` through
 /// ordinary connected sockets (see [`flood`]). Returns datagrams sent.
 pub fn udp_flood(

@@ -8,7 +8,9 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use super::{answered, Core};
-use crate::{metrics::Stage, reconciler::Reconciler, services::model::Frontend};
+use crate::{
+    metrics::Stage, reconciler::Reconciler, services::model::Frontend, status::FrontendStatus,
+};
 
 impl Core {
     /// Loads the Service programs and attaches them to the cgroup v2 root
@@ -63,17 +65,13 @@ impl Core {
         since: Instant,
     ) -> bool {
         let namespaces = netns.len();
-        let (frontends, result) = self
-            .owner
-            .run(move |r| {
-                let done = r.sync_services(&frontends, &netns);
-                (frontends, done)
-            })
-            .await
-            .map_or_else(
-                |gone| (Vec::new(), Err(gone.to_string())),
-                |(f, done)| (f, done.map_err(|e| e.to_string())),
-            );
+        // What the status will show once they are written.
+        let shown: Vec<FrontendStatus> = frontends.iter().map(FrontendStatus::of).collect();
+        let result = answered(
+            self.owner
+                .run(move |r| r.sync_services(&frontends, &netns))
+                .await,
+        );
         let mut status = self.view.book.services();
         let ok = match &result {
             Ok(done) => {
@@ -96,7 +94,7 @@ impl Core {
                 false
             }
         };
-        status.synced(result.map(|_| (namespaces, frontends.as_slice())));
+        status.synced(result.map(|_| (namespaces, shown)));
         self.view.book.set_services(status);
         ok
     }

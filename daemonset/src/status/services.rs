@@ -76,14 +76,11 @@ impl ServicesStatus {
 
     /// A write of the Service maps: `Ok((namespaces, frontends))` what they
     /// hold now, or why the write failed (they keep what they held).
-    pub fn synced(
-        &mut self,
-        written: Result<(usize, &[crate::services::model::Frontend]), String>,
-    ) {
+    pub fn synced(&mut self, written: Result<(usize, Vec<FrontendStatus>), String>) {
         match written {
             Ok((namespaces, frontends)) => {
                 self.namespaces = namespaces;
-                self.frontends = frontends.iter().map(FrontendStatus::of).collect();
+                self.frontends = frontends;
                 self.sync_error = None;
             }
             Err(e) => self.sync_error = Some(e),

@@ -17,7 +17,7 @@ use xdpcni_e2e::{
     cni::{agent_binary, http_get, result_ips, wait_ready, Call, Network, NodeProcess},
     measure::{median, udp_rate},
     netns::Netns,
-    traffic::{ping, tcp_stream, tcp_transfer, udp_echo},
+    traffic::{every_cpu, ping, tcp_stream, tcp_transfer, udp_echo},
     PinDir,
 };
 use xdpcni_ebpf::{
@@ -251,7 +251,7 @@ fn run_mode(
         .map(|_| tcp_stream(from, to, pods[1].ips[0], RATE_TIME))
         .collect::<Result<Vec<f64>>>()?;
     let dial = std::net::SocketAddr::new(pods[1].ips[0], UDP_PORT);
-    let senders = vec![None; std::thread::available_parallelism().map_or(1, |n| n.get())];
+    let senders = every_cpu();
     let udp = (0..RATE_REPS)
         .map(|_| Ok(udp_rate(from, to, dial, dial, 64, &senders, RATE_TIME)? / 1e3))
         .collect::<Result<Vec<f64>>>()?;

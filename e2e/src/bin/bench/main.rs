@@ -52,7 +52,7 @@ use xdpcni_e2e::{
     },
     netns::Netns,
     node::AgentConfig,
-    traffic::{raw_flood, tcp_rr, udp_flood},
+    traffic::{every_cpu, raw_flood, tcp_rr, udp_flood},
     PinDir,
 };
 use xdpcni_ebpf::{abi::RedirectPolicy, Datapath, Maps};
@@ -75,11 +75,6 @@ fn install_signal_handlers() -> Result<()> {
 fn check_interrupt() -> Result<()> {
     ensure!(!INTERRUPTED.load(Ordering::Relaxed), "interrupted");
     Ok(())
-}
-
-/// One unpinned sender thread per CPU.
-fn every_cpu() -> Vec<Option<usize>> {
-    vec![None; std::thread::available_parallelism().map_or(1, |n| n.get())]
 }
 
 fn port() -> u16 {
