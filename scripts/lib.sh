@@ -17,7 +17,7 @@ trap '_xdpcni_err "$LINENO" "$BASH_COMMAND"' ERR
 apt_install() {
 	local need=() p
 	for p in "$@"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || need+=("$p")
+		[[ $(dpkg-query -W -f='${Status}' "$p" 2>/dev/null) == *"ok installed"* ]] || need+=("$p")
 	done
 	[ "${#need[@]}" -eq 0 ] && return 0
 	step "apt-get install ${need[*]}"
@@ -54,6 +54,6 @@ apt_mirror() {
 				n = split(uris, u, /[[:space:]]+/); m = split(suites, s, /[[:space:]]+/)
 				for (a = 1; a <= n; a++) for (b = 1; b <= m; b++) if (u[a] != "") print u[a], s[b] }'
 		done
-	} | awk '$1 ~ /^https?:\/\// && $2 !~ /-(security|updates|backports)$/ && $1 !~ /security/ { print $1; exit }' |
+	} | awk '$1 ~ /^https?:\/\// && $2 !~ /-(security|updates|backports)$/ && $1 !~ /security/ && !seen++ { print $1 }' |
 		sed -e 's:/*$::' | grep . || echo http://deb.debian.org/debian
 }

@@ -47,7 +47,7 @@ fi
 
 if ! $demo; then
 	for c in rustfmt clippy; do
-		rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+		grep -q "^$c" <<<"$(rustup component list --installed 2>/dev/null)" || rustup component add "$c"
 	done
 
 	step "python packages: matplotlib (bench chart), kubernetes-validate and PyYAML (chart checks)"

@@ -131,7 +131,7 @@ c_agent_ready() {
 	p=$(kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o jsonpath='{.items[0].metadata.name}')
 	[ "$(kc get pod -n kube-system "$p" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ] ||
 		fail "agent pod $p not ready"
-	metrics | grep -qx 'xdpcni_ready 1' || fail "xdpcni_ready is not 1"
+	grep -qx 'xdpcni_ready 1' <<<"$(metrics)" || fail "xdpcni_ready is not 1"
 	echo "$p Running, readiness probe passing, xdpcni_ready 1"
 }
 c_status() {
@@ -568,7 +568,7 @@ c_delete() {
 	kc delete -n "$NS" pod victim --wait=true --timeout=60s >/dev/null || fail "delete timed out"
 	for i in $(seq 1 50); do
 		if ! in_node ip link show "$veth" >/dev/null 2>&1 && [ ! -e "$rec" ] && [ ! -e "/var/lib/cni/networks/xdpcni/$ip" ] &&
-			! ls "$PIN_DIR"/links/"${ifindex}"_* >/dev/null 2>&1 && ! metrics | grep -q 'pod="victim"'; then
+			! ls "$PIN_DIR"/links/"${ifindex}"_* >/dev/null 2>&1 && ! grep -q 'pod="victim"' <<<"$(metrics)"; then
 			echo "veth $veth, IP $ip, record, link pin and metrics series gone"
 			return 0
 		fi
@@ -578,7 +578,7 @@ c_delete() {
 	[ -e "$rec" ] && echo "record $rec still there"
 	[ -e "/var/lib/cni/networks/xdpcni/$ip" ] && echo "IP $ip still allocated"
 	ls "$PIN_DIR"/links/"${ifindex}"_* 2>/dev/null
-	metrics | grep 'pod="victim"' | head -3
+	grep -m3 'pod="victim"' <<<"$(metrics)"
 	return 1
 }
 # Runs $2... in the network namespace of pod $1 ($netns: its path) from the
@@ -631,7 +631,7 @@ c_routing() {
 	local d under before s sent recv s2
 	d=$(in_node ip -d link show xdpcni.vxlan) || fail "no xdpcni.vxlan on the node (routing.mode vxlan is the default)"
 	grep -q "vxlan id 1 local $NODE_IP dev node0" <<<"$d" || fail "the device: $d"
-	vtep | grep -q "\"address\":\"$NODE_IP\"" || fail "the Node's xdpcni.io/vtep: '$(vtep)'"
+	grep -q "\"address\":\"$NODE_IP\"" <<<"$(vtep)" || fail "the Node's xdpcni.io/vtep: '$(vtep)'"
 	under=$(node0_mtu)
 	before=$(restarts)
 	s=$(ping_during set_routing hostGateway) || fail "helm upgrade to hostGateway: $s"
@@ -649,7 +649,7 @@ c_routing() {
 	[ "$(restarts)" = "$before" ] || fail "pods restarted: before $before, after $(restarts)"
 	echo "vxlan (device on node0, VTEP on the Node, pod MTU $((under - 50))) -> hostGateway (VTEP and device gone, MTU $under) -> vxlan, by helm upgrade; 10 ms ping $s then $s2 received/sent; no pod restarted"
 }
-vtep_published() { vtep | grep -q "\"address\":\"$NODE_IP\""; }
+vtep_published() { grep -q "\"address\":\"$NODE_IP\"" <<<"$(vtep)"; }
 agent_pod() { kc get pods -n kube-system -l app.kubernetes.io/name=xdpcni -o jsonpath='{.items[0].metadata.name}'; }
 roll_agent() {
 	local old
@@ -674,7 +674,7 @@ PREV_LAYOUT=$((THIS_LAYOUT - 1))
 # (a release before layouts had a number has no such metric: "1" then).
 layout_in_use() {
 	local l
-	l=$(metrics | sed -n 's/^xdpcni_datapath_info{.*layout="\([0-9]*\)".*} 1$/\1/p' | head -1)
+	l=$(metrics | sed -n 's/^xdpcni_datapath_info{.*layout="\([0-9]*\)".*} 1$/\1/p' | sed -n 1p)
 	echo "${l:-1}"
 }
 # A pod created while the agent is being replaced ($1: its name) must get
@@ -783,7 +783,7 @@ xdp_ids() { in_node ip -o link show | grep -oE '^[0-9]+: [^:@]+|prog/xdp id [0-9
 kill_agent() {
 	local pid restarts
 	restarts=$(kc get pod -n kube-system "$(agent_pod)" -o jsonpath='{.status.containerStatuses[0].restartCount}')
-	pid=$(pgrep -f '^/usr/local/bin/xdpcni-agent run' | head -1)
+	pid=$(pgrep -o -f '^/usr/local/bin/xdpcni-agent run')
 	[ -n "$pid" ] || fail "no agent process"
 	kill -KILL "$pid"
 	for _ in $(seq 1 100); do
@@ -815,12 +815,12 @@ c_uninstall() {
 	# On the node (its network namespace: the policy table is there).
 	in_node /opt/cni/bin/xdpcni uninstall >"$W/uninstall.out" 2>&1 || fail "xdpcni uninstall: $(cat "$W/uninstall.out")"
 	grep -q "NetworkPolicy table" "$W/uninstall.out" || fail "xdpcni uninstall did not remove the policy table: $(cat "$W/uninstall.out")"
-	in_node ip -o link show | grep -q ' xdp' && left="$left XDP-on-$(in_node ip -o link show | grep ' xdp' | cut -d: -f2)"
+	grep -q ' xdp' <<<"$(in_node ip -o link show)" && left="$left XDP-on-$(in_node ip -o link show | grep ' xdp' | cut -d: -f2)"
 	[ -e "$PIN_DIR" ] && left="$left $PIN_DIR"
 	[ -e /etc/cni/net.d/10-xdpcni.conflist ] && left="$left conflist"
 	for b in xdpcni host-local portmap loopback; do [ -e "/opt/cni/bin/$b" ] && left="$left /opt/cni/bin/$b"; done
 	[ -e "$STATE_DIR" ] && left="$left $STATE_DIR"
-	in_node nft list tables 2>/dev/null | grep -q 'inet xdpcni' && left="$left the-nftables-table-inet-xdpcni"
+	grep -q 'inet xdpcni' <<<"$(in_node nft list tables 2>/dev/null)" && left="$left the-nftables-table-inet-xdpcni"
 	no_device || left="$left the-VXLAN-device"
 	[ -z "$(in_node ip route show proto 90)" ] || left="$left routes-of-proto-90"
 	[ -z "$left" ] || fail "left on the node:$left"
