@@ -53,6 +53,17 @@ assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
 PY
+# A proxy name reaches the agent's config, which reads it.
+HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system --set services.proxyName=xdpcni |
+	python3 -c '
+import json, re, sys
+body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", sys.stdin.read()).group(1))
+assert body["services"]["proxyName"] == "xdpcni", body["services"]
+body["stateDir"], body["pinDir"] = "target/chart-cni/state", "target/chart-cni/pins"
+json.dump(body, open("target/chart-agent-named.json", "w"))'
+target/debug/xdpcni uninstall target/chart-cni/state
+target/debug/xdpcni-agent install-cni --config target/chart-agent-named.json --pod-cidr 10.244.0.0/24 \
+	--cni-conf-dir target/chart-cni/net.d --cni-bin-dir target/chart-cni/bin --plugin target/debug/xdpcni
 target/debug/xdpcni uninstall target/chart-cni/state
 test ! -e target/chart-cni/bin/xdpcni && test ! -e target/chart-cni/net.d/10-xdpcni.conflist
 
@@ -89,6 +100,7 @@ routing.vxlan.vni=one /routing/vxlan/vni
 routing.vxlan.txChecksumOffload=maybe /routing/vxlan/txChecksumOffload
 services.translate=sometimes /services/translate
 services.cgroup=sys/fs/cgroup /services/cgroup
+services.proxyName=Not_A_Name /services/proxyName
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then

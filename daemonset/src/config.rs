@@ -165,6 +165,11 @@ pub struct ServicesConfig {
     /// `unified` (default [`DEFAULT_CGROUP`]).
     #[serde(default = "default_cgroup")]
     pub cgroup: PathBuf,
+    /// The `service.kubernetes.io/service-proxy-name` this agent answers to:
+    /// a Service labelled with another name (or any name, when unset) is
+    /// left alone, as kube-proxy leaves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_name: Option<String>,
 }
 
 impl ServicesConfig {
@@ -178,6 +183,7 @@ impl Default for ServicesConfig {
         Self {
             translate: default_translate(),
             cgroup: default_cgroup(),
+            proxy_name: None,
         }
     }
 }

@@ -34,7 +34,7 @@ use super::Ctx;
 use crate::{
     daemon::{Shutdown, RESYNC},
     services::{
-        model::{frontends, groups_from_endpoints, groups_from_slices, Frontend, Group},
+        model::{frontends, groups_from_endpoints, groups_from_slices, served, Frontend, Group},
         pod_netns,
     },
 };
@@ -152,10 +152,16 @@ impl ServiceTask {
     fn frontends(&self, backends: &Backends) -> Vec<Frontend> {
         let groups = backends.groups();
         let mut out: Vec<Frontend> = Vec::new();
-        for svc in self.services.state() {
+        let proxy_name = self.ctx.core.config().services.proxy_name.as_deref();
+        for svc in self
+            .services
+            .state()
+            .iter()
+            .filter(|s| served(s, proxy_name))
+        {
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
             let g = groups.get(&key).map(Vec::as_slice).unwrap_or_default();
-            out.extend(frontends(&svc, g, &self.node));
+            out.extend(frontends(svc, g, &self.node));
         }
         out.sort();
         out

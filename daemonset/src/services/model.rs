@@ -164,6 +164,29 @@ pub fn groups_from_endpoints(ep: &Endpoints) -> Vec<Group> {
         .collect()
 }
 
+/// The label naming the proxy that serves a Service: kube-proxy serves
+/// only Services without it (and so do we, unless it names us).
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// The label that says a Service needs no proxy at all.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// Whether this node's proxy serves `svc`, as kube-proxy decides it by its
+/// watch's label selector (`!service-proxy-name,!headless`): a Service with
+/// either label, whatever its value (an empty one too), is another proxy's
+/// or none's. `proxy_name` (the config's `services.proxyName`) is a name
+/// this agent answers to: a Service whose label names it is served.
+pub fn served(svc: &Service, proxy_name: Option<&str>) -> bool {
+    let labels = svc.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    if label(HEADLESS_LABEL).is_some() {
+        return false;
+    }
+    match label(SERVICE_PROXY_NAME_LABEL) {
+        None => true,
+        Some(name) => proxy_name.is_some_and(|ours| !ours.is_empty() && ours == name),
+    }
+}
+
 /// The frontends of `svc` on node `node`, given its endpoint groups. None
 /// for a Service without a cluster IP (headless, ExternalName).
 pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
@@ -238,6 +261,31 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn services_labelled_for_another_proxy_or_headless_are_not_served() {
+        let labelled = |labels: serde_json::Value| {
+            let mut s = web(json!({}));
+            s.metadata.labels = serde_json::from_value(labels).ok();
+            s
+        };
+        assert!(served(&web(json!({})), None));
+        assert!(served(&labelled(json!({"app": "web"})), None));
+        // kube-proxy's selector is "does not exist": an empty value too.
+        for v in ["foo-bar", ""] {
+            let s = labelled(json!({ SERVICE_PROXY_NAME_LABEL: v }));
+            assert!(!served(&s, None), "{v:?}");
+            assert!(!served(&s, Some("other")), "{v:?}");
+        }
+        let ours = labelled(json!({ SERVICE_PROXY_NAME_LABEL: "xdpcni" }));
+        assert!(served(&ours, Some("xdpcni")));
+        assert!(!served(&ours, Some("")));
+        for v in ["", "true"] {
+            let h = labelled(json!({ HEADLESS_LABEL: v }));
+            assert!(!served(&h, None));
+            assert!(!served(&h, Some("xdpcni")));
+        }
+    }
 
     fn svc(v: serde_json::Value) -> Service {
         serde_json::from_value(v).expect("a Service")
