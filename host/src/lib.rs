@@ -19,6 +19,8 @@
 //!   and synchronous route netlink's verbs (links, addresses, routes,
 //!   neighbours, FDB) for the plugin, the agent and `uninstall`.
 //! - [`ethtool`], [`netns`]: the two system calls the above need inside pods.
+//! - [`sockets`]: a namespace's connected UDP sockets (`sock_diag`), and
+//!   closing those whose Service backend went.
 //! - [`netconf`]: the plugin's entry of the conflist, typed once for
 //!   install-cni (which writes it) and the plugin (which reads it), with the
 //!   defaults and ranges of its settings.
@@ -35,5 +37,6 @@ pub mod netns;
 pub mod nftable;
 pub mod overlay;
 pub mod pod;
+pub mod sockets;
 pub mod source_check;
 pub mod state;

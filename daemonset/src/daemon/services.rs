@@ -3,11 +3,13 @@
 //! datapath owner, `reconciler/services.rs`), and the status and metrics
 //! follow each answer (`status/services.rs` keeps what the status says).
 
-use std::time::Instant;
+use std::{collections::BTreeSet, time::Instant};
 
 use tracing::{info, warn};
 
 use super::{answered, Core};
+use xdpcni_ebpf::abi::SvcAddr;
+
 use crate::{
     metrics::Stage, reconciler::Reconciler, services::model::Frontend, status::FrontendStatus,
 };
@@ -72,6 +74,11 @@ impl Core {
                 .run(move |r| r.sync_services(&frontends, &netns))
                 .await,
         );
+        if let Ok(done) = &result {
+            if !done.gone.is_empty() {
+                self.close_gone_sockets(done.gone.clone()).await;
+            }
+        }
         let mut status = self.view.book.services();
         let ok = match &result {
             Ok(done) => {
@@ -97,6 +104,47 @@ impl Core {
         status.synced(result.map(|_| (namespaces, shown)));
         self.view.book.set_services(status);
         ok
+    }
+
+    /// Closes the connected UDP sockets of this node's pods that the
+    /// programs translated to a backend the maps no longer hold (`gone`:
+    /// UDP frontend and backend pairs): the application sees
+    /// `ECONNABORTED` and connects again, to a live backend. kube-proxy
+    /// deletes the conntrack entries of such flows for the same reason: a
+    /// connected socket would otherwise keep sending to the removed backend.
+    async fn close_gone_sockets(&self, gone: BTreeSet<(SvcAddr, SvcAddr)>) {
+        let namespaces = crate::services::pod_netns_paths(&self.records());
+        let backends: BTreeSet<SvcAddr> = gone.iter().map(|(_, b)| *b).collect();
+        let found = tokio::task::spawn_blocking(move || {
+            crate::services::connected_to(&namespaces, &backends)
+        })
+        .await
+        .unwrap_or_default();
+        if found.is_empty() {
+            return;
+        }
+        let doomed = match answered(
+            self.owner
+                .run(move |r| r.translated_to_gone(found, &gone))
+                .await,
+        ) {
+            Ok(d) => d,
+            Err(e) => {
+                warn!(error = %e, "which sockets a gone backend leaves");
+                self.metrics.error(Stage::Services);
+                return;
+            }
+        };
+        let closed = tokio::task::spawn_blocking(move || crate::services::close(doomed))
+            .await
+            .unwrap_or_default();
+        if closed > 0 {
+            info!(
+                closed,
+                "closed connected UDP sockets of gone Service backends"
+            );
+            self.metrics.sockets_closed.inc_by(closed as u64);
+        }
     }
 
     /// Renews the lease on the Service maps (between full writes); a

@@ -153,6 +153,8 @@ pub struct Metrics {
     pub node_routes: Family<OneLabel, Gauge>,
     /// `xdpcni_service_sync_seconds`: a watch event to the Service maps.
     pub service_sync: Histogram,
+    /// `xdpcni_service_sockets_closed_total`.
+    pub sockets_closed: Counter,
 }
 
 /// `metric`, registered in `registry` as `name` with `help`.
@@ -268,6 +270,12 @@ impl Metrics {
                 "xdpcni_service_sync_seconds",
                 "Time from a Service, EndpointSlice or Endpoints watch event (or a pod's record) to the Service maps holding it",
                 duration_histogram(),
+            ),
+            sockets_closed: add(
+                &mut r,
+                "xdpcni_service_sockets_closed",
+                "Connected UDP sockets closed because the Service backend they were translated to went (their application sees ECONNABORTED)",
+                Counter::default(),
             ),
             registry: Registry::default(),
         };

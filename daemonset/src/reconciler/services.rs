@@ -2,17 +2,26 @@
 //! loaded and attached, their maps written from the cluster's Services
 //! (`crate::services`), and the lease that lets them translate.
 
-use xdpcni_ebpf::{Services, SVC_LEASE_SECS};
+use std::{collections::BTreeSet, path::PathBuf};
+
+use xdpcni_ebpf::{abi::SvcAddr, Services, SVC_LEASE_SECS};
+use xdpcni_host::sockets::ConnectedUdp;
 
 use super::Reconciler;
 
+/// `IPPROTO_UDP`.
+const UDP: u8 = 17;
+
 /// What one pass of the Service writer did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServicesSynced {
     /// Frontends written or removed.
     pub writes: usize,
     /// Pod network namespaces added to and removed from translation.
     pub netns: (usize, usize),
+    /// UDP (frontend, backend) pairs the maps no longer hold: the sockets
+    /// translated to them are to be closed.
+    pub gone: BTreeSet<(SvcAddr, SvcAddr)>,
 }
 
 impl Reconciler {
@@ -49,11 +58,40 @@ impl Reconciler {
             });
         };
         let netns = s.sync_netns(netns)?;
-        let writes = s.sync(&want)?;
+        let (writes, gone) = s.sync_gone(&want)?;
         // The maps are what the API says: the programs may translate on.
         s.renew_lease(SVC_LEASE_SECS)?;
         self.services_synced = true;
-        Ok(ServicesSynced { writes, netns })
+        Ok(ServicesSynced {
+            writes,
+            netns,
+            gone: gone.into_iter().collect(),
+        })
+    }
+
+    /// Of the connected UDP sockets `found` (with their namespaces), those
+    /// the programs translated to a pair of `gone` (their record of the
+    /// socket names that frontend and backend): not a socket that
+    /// connected to the backend's own address, nor one translated from a
+    /// frontend that still has it.
+    pub fn translated_to_gone(
+        &self,
+        found: Vec<(PathBuf, ConnectedUdp)>,
+        gone: &BTreeSet<(SvcAddr, SvcAddr)>,
+    ) -> Result<Vec<(PathBuf, ConnectedUdp)>, xdpcni_ebpf::Error> {
+        let Some(s) = self.services.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (ns, sock) in found {
+            let backend = SvcAddr::new(sock.peer, UDP);
+            if let Some(fe) = s.translated_from(sock.cookie, backend)? {
+                if gone.contains(&(fe, backend)) {
+                    out.push((ns, sock));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Renews the lease on the Service maps, if they were written whole

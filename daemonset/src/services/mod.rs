@@ -1,18 +1,24 @@
 //! Services translated at the socket for this node's pods (issue 34; see
 //! ebpf/src/services.bpf.c): what the cluster's Services mean for this
-//! node ([`model`]), as the Service maps' writer wants it ([`wants`]), and
-//! which network namespaces are this node's pods ([`pod_netns`]).
+//! node ([`model`]), as the Service maps' writer wants it ([`wants`]),
+//! which network namespaces are this node's pods ([`pod_netns`]), and the
+//! connected UDP sockets a gone backend leaves ([`connected_to`], [`close`]).
 
 pub mod model;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    path::Path,
+    path::{Path, PathBuf},
 };
 
+use tracing::{debug, warn};
 use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, ServiceWant};
-use xdpcni_host::state::Record;
+use xdpcni_host::{
+    netns::in_netns,
+    sockets::{self, ConnectedUdp},
+    state::Record,
+};
 
 use self::model::Frontend;
 
@@ -57,6 +63,61 @@ pub fn pod_netns(records: &[Record]) -> PodNamespaces {
     }
     out
 }
+
+/// The network namespaces of this node's live pods, by path.
+pub fn pod_netns_paths(records: &[Record]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = records
+        .iter()
+        .filter(|r| !r.deleting)
+        .map(|r| PathBuf::from(&r.netns))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The connected UDP sockets, in each of `namespaces`, whose peer is one of
+/// `backends` (UDP [`SvcAddr`]s). A namespace that cannot be read (its pod
+/// is going) is skipped.
+pub fn connected_to(
+    namespaces: &[PathBuf],
+    backends: &BTreeSet<SvcAddr>,
+) -> Vec<(PathBuf, ConnectedUdp)> {
+    let mut out = Vec::new();
+    for ns in namespaces {
+        match in_netns(ns, sockets::connected_udp) {
+            Ok(found) => out.extend(
+                found
+                    .into_iter()
+                    .filter(|s| backends.contains(&SvcAddr::new(s.peer, UDP)))
+                    .map(|s| (ns.clone(), s)),
+            ),
+            Err(e) => debug!(netns = %ns.display(), error = %e, "listing UDP sockets"),
+        }
+    }
+    out
+}
+
+/// Closes `doomed` in their namespaces; returns how many were closed.
+pub fn close(doomed: Vec<(PathBuf, ConnectedUdp)>) -> usize {
+    let mut by_ns: BTreeMap<PathBuf, Vec<ConnectedUdp>> = BTreeMap::new();
+    for (ns, s) in doomed {
+        by_ns.entry(ns).or_default().push(s);
+    }
+    let mut closed = 0;
+    for (ns, list) in by_ns {
+        match in_netns(&ns, || sockets::destroy(&list)) {
+            Ok(n) => closed += n,
+            Err(e) => {
+                warn!(netns = %ns.display(), error = %e, "closing UDP sockets of a gone backend")
+            }
+        }
+    }
+    closed
+}
+
+/// `IPPROTO_UDP`.
+const UDP: u8 = 17;
 
 #[cfg(test)]
 mod tests {

@@ -112,6 +112,19 @@ impl SvcOwnKey {
     }
 }
 
+/// `struct svc_revnat_key`: what a socket was translated to (the programs
+/// write it; the agent reads it to find the sockets a gone backend leaves).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcRevnatKey {
+    /// The socket's cookie.
+    pub cookie: u64,
+    /// The backend it was translated to.
+    pub to: SvcAddr,
+    /// Zero.
+    pub pad: u32,
+}
+
 // SAFETY: #[repr(C)], only integer fields and arrays of them, no implicit
 // padding (the layout checks below hold the sizes to the fields' sum).
 unsafe impl aya::Pod for SvcAddr {}
@@ -121,6 +134,8 @@ unsafe impl aya::Pod for SvcValue {}
 unsafe impl aya::Pod for SvcSlotKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcOwnKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcRevnatKey {}
 
 mod layout_checks {
     use super::{c_layout as c, *};
@@ -151,11 +166,14 @@ mod layout_checks {
     const _: () = assert!(offset_of!(SvcOwnKey, family) == c::OFFSETOF_svc_own_key_family);
     const _: () = assert!(offset_of!(SvcOwnKey, pad) == c::OFFSETOF_svc_own_key_pad);
 
-    // The per-socket records are the programs' own (userspace only counts
-    // and clears them): their sizes still must not drift unseen.
-    const _: () = assert!(c::SIZEOF_svc_revnat_key == 8 + c::SIZEOF_svc_addr + 4);
-    const _: () = assert!(c::OFFSETOF_svc_revnat_key_to == 8);
-    const _: () = assert!(c::OFFSETOF_svc_revnat_key_pad == 8 + c::SIZEOF_svc_addr);
+    const _: () = assert!(size_of::<SvcRevnatKey>() == c::SIZEOF_svc_revnat_key);
+    const _: () = assert!(size_of::<SvcRevnatKey>() == 8 + c::SIZEOF_svc_addr + 4);
+    const _: () = assert!(offset_of!(SvcRevnatKey, cookie) == c::OFFSETOF_svc_revnat_key_cookie);
+    const _: () = assert!(offset_of!(SvcRevnatKey, to) == c::OFFSETOF_svc_revnat_key_to);
+    const _: () = assert!(offset_of!(SvcRevnatKey, pad) == c::OFFSETOF_svc_revnat_key_pad);
+
+    // The choice records are the programs' own (userspace only counts and
+    // clears them): their sizes still must not drift unseen.
     const _: () = assert!(c::SIZEOF_svc_choice_key == 16);
     const _: () = assert!(c::SIZEOF_svc_choice == 16);
 }

@@ -33,12 +33,15 @@ use aya::{
 
 use crate::{
     abi::{
-        SvcAddr, SvcOwnKey, SvcSlotKey, SvcValue, MAX_SERVICES, MAX_SVC_BACKENDS, MAX_SVC_NETNS,
-        MAX_SVC_OWN, SVC_LAYOUT,
+        SvcAddr, SvcOwnKey, SvcRevnatKey, SvcSlotKey, SvcValue, MAX_SERVICES, MAX_SVC_BACKENDS,
+        MAX_SVC_NETNS, MAX_SVC_OWN, SVC_LAYOUT,
     },
     datapath::maps::{is_full, removed},
     Error, Result,
 };
+
+/// `IPPROTO_UDP`.
+const IPPROTO_UDP: u8 = 17;
 
 /// The compiled Service programs (BPF ELF with BTF), as built by `build.rs`.
 pub static SERVICES_OBJECT: &[u8] =
@@ -386,6 +389,17 @@ impl Services {
     /// (left by a writer that stopped half-way). Returns the number of
     /// writes.
     pub fn sync(&mut self, want: &BTreeMap<SvcAddr, Want>) -> Result<usize> {
+        self.sync_gone(want).map(|(writes, _)| writes)
+    }
+
+    /// [`Services::sync`], also returning each UDP (frontend, backend) pair
+    /// the maps held before and no longer hold: the backends whose
+    /// connected sockets must be closed, as kube-proxy deletes their
+    /// conntrack entries.
+    pub fn sync_gone(
+        &mut self,
+        want: &BTreeMap<SvcAddr, Want>,
+    ) -> Result<(usize, Vec<(SvcAddr, SvcAddr)>)> {
         let written = self.written()?;
         let mut ids = Ids::after(&written);
         let ops = plan(&written, want, &mut ids).ok_or(Error::Invalid {
@@ -400,7 +414,21 @@ impl Services {
         }
         let now = self.written()?;
         self.remove_orphans(&now)?;
-        Ok(ops.len())
+        Ok((ops.len(), gone_udp(&written, &now)))
+    }
+
+    /// The frontend socket `cookie` was translated from when the programs
+    /// sent it to `backend`, if their record of it is still there.
+    pub fn translated_from(&self, cookie: u64, backend: SvcAddr) -> Result<Option<SvcAddr>> {
+        let revnat: HashMap<&MapData, SvcRevnatKey, SvcAddr> = map_ref(&self.ebpf, "svc_revnat")?;
+        let key = SvcRevnatKey {
+            cookie,
+            to: backend,
+            pad: 0,
+        };
+        found(revnat.get(&key, 0), || {
+            format!("reading the record of socket {cookie}")
+        })
     }
 
     fn remove_orphans(&mut self, now: &BTreeMap<SvcAddr, ServiceEntry>) -> Result<()> {
@@ -497,6 +525,28 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupS
         .map_err(|e| Error::program(format!("{name} is not a cgroup sock_addr program"), e))
 }
 
+/// Each UDP (frontend, backend) pair of `before` that `after` lacks.
+fn gone_udp(
+    before: &BTreeMap<SvcAddr, ServiceEntry>,
+    after: &BTreeMap<SvcAddr, ServiceEntry>,
+) -> Vec<(SvcAddr, SvcAddr)> {
+    let mut out = Vec::new();
+    for (fe, e) in before.iter().filter(|(fe, _)| fe.proto == IPPROTO_UDP) {
+        let still = |b: &SvcAddr| {
+            after
+                .get(fe)
+                .is_some_and(|a| a.backends.iter().any(|x| x.1 == *b))
+        };
+        out.extend(
+            e.backends
+                .iter()
+                .filter(|b| !still(&b.1))
+                .map(|b| (*fe, b.1)),
+        );
+    }
+    out
+}
+
 fn map<'a, K: aya::Pod, V: aya::Pod>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
@@ -532,5 +582,52 @@ fn full_or(e: aya::maps::MapError, map: &'static str, capacity: u32, op: String)
         Error::MapFull { map, capacity, op }
     } else {
         Error::map(op, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests may panic
+    use super::*;
+
+    fn entry(fe: &str, proto: u8, backends: &[(u32, &str)]) -> (SvcAddr, ServiceEntry) {
+        let frontend = SvcAddr::new(fe.parse().unwrap(), proto);
+        let backends = backends
+            .iter()
+            .map(|(id, b)| (*id, SvcAddr::new(b.parse().unwrap(), proto)))
+            .collect();
+        let e = ServiceEntry {
+            frontend,
+            id: 1,
+            flags: 0,
+            affinity_timeout: 0,
+            backends,
+        };
+        (frontend, e)
+    }
+
+    #[test]
+    fn gone_udp_pairs_are_the_udp_backends_a_frontend_lost() {
+        let before = BTreeMap::from([
+            entry(
+                "10.96.0.10:53",
+                17,
+                &[(1, "10.1.0.2:53"), (2, "10.1.0.3:53")],
+            ),
+            entry("10.96.0.11:53", 17, &[(3, "10.1.0.2:53")]),
+            entry("10.96.0.10:80", 6, &[(4, "10.1.0.2:80")]),
+        ]);
+        // .10 loses 10.1.0.2 (which .11 keeps... until .11 goes too); TCP is
+        // never listed.
+        let after = BTreeMap::from([entry("10.96.0.10:53", 17, &[(2, "10.1.0.3:53")])]);
+        let ip = |a: &str, p| SvcAddr::new(a.parse().unwrap(), p);
+        assert_eq!(
+            gone_udp(&before, &after),
+            vec![
+                (ip("10.96.0.10:53", 17), ip("10.1.0.2:53", 17)),
+                (ip("10.96.0.11:53", 17), ip("10.1.0.2:53", 17)),
+            ]
+        );
+        assert!(gone_udp(&before, &before).is_empty());
     }
 }
