@@ -15,6 +15,7 @@ pub mod measure;
 pub mod netns;
 pub mod node;
 pub mod nodes;
+pub mod oracle;
 pub mod packet;
 pub mod sweep;
 pub mod testrun;

@@ -21,6 +21,12 @@
 //!                                    "BACKEND SOURCE COUNT" (the source the backend saw) or
 //!                                    "error KIND COUNT" (refused, timeout, ...); checks that
 //!                                    the peer shown (getpeername, recvmsg) is ADDR PORT
+//! podtool follow ADDR PORT SECS      one connected UDP socket asking "who?" every 100 ms for
+//!                                    SECS seconds; prints each run of equal answers in order
+//!                                    ("BACKEND SOURCE COUNT", "error KIND COUNT"); a socket the
+//!                                    kernel closed ("error aborted": ECONNABORTED, or
+//!                                    EDESTADDRREQ on a send) is connected anew, as a resilient
+//!                                    client (a DNS resolver) does
 //! podtool stream ADDR PORT SECS      one TCP stream for SECS seconds, or until SIGINT or
 //!                                    SIGTERM; prints Gbit/s and the longest time no byte
 //!                                    could be sent
@@ -67,6 +73,10 @@ fn main() -> Result<()> {
             arg(1, "PROTO")?,
             target(arg(2, "ADDR")?, arg(3, "PORT")?)?,
             arg(4, "N")?.parse()?,
+        ),
+        "follow" => follow(
+            target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
+            arg(3, "SECS")?.parse()?,
         ),
         "stream" => stream(
             target(arg(1, "ADDR")?, arg(2, "PORT")?)?,
@@ -289,6 +299,53 @@ fn who(proto: &str, to: SocketAddr, n: u32) -> Result<()> {
     }
     for (line, count) in &seen {
         println!("{line} {count}");
+    }
+    Ok(())
+}
+
+fn follow(to: SocketAddr, secs: f64) -> Result<()> {
+    let connect = || -> Result<UdpSocket> {
+        let any: SocketAddr = match to {
+            SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+            SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+        };
+        let sock = UdpSocket::bind(any)?;
+        sock.connect(to)?;
+        ensure!(
+            sock.peer_addr()? == to,
+            "the peer shows as {}",
+            sock.peer_addr()?
+        );
+        sock.set_read_timeout(Some(Duration::from_millis(300)))?;
+        Ok(sock)
+    };
+    let mut sock = connect()?;
+    let mut runs: Vec<(String, u32)> = Vec::new();
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let mut buf = [0u8; 512];
+    while Instant::now() < end {
+        let got = sock.send(b"who?").and_then(|_| sock.recv(&mut buf));
+        let answer = match got {
+            Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+            // Closed by the kernel (SOCK_DESTROY): a receive sees
+            // ECONNABORTED; a send, on the socket it left unconnected,
+            // EDESTADDRREQ. Either way, connect anew.
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ECONNABORTED | libc::EDESTADDRREQ) => {
+                    sock = connect()?;
+                    "error aborted".to_string()
+                }
+                _ => format!("error {}", error_kind(&e)),
+            },
+        };
+        match runs.last_mut() {
+            Some((last, n)) if *last == answer => *n += 1,
+            _ => runs.push((answer, 1)),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (answer, n) in runs {
+        println!("{answer} {n}");
     }
     Ok(())
 }

@@ -1,0 +1,327 @@
+//! kube-proxy as the oracle of xdpcni's Services: a real kube-proxy 1.20.2
+//! (iptables mode) beside the agent on a [`KubeNode`], both reading the same
+//! Services and Endpoints, and the probes that run the same client once
+//! translated by the agent's programs (inside the test cgroup they are
+//! attached to) and once through kube-proxy's rules alone (outside it). The
+//! `kpr` tests and `service_equiv` compare what each side saw.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context, Result};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use kube::{
+    api::{Patch, PatchParams, PostParams},
+    Api,
+};
+use serde_json::{json, Value};
+
+use crate::{
+    cgroup::TestCgroup,
+    cluster::{KubeNode, LISTEN, NODE},
+    cni::{http_get, NodeProcess},
+    kube::k8s_binary,
+    netns::{run_out, Netns},
+};
+
+/// The address of a pod of "another node": a namespace behind a link of
+/// the node, in the cluster's pod range (kube-proxy's clusterCIDR), not in
+/// this node's.
+pub const REMOTE4: &str = "10.78.1.10";
+/// Its IPv6 address.
+pub const REMOTE6: &str = "fd78:0:0:1::10";
+
+/// kube-proxy 1.20.2 in iptables mode in the node's namespace, reading
+/// Endpoints (as the agent does on this API server), both families; killed
+/// by its PID on Drop. Its rules go with the node's namespace.
+pub fn kube_proxy(node: &KubeNode) -> Result<NodeProcess> {
+    let dir = node.net.dir.path();
+    let config = dir.join("kube-proxy.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {{kubeconfig: "{}"}}
+mode: iptables
+clusterCIDR: "10.78.0.0/16,fd78::/48"
+hostnameOverride: {NODE}
+featureGates: {{IPv6DualStack: true, EndpointSliceProxying: false}}
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+iptables: {{minSyncPeriod: 0s}}
+# Leave the host-wide conntrack settings alone.
+conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+"#,
+            node.api.kubeconfig.display()
+        ),
+    )?;
+    NodeProcess::spawn(
+        &node.net.node,
+        &k8s_binary("kube-proxy")?,
+        &[&format!("--config={}", config.display())],
+        &dir.join("kube-proxy.log"),
+    )
+}
+
+/// "Another node's pod": `podtool serve` as `remote/r1` in a namespace
+/// linked to the node, routed both ways.
+pub struct Remote {
+    _server: NodeProcess,
+    _netns: Netns,
+}
+
+/// Makes [`Remote`], and gives the node a default route through it (a
+/// cluster IP with no rule for it is routed, so kube-proxy's REJECT
+/// answers, not the routing lookup) and unlimited ICMP errors (each
+/// refusal is seen).
+pub fn remote(node: &KubeNode) -> Result<Remote> {
+    let netns = Netns::new("xr")?;
+    let host = crate::unique_name("xr");
+    let n = &node.net.node;
+    n.add_veth(&host, "eth0", Some(&netns))?;
+    n.ip(&["addr", "add", "10.78.1.1/24", "dev", &host])?;
+    n.ip(&["addr", "add", "fd78:0:0:1::1/64", "dev", &host, "nodad"])?;
+    n.ip(&["link", "set", &host, "up"])?;
+    n.ip(&["route", "add", "default", "via", REMOTE4])?;
+    n.ip(&["-6", "route", "add", "default", "via", REMOTE6])?;
+    n.sysctl("net.ipv4.icmp_ratelimit", "0")?;
+    n.sysctl("net.ipv6.icmp.ratelimit", "0")?;
+    netns.ip(&["addr", "add", &format!("{REMOTE4}/24"), "dev", "eth0"])?;
+    netns.ip(&[
+        "addr",
+        "add",
+        &format!("{REMOTE6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])?;
+    netns.ip(&["link", "set", "eth0", "up"])?;
+    netns.ip(&["route", "add", "default", "via", "10.78.1.1"])?;
+    netns.ip(&["-6", "route", "add", "default", "via", "fd78:0:0:1::1"])?;
+    let server = NodeProcess::spawn_env(
+        &netns,
+        &crate::cluster::podtool()?,
+        &["serve", "80", "81"],
+        &[("PODTOOL_NAME", "remote/r1")],
+        &node.net.dir.path().join("serve-remote.log"),
+    )?;
+    Ok(Remote {
+        _server: server,
+        _netns: netns,
+    })
+}
+
+/// The agent's status, as JSON.
+pub fn status(node: &KubeNode) -> Result<Value> {
+    let (code, body) = http_get(&node.net.node, LISTEN, "/v1/status")?;
+    ensure!(code == 200, "status {code}: {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
+/// The calls the programs translated so far.
+pub fn translated(node: &KubeNode) -> Result<u64> {
+    status(node)?["services"]["translated"]
+        .as_u64()
+        .context("no services.translated in the status")
+}
+
+/// Waits until `f` holds, polling every 50 ms, for at most `within`.
+pub fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !f() {
+        if start.elapsed() >= within {
+            bail!("{what}: not within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A Service of the test: its name, labels, extra spec, families ("IPv4",
+/// "IPv6" or both, IPv4 first), and the addresses of its Endpoints (ready
+/// and not ready), which both the agent and kube-proxy read.
+pub struct Shape {
+    /// Its name (in namespace `default`).
+    pub name: String,
+    /// Its labels.
+    pub labels: Value,
+    /// Spec fields beyond the ports and families.
+    pub spec: Value,
+    /// Its IP families.
+    pub families: &'static [&'static str],
+    /// Ready endpoint addresses.
+    pub ready: Vec<IpAddr>,
+    /// Endpoint addresses not ready.
+    pub not_ready: Vec<IpAddr>,
+}
+
+impl Shape {
+    /// The addresses a connect to a cluster IP of family `v6` may reach:
+    /// those of the Endpoints' family (its first address's; kube-proxy
+    /// ignores the others, and so does the agent).
+    pub fn reachable(&self, v6: bool) -> Vec<IpAddr> {
+        let first = self.ready.iter().chain(&self.not_ready).next();
+        if first.is_some_and(|f| f.is_ipv6() != v6) {
+            return Vec::new();
+        }
+        self.ready
+            .iter()
+            .copied()
+            .filter(|ip| ip.is_ipv6() == v6)
+            .collect()
+    }
+}
+
+/// The Service ports of every shape, by name: TCP and UDP to port 80 by
+/// number, and TCP to 81 by the name `alt` (only the Endpoints resolve it).
+pub const PORT_NAMES: [&str; 3] = ["http", "dns", "alt"];
+
+fn ports() -> Value {
+    json!([
+        { "name": "http", "port": 8080, "targetPort": 80 },
+        { "name": "dns", "port": 8080, "protocol": "UDP", "targetPort": 80 },
+        { "name": "alt", "port": 8081, "targetPort": "alt" },
+    ])
+}
+
+fn subsets(ready: &[IpAddr], not_ready: &[IpAddr]) -> Value {
+    let addrs = |ips: &[IpAddr]| -> Vec<Value> {
+        ips.iter()
+            .map(|ip| json!({ "ip": ip.to_string(), "nodeName": NODE }))
+            .collect()
+    };
+    json!([{
+        "addresses": addrs(ready),
+        "notReadyAddresses": addrs(not_ready),
+        "ports": [
+            { "name": "http", "port": 80 },
+            { "name": "dns", "port": 80, "protocol": "UDP" },
+            { "name": "alt", "port": 81 },
+        ],
+    }])
+}
+
+/// Creates the Endpoints and the Service of `shape`: its cluster IPs.
+pub fn create(node: &KubeNode, shape: &Shape) -> Result<Vec<IpAddr>> {
+    let eps = json!({
+        "metadata": { "name": shape.name, "labels": shape.labels },
+        "subsets": subsets(&shape.ready, &shape.not_ready),
+    });
+    let mut spec = shape.spec.clone();
+    spec["ports"] = ports();
+    spec["ipFamilies"] = json!(shape.families);
+    spec["ipFamilyPolicy"] = json!(if shape.families.len() == 2 {
+        "RequireDualStack"
+    } else {
+        "SingleStack"
+    });
+    let svc = json!({
+        "metadata": { "name": shape.name, "labels": shape.labels },
+        "spec": spec,
+    });
+    node.client(move |c| async move {
+        Api::<Endpoints>::namespaced(c.clone(), "default")
+            .create(&PostParams::default(), &serde_json::from_value(eps)?)
+            .await?;
+        let svc = Api::<Service>::namespaced(c, "default")
+            .create(&PostParams::default(), &serde_json::from_value(svc)?)
+            .await?;
+        let ips = svc.spec.and_then(|s| s.cluster_ips).unwrap_or_default();
+        Ok(ips
+            .iter()
+            .map(|i| i.parse())
+            .collect::<Result<Vec<_>, _>>()?)
+    })
+}
+
+/// Makes `ready` the ready addresses of Service `name`'s Endpoints.
+pub fn set_ready(node: &KubeNode, name: &str, ready: &[IpAddr]) -> Result<()> {
+    let patch = json!({ "subsets": subsets(ready, &[]) });
+    let name = name.to_string();
+    node.client(move |c| async move {
+        Api::<Endpoints>::namespaced(c, "default")
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    })
+}
+
+/// The node's iptables and ip6tables rules.
+pub fn rules(node: &KubeNode) -> (String, String) {
+    let save = |tool: &str| {
+        run_out(&["ip", "netns", "exec", node.net.node.name(), tool]).unwrap_or_default()
+    };
+    (save("iptables-save"), save("ip6tables-save"))
+}
+
+/// Waits until kube-proxy has a rule for every port of every Service of
+/// `shapes` (a comment names each Service port).
+pub fn wait_rules(node: &KubeNode, shapes: &[&Shape]) -> Result<()> {
+    wait_for("kube-proxy's rules", Duration::from_secs(60), || {
+        let (v4, v6) = rules(node);
+        shapes.iter().all(|s| {
+            s.families.iter().all(|f| {
+                let r = if *f == "IPv6" { &v6 } else { &v4 };
+                PORT_NAMES
+                    .iter()
+                    .all(|p| r.contains(&format!("default/{}:{p}", s.name)))
+            })
+        })
+    })
+}
+
+/// One probe's result: each distinct answer ("BACKEND SOURCE" or "error
+/// KIND") with its count.
+pub type Seen = BTreeMap<String, u32>;
+
+/// `podtool who PROTO ADDR PORT N` from network namespace `client`,
+/// translated (`inside` the test cgroup) or not.
+pub fn probe(
+    cg: &TestCgroup,
+    client: &str,
+    inside: bool,
+    proto: &str,
+    to: (IpAddr, u16),
+    n: u32,
+) -> Result<Seen> {
+    let args = [
+        "who".to_string(),
+        proto.to_string(),
+        to.0.to_string(),
+        to.1.to_string(),
+        n.to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = cg
+        .podtool(inside, client, &args)
+        .with_context(|| format!("{proto} {to:?}"))?;
+    out.lines()
+        .map(|l| {
+            let (what, count) = l.rsplit_once(' ').context("a line without a count")?;
+            Ok((what.to_string(), count.parse()?))
+        })
+        .collect()
+}
+
+/// `podtool follow ADDR PORT SECS`: the runs of equal answers one connected
+/// UDP socket got, in order.
+pub fn follow(
+    cg: &TestCgroup,
+    client: &str,
+    inside: bool,
+    to: (IpAddr, u16),
+    secs: f64,
+) -> Result<Vec<(String, u32)>> {
+    let (ip, port, secs) = (to.0.to_string(), to.1.to_string(), secs.to_string());
+    let out = cg.podtool(inside, client, &["follow", &ip, &port, &secs])?;
+    out.lines()
+        .map(|l| {
+            let (what, count) = l.rsplit_once(' ').context("a line without a count")?;
+            Ok((what.to_string(), count.parse()?))
+        })
+        .collect()
+}

@@ -1,0 +1,299 @@
+//! kube-proxy as the oracle (issue 55): for each shape, the same client
+//! once translated by the agent's programs (inside the test cgroup they are
+//! attached to) and once through a real kube-proxy 1.20.2's rules alone
+//! (outside it), on one node with its API server (`xdpcni_e2e::oracle`).
+//! What each client and backend saw must agree. The ClusterIP shapes from
+//! pods are in `service_equiv.rs` (also named `kpr_*`). Needs root, bpffs,
+//! cgroup v2, iptables, containernetworking-plugins and
+//! scripts/k8s-build.sh.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)] // tests may panic
+
+use std::{net::IpAddr, time::Duration};
+
+use serde_json::{json, Value};
+use xdpcni_e2e::{
+    cgroup::TestCgroup,
+    cluster::{KubeNode, TestPod},
+    oracle::{
+        create, follow, kube_proxy, probe, rules, set_ready, status, translated, wait_for,
+        wait_rules, Seen, Shape,
+    },
+};
+
+/// A node with the agent translating inside a test cgroup, kube-proxy
+/// beside it, a client pod and backends `b1`, `b2`.
+struct Fixture {
+    cg: TestCgroup,
+    node: KubeNode,
+    client: TestPod,
+    b: Vec<TestPod>,
+    _proxy: xdpcni_e2e::cni::NodeProcess,
+}
+
+fn fixture(proxy_name: Option<&str>) -> Fixture {
+    let cg = TestCgroup::new().unwrap();
+    let cg_path = cg.path.clone();
+    let proxy_name = proxy_name.map(str::to_string);
+    let node = KubeNode::start(|c| {
+        c.services.cgroup = cg_path;
+        c.services.proxy_name = proxy_name;
+    })
+    .unwrap();
+    let client = node
+        .add_pod("default", "client", json!({}), json!([]))
+        .unwrap();
+    let b = ["b1", "b2"]
+        .iter()
+        .map(|n| node.add_pod("default", n, json!({}), json!([])).unwrap())
+        .collect();
+    // Each ICMP error the node sends a client is sent (a refusal or an
+    // unreachable never becomes a timeout on one side alone).
+    node.net
+        .node
+        .sysctl("net.ipv4.icmp_ratelimit", "0")
+        .unwrap();
+    node.net
+        .node
+        .sysctl("net.ipv6.icmp.ratelimit", "0")
+        .unwrap();
+    let proxy = kube_proxy(&node).unwrap();
+    Fixture {
+        cg,
+        node,
+        client,
+        b,
+        _proxy: proxy,
+    }
+}
+
+fn shape(name: &str, labels: Value, family: &'static str, ready: Vec<IpAddr>) -> Shape {
+    Shape {
+        name: name.into(),
+        labels,
+        spec: json!({}),
+        families: if family == "IPv6" {
+            &["IPv6"]
+        } else {
+            &["IPv4"]
+        },
+        ready,
+        not_ready: vec![],
+    }
+}
+
+/// The agent's frontends of Service `name`.
+fn frontends_of(node: &KubeNode, name: &str) -> usize {
+    status(node).unwrap()["services"]["frontends"]
+        .as_array()
+        .map_or(0, |a| {
+            a.iter()
+                .filter(|f| f["service"] == format!("default/{name}"))
+                .count()
+        })
+}
+
+/// Services labelled `service.kubernetes.io/service-proxy-name` (another
+/// proxy's, with a value or an empty one) or `service.kubernetes.io/headless`
+/// are served by neither side: no rule of kube-proxy's, no translation, the
+/// same failure for the client. One labelled with the name the agent is
+/// configured to answer to is translated, and kube-proxy leaves it alone.
+#[test]
+fn kpr_service_proxy_name_and_headless_labels_as_kube_proxy() {
+    let f = fixture(Some("xdpcni"));
+    let cns = f.client.netns.name().to_string();
+    let b1 = &f.b[0];
+    let labelled = [
+        (
+            "named",
+            json!({ "service.kubernetes.io/service-proxy-name": "foo-bar" }),
+        ),
+        (
+            "named-empty",
+            json!({ "service.kubernetes.io/service-proxy-name": "" }),
+        ),
+        ("headless", json!({ "service.kubernetes.io/headless": "" })),
+        (
+            "ours",
+            json!({ "service.kubernetes.io/service-proxy-name": "xdpcni" }),
+        ),
+    ];
+    let mut vips = Vec::new();
+    for family in ["IPv4", "IPv6"] {
+        let v6 = family == "IPv6";
+        for (name, labels) in &labelled {
+            let s = shape(
+                &format!("{name}-{}", &family[2..]),
+                labels.clone(),
+                family,
+                vec![b1.ip(v6)],
+            );
+            vips.push((s.name.clone(), create(&f.node, &s).unwrap()[0], v6));
+        }
+    }
+    // A plain Service, made last: once both sides serve it, both have seen
+    // the labelled ones before it.
+    let plain = shape("plain", json!({}), "IPv4", vec![b1.ip(false)]);
+    let plain_ip = create(&f.node, &plain).unwrap()[0];
+    wait_for(
+        "the agent's plain frontends",
+        Duration::from_secs(10),
+        || frontends_of(&f.node, "plain") == 3,
+    )
+    .unwrap();
+    wait_rules(&f.node, &[&plain]).unwrap();
+    let (v4, v6) = rules(&f.node);
+    for (name, _, _) in &vips {
+        assert!(
+            !v4.contains(&format!("default/{name}:")) && !v6.contains(&format!("default/{name}:")),
+            "kube-proxy has rules for {name}"
+        );
+        let ours = name.starts_with("ours");
+        assert_eq!(
+            frontends_of(&f.node, name),
+            if ours { 3 } else { 0 },
+            "the agent's frontends of {name}"
+        );
+    }
+
+    let mut report = Vec::new();
+    let b1_saw = |v6: bool| format!("default/b1 {}", f.client.ip(v6));
+    let mut check = |what: &str, to: (IpAddr, u16), proto: &str, served_by_us: bool| {
+        let t0 = translated(&f.node).unwrap();
+        let ours = probe(&f.cg, &cns, true, proto, to, 1).unwrap();
+        let t1 = translated(&f.node).unwrap();
+        let theirs = probe(&f.cg, &cns, false, proto, to, 1).unwrap();
+        report.push(format!(
+            "{what} {proto}: translated {ours:?}, kube-proxy {theirs:?}"
+        ));
+        let answered = |s: &Seen| s.keys().any(|k| !k.starts_with("error"));
+        assert!(
+            !answered(&theirs),
+            "{what}: kube-proxy served it: {theirs:?}"
+        );
+        if served_by_us {
+            assert_eq!(t1 - t0, 1, "{what}: not translated");
+            assert_eq!(
+                ours.keys().collect::<Vec<_>>(),
+                vec![&b1_saw(to.0.is_ipv6())],
+                "{what}"
+            );
+        } else {
+            assert_eq!(t1, t0, "{what}: translated");
+            assert_eq!(ours, theirs, "{what}: the two sides differ");
+        }
+    };
+    for (name, vip, v6) in &vips {
+        let protos: &[&str] = if *v6 {
+            &["tcp"]
+        } else {
+            &["tcp", "udp-connected"]
+        };
+        for proto in protos {
+            check(name, (*vip, 8080), proto, name.starts_with("ours"));
+        }
+    }
+    // The control: both sides serve the plain Service.
+    let t0 = translated(&f.node).unwrap();
+    let ours = probe(&f.cg, &cns, true, "tcp", (plain_ip, 8080), 3).unwrap();
+    let theirs = probe(&f.cg, &cns, false, "tcp", (plain_ip, 8080), 3).unwrap();
+    assert_eq!(translated(&f.node).unwrap() - t0, 3);
+    assert_eq!(ours, theirs, "plain");
+    assert_eq!(ours.keys().collect::<Vec<_>>(), vec![&b1_saw(false)]);
+    report.push(format!(
+        "plain tcp: translated {ours:?}, kube-proxy {theirs:?}"
+    ));
+    eprintln!("{}", report.join("\n"));
+}
+
+/// The backends, in order, that a run of answers named (errors left out).
+fn backends(runs: &[(String, u32)]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (answer, _) in runs.iter().filter(|(a, _)| !a.starts_with("error")) {
+        let name = answer.split(' ').next().unwrap_or_default().to_string();
+        if out.last() != Some(&name) {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// One connected UDP socket to a ClusterIP, a datagram every 100 ms, while
+/// the Service's only backend is replaced (b1 -> b2). kube-proxy deletes the
+/// removed endpoint's conntrack entries, so the same socket's next
+/// datagrams reach b2. A translated socket is connected to b1 itself: the
+/// agent closes it, the client sees ECONNABORTED once and, connecting again
+/// as a resilient client does, reaches b2. Either way the client goes from
+/// b1 to b2 within the run and never back. A socket connected to b1's own
+/// address is not closed. IPv4 and IPv6.
+#[test]
+fn kpr_connected_udp_socket_whose_backend_is_replaced() {
+    let f = fixture(None);
+    let cns = f.client.netns.name().to_string();
+    let (b1, b2) = (&f.b[0], &f.b[1]);
+    let mut report = Vec::new();
+    for family in ["IPv4", "IPv6"] {
+        let v6 = family == "IPv6";
+        let s = shape(
+            &format!("swap-{}", &family[2..]),
+            json!({}),
+            family,
+            vec![b1.ip(v6)],
+        );
+        let vip = create(&f.node, &s).unwrap()[0];
+        wait_rules(&f.node, &[&s]).unwrap();
+        for inside in [true, false] {
+            let side = if inside { "translated" } else { "kube-proxy" };
+            set_ready(&f.node, &s.name, &[b1.ip(v6)]).unwrap();
+            wait_for(
+                &format!("{side}: b1 answering"),
+                Duration::from_secs(30),
+                || {
+                    probe(&f.cg, &cns, inside, "udp-connected", (vip, 8080), 1)
+                        .is_ok_and(|seen| seen.keys().all(|k| k.starts_with("default/b1 ")))
+                },
+            )
+            .unwrap();
+            let closed0 = f.node.metrics().unwrap()["xdpcni_service_sockets_closed_total"];
+            let (runs, direct) = std::thread::scope(|sc| {
+                let through = sc.spawn(|| follow(&f.cg, &cns, inside, (vip, 8080), 6.0));
+                let direct =
+                    inside.then(|| sc.spawn(|| follow(&f.cg, &cns, true, (b1.ip(v6), 80), 6.0)));
+                std::thread::sleep(Duration::from_secs(2));
+                set_ready(&f.node, &s.name, &[b2.ip(v6)]).unwrap();
+                (
+                    through.join().unwrap().unwrap(),
+                    direct.map(|d| d.join().unwrap().unwrap()),
+                )
+            });
+            let closed = f.node.metrics().unwrap()["xdpcni_service_sockets_closed_total"] - closed0;
+            report.push(format!(
+                "{family} {side}: {runs:?}{}, sockets closed {closed}",
+                direct
+                    .as_ref()
+                    .map(|d| format!(", direct to b1 {d:?}"))
+                    .unwrap_or_default()
+            ));
+            let what = format!("{family} {side}: {runs:?}");
+            assert_eq!(backends(&runs), ["default/b1", "default/b2"], "{what}");
+            let last = runs.last().unwrap();
+            assert!(
+                last.0.starts_with("default/b2 ") && last.1 >= 15,
+                "{what}: b2 did not answer the last 1.5 s"
+            );
+            let aborts: Vec<&(String, u32)> =
+                runs.iter().filter(|(a, _)| a == "error aborted").collect();
+            if inside {
+                assert_eq!(aborts, [&("error aborted".to_string(), 1)], "{what}");
+                assert_eq!(closed, 1.0, "{what}: sockets closed");
+                let d = direct.unwrap();
+                assert_eq!(backends(&d), ["default/b1"], "{what}: direct {d:?}");
+                assert!(d.iter().all(|(a, _)| a != "error aborted"), "direct {d:?}");
+            } else {
+                assert!(aborts.is_empty(), "{what}");
+                assert_eq!(closed, 0.0, "{what}: sockets closed");
+            }
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+}
