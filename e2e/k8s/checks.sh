@@ -341,6 +341,37 @@ c_service_equiv() {
 		fail "hairpin: $own connects reached the pod itself, $((l1 - l0)) left to kube-proxy, $((h1 - h0)) translated"
 	echo "from a pod (translated: +$((t1 - t0)) connects) and from the node (kube-proxy): ClusterIP $ip the same backends [${backends% }], the Service shown as the peer; ClientIP affinity one backend each; UDP echoed from the Service address to both; an empty Service refused to both; hairpin: $((l1 - l0)) of 40 connects chose the pod itself and were left to kube-proxy ($own of them masqueraded back to it), $((h1 - h0)) translated; the pod's own address seen by the other backend, another by itself"
 }
+# Services another proxy owns (service-proxy-name) or none may serve
+# (headless label): kube-proxy writes no rule for them and the programs
+# translate none of their connects, so a pod and the node both fail alike.
+c_service_labels() {
+	local c name ip t0 pod node rules
+	c=$(pods_of client)
+	kc apply -f - >/dev/null <<-YAML || fail "the check's Services"
+	apiVersion: v1
+	kind: Service
+	metadata: {name: other-proxy, namespace: $NS, labels: {service.kubernetes.io/service-proxy-name: foo-bar}}
+	spec: {selector: {app: web}, ports: [{name: tcp, port: 80, targetPort: 8080}]}
+	---
+	apiVersion: v1
+	kind: Service
+	metadata: {name: no-proxy, namespace: $NS, labels: {service.kubernetes.io/headless: ""}}
+	spec: {selector: {app: web}, ports: [{name: tcp, port: 80, targetPort: 8080}]}
+	YAML
+	sleep 3 # kube-proxy's sync and the agent's pass (each would have served them by now)
+	for name in other-proxy no-proxy; do
+		ip=$(kc get svc -n "$NS" "$name" -o jsonpath='{.spec.clusterIP}')
+		t0=$(translated)
+		pod=$(x "$c" podtool who tcp "$ip" 80 1 2>&1) || fail "$name from the pod: $pod"
+		[ "$(translated)" -eq "$t0" ] || fail "$name: the pod's connect was translated"
+		node=$(in_node "$REPO/target/release/podtool" who tcp "$ip" 80 1 2>&1) || fail "$name from the node: $node"
+		[[ $pod == error* && $node == error* ]] || fail "$name answered: pod '$pod', node '$node'"
+		rules=$(in_node iptables-save)
+		! grep -q "$NS/$name:" <<<"$rules" || fail "kube-proxy has rules for $name"
+	done
+	kc delete svc -n "$NS" other-proxy no-proxy >/dev/null
+	echo "service-proxy-name foo-bar and headless: no rule of kube-proxy's, no translation; the pod and the node each '${pod% 1}'"
+}
 # A flow the kernel DNATs (an administrator's rule here; kube-proxy's are
 # alike) keeps the kernel path both ways: the backend's replies pass for
 # un-DNAT, and the client sees the address it dialed.
@@ -844,6 +875,7 @@ check "annotate off under a TCP stream" switch_under_load off devmap 'redirect_.
 check "an invalid annotation value becomes an Event, the pod keeps its network" c_bad_annotation
 check "a ClusterIP Service 100 times in a row, translated at the socket; streams through it and to a backend's port >= 99% on the fast path" c_service
 check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, ClientIP affinity, UDP, an empty Service refused to both, hairpin left to kube-proxy" c_service_equiv
+check "Services labelled service-proxy-name or headless: served by neither kube-proxy nor the translation" c_service_labels
 check "a flow DNAT'd by an iptables rule takes the kernel path both ways" c_dnat
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol
