@@ -74,7 +74,7 @@ step "image localhost/xdpcni-testpod:$TAG"
 r=$work/testpod
 skeleton "$r"
 install -D -m 0755 /bin/busybox "$r/bin/busybox"
-for a in sh ping ping6 sleep cat ip hostname ls wget nc; do ln -s busybox "$r/bin/$a"; done
+for a in sh ping ping6 sleep cat ip hostname ls wget nc nslookup; do ln -s busybox "$r/bin/$a"; done
 put target/release/podtool /usr/local/bin/podtool "$r"
 python3 scripts/oci-image.py "$r" "localhost/xdpcni-testpod:$TAG" "$OUT/testpod.tar" >/dev/null
 

@@ -372,6 +372,106 @@ c_service_labels() {
 	kc delete svc -n "$NS" other-proxy no-proxy >/dev/null
 	echo "service-proxy-name foo-bar and headless: no rule of kube-proxy's, no translation; the pod and the node each '${pod% 1}'"
 }
+# The cluster DNS: a pod's resolv.conf names it with the cluster's search
+# domains; a Service resolves by its short, namespaced and full names to its
+# cluster IP, and a connect by name is translated at the socket like one to
+# the address; a headless Service resolves to its ready pods; an unknown name
+# does not resolve.
+c_cluster_dns() {
+	local c ip conf name out t0 t1 hl want got
+	c=$(pods_of client)
+	ip=$(kc get svc -n "$NS" web -o jsonpath='{.spec.clusterIP}')
+	conf=$(x "$c" cat /etc/resolv.conf) || fail "no resolv.conf in $c"
+	grep -q "^nameserver $NODE_IP\$" <<<"$conf" && grep -q "^search $NS.svc.$CLUSTER_DOMAIN svc.$CLUSTER_DOMAIN $CLUSTER_DOMAIN" <<<"$conf" ||
+		fail "the pod's resolv.conf: $conf"
+	for name in web "web.$NS" "web.$NS.svc.$CLUSTER_DOMAIN"; do
+		t0=$(translated)
+		out=$(x "$c" podtool greet "$name" 80 10 2>&1) || fail "greet $name: $out"
+		t1=$(translated)
+		[ $((t1 - t0)) -eq 10 ] || fail "$name: $((t1 - t0)) of 10 connects translated"
+	done
+	out=$(x "$c" nslookup "web.$NS.svc.$CLUSTER_DOMAIN" 2>&1) # (its status: the AAAA query finds none)
+	grep -q "Address: $ip\$" <<<"$out" || fail "web.$NS.svc.$CLUSTER_DOMAIN is not $ip: $out"
+	kc apply -f - >/dev/null <<-YAML || fail "the headless Service"
+	apiVersion: v1
+	kind: Service
+	metadata: {name: web-headless, namespace: $NS}
+	spec: {clusterIP: None, selector: {app: web}, ports: [{name: tcp, port: 8080}]}
+	YAML
+	want=$(kc get pods -n "$NS" -l app=web -o jsonpath='{.items[*].status.podIP}' | tr ' ' '\n' | sort | tr '\n' ' ')
+	for _ in $(seq 1 30); do
+		got=$(x "$c" nslookup "web-headless.$NS.svc.$CLUSTER_DOMAIN" 2>&1 | awk '/^Address: / && NR > 2 { print $2 }' | sort | tr '\n' ' ')
+		[ "$got" = "$want" ] && break
+		sleep 0.5
+	done
+	kc delete svc -n "$NS" web-headless >/dev/null
+	[ "$got" = "$want" ] || fail "web-headless resolves to [$got], not the web pods [$want]"
+	out=$(x "$c" podtool greet nosuch 80 1 2>&1) && fail "an unknown name was reached: $out"
+	grep -q "resolving" <<<"$out" || fail "an unknown name: $out"
+	echo "resolv.conf: nameserver $NODE_IP, search $NS.svc.$CLUSTER_DOMAIN ...; web, web.$NS and web.$NS.svc.$CLUSTER_DOMAIN -> $ip, 10/10 connects by each name translated; web-headless -> [${got% }]; an unknown name unresolved"
+}
+# One connected UDP socket to a ClusterIP, a datagram every 100 ms, while
+# the Service's only backend is replaced (web pod a -> web pod b, by label).
+# (b joins the Service before a leaves it.) Through kube-proxy (from the
+# node) the same socket reaches b once
+# kube-proxy has deleted a's conntrack entries; a pod's translated socket
+# is closed by the agent (ECONNABORTED once) and, connected anew, reaches b.
+# ($1: "pod" or "node"; prints podtool follow's runs on one line.)
+follow_swap() {
+	local side=$1 a b c ip out
+	read -r a b <<<"$(pods_of web)"
+	c=$(pods_of client)
+	ip=$(kc get svc -n "$NS" swap-udp -o jsonpath='{.spec.clusterIP}')
+	kc label pod -n "$NS" "$b" swap- >/dev/null
+	kc label pod -n "$NS" "$a" swap=on --overwrite >/dev/null
+	for _ in $(seq 1 50); do
+		if [ "$side" = pod ]; then
+			out=$(x "$c" podtool who udp-connected "$ip" 53 1 2>&1)
+		else
+			out=$(in_node "$REPO/target/release/podtool" who udp-connected "$ip" 53 1 2>&1)
+		fi
+		[[ $out == "$a "* ]] && break
+		sleep 0.2
+	done
+	[[ $out == "$a "* ]] || { echo "$side: $a never answered alone: $out"; return 1; }
+	if [ "$side" = pod ]; then
+		x "$c" podtool follow "$ip" 53 8 >"$W/follow-$side" 2>&1 &
+	else
+		in_node "$REPO/target/release/podtool" follow "$ip" 53 8 >"$W/follow-$side" 2>&1 &
+	fi
+	local pid=$!
+	sleep 2
+	# b joins before a leaves: the Service is never empty (an empty one is
+	# kube-proxy's to refuse, on both sides).
+	kc label pod -n "$NS" "$b" swap=on >/dev/null
+	kc label pod -n "$NS" "$a" swap- >/dev/null
+	wait "$pid" || { echo "$side: podtool follow: $(cat "$W/follow-$side")"; return 1; }
+	tr '\n' ';' <"$W/follow-$side"
+}
+c_udp_backend_replaced() {
+	local a b pod node closed0 closed1
+	read -r a b <<<"$(pods_of web)"
+	kc apply -f - >/dev/null <<-YAML || fail "the check's Service"
+	apiVersion: v1
+	kind: Service
+	metadata: {name: swap-udp, namespace: $NS}
+	spec: {selector: {swap: "on"}, ports: [{name: dns, port: 53, targetPort: 8080, protocol: UDP}]}
+	YAML
+	closed0=$(metrics | awk '/^xdpcni_service_sockets_closed_total / { print $NF + 0 }')
+	pod=$(follow_swap pod) || fail "$pod"
+	closed1=$(metrics | awk '/^xdpcni_service_sockets_closed_total / { print $NF + 0 }')
+	node=$(follow_swap node) || fail "$node"
+	kc delete svc -n "$NS" swap-udp >/dev/null
+	kc label pod -n "$NS" "$a" "$b" swap- >/dev/null
+	# The backends each side heard, in order, errors left out.
+	names() { tr ';' '\n' <<<"$1" | awk 'NF && $1 != "error" && $1 != prev { printf "%s ", $1; prev = $1 }'; }
+	[ "$(names "$pod")" = "$a $b " ] || fail "the pod heard [$(names "$pod")], not $a then $b: $pod"
+	[ "$(names "$node")" = "$a $b " ] || fail "the node heard [$(names "$node")], not $a then $b: $node"
+	grep -q "error aborted 1;" <<<"$pod" || fail "the pod's socket was not closed once: $pod"
+	! grep -q "error aborted" <<<"$node" || fail "the node's socket (kube-proxy's) was closed: $node"
+	[ "$((closed1 - closed0))" -eq 1 ] || fail "xdpcni_service_sockets_closed_total +$((closed1 - closed0))"
+	echo "one connected UDP socket, its only backend replaced 2 s in: from a pod (translated) $pod from the node (kube-proxy) $node; sockets closed +1"
+}
 # A flow the kernel DNATs (an administrator's rule here; kube-proxy's are
 # alike) keeps the kernel path both ways: the backend's replies pass for
 # un-DNAT, and the client sees the address it dialed.
@@ -876,6 +976,8 @@ check "an invalid annotation value becomes an Event, the pod keeps its network" 
 check "a ClusterIP Service 100 times in a row, translated at the socket; streams through it and to a backend's port >= 99% on the fast path" c_service
 check "the socket's translation and kube-proxy agree: the same backends from a pod and from the node, ClientIP affinity, UDP, an empty Service refused to both, hairpin left to kube-proxy" c_service_equiv
 check "Services labelled service-proxy-name or headless: served by neither kube-proxy nor the translation" c_service_labels
+check "the cluster DNS: Services by name (short, namespaced, full) to their cluster IP, connects by name translated, a headless Service to its pods" c_cluster_dns
+check "a connected UDP socket whose only backend is replaced reaches the new one, from a pod (closed once, translated) and from the node (kube-proxy)" c_udp_backend_replaced
 check "a flow DNAT'd by an iptables rule takes the kernel path both ways" c_dnat
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol

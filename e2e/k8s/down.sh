@@ -60,7 +60,7 @@ for pid in $(pgrep -f -- "-address $SOCK" 2>/dev/null); do
 done
 
 step "stop the daemons, newest first"
-for name in kube-proxy containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
+for name in cluster-dns dnsmasq kube-proxy containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
 	try stop_pid "$(pid_of "$name")"
 done
 

@@ -15,6 +15,7 @@ HELM_DIR=${XDPCNI_HELM_CACHE:-/var/cache/xdpcni-helm}
 NODE_NAME=xdpcni-node
 NODE_IP=192.0.2.2
 CLUSTER_CIDR=10.244.0.0/16
+CLUSTER_DOMAIN=cluster.local
 SERVICE_CIDR=10.96.0.0/16
 SOCK=$W/containerd/containerd.sock
 # What the kubelet changes host-wide (../shared/K8S-LOCAL.md); saved and restored.

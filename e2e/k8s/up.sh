@@ -3,7 +3,8 @@
 # `helm install`s charts/xdpcni on it with images built here (no registry):
 # etcd, kube-apiserver, kube-controller-manager (--allocate-node-cidrs),
 # kube-scheduler, containerd + runc, kubelet and kube-proxy (iptables mode),
-# all in the node's own network namespace. Leaves it running; e2e/k8s/down.sh
+# and a cluster DNS (dnsmasq fed from the API by cluster-dns.py), all in the
+# node's own network namespace. Leaves it running; e2e/k8s/down.sh
 # stops it and restores the host. Try it by hand:
 #   source e2e/k8s/lib.sh; kc get pods -A -o wide
 source "$(dirname "$0")/lib.sh"
@@ -27,7 +28,7 @@ fi
 step "build Kubernetes (cached) and fetch helm/kubectl"
 bash "$REPO/scripts/k8s-build.sh" >/dev/null
 bash "$REPO/scripts/helm.sh" >/dev/null
-apt_install containerd runc iptables conntrack openssl etcd-server iproute2 util-linux
+apt_install containerd runc iptables conntrack openssl etcd-server iproute2 util-linux dnsmasq-base
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 
 step "record what the host looks like now ($W/before)"
@@ -167,7 +168,13 @@ authorization: {mode: AlwaysAllow}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+# The cluster DNS (dnsmasq on the node's address, below); pods get its
+# search domains and nothing of the host's resolver.
+clusterDNS: [$NODE_IP]
+clusterDomain: $CLUSTER_DOMAIN
+resolvConf: $W/resolv.conf
 EOF
+: >"$W/resolv.conf"
 daemon kubelet "$K8S_BIN/kubelet" --kubeconfig="$W/admin.kubeconfig" --config="$W/kubelet.yaml" \
 	--container-runtime=remote --container-runtime-endpoint="unix://$SOCK" \
 	--root-dir="$W/kubelet" --volume-plugin-dir="$W/kubelet/volume-plugins" --cert-dir="$W/kubelet/pki" \
@@ -186,6 +193,17 @@ healthzBindAddress: 127.0.0.1:10256
 conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 EOF
 daemon kube-proxy "$K8S_BIN/kube-proxy" --config="$W/kube-proxy.yaml"
+
+step "the cluster DNS: dnsmasq on $NODE_IP:53, fed from the API (e2e/k8s/cluster-dns.py)"
+mkdir -p "$W/dns"
+: >"$W/dns/hosts"
+daemon dnsmasq dnsmasq --keep-in-foreground --conf-file=/dev/null --user=root --group=root \
+	--pid-file="$W/dns/dnsmasq.pid" --listen-address="$NODE_IP" --bind-interfaces --no-resolv --no-hosts \
+	--addn-hosts="$W/dns/hosts" --local="/$CLUSTER_DOMAIN/" --domain-needed --log-queries
+daemon cluster-dns python3 "$REPO/e2e/k8s/cluster-dns.py" "$HELM_DIR/kubectl" "$W/admin.kubeconfig" \
+	"$W/dns/hosts" "$W/dns/dnsmasq.pid" "$CLUSTER_DOMAIN"
+dns_fed() { grep -q "kubernetes.default.svc.$CLUSTER_DOMAIN" "$W/dns/hosts"; }
+wait_for 30 dns_fed
 wait_for 60 kc get node "$NODE_NAME"
 has_pod_cidr() { [ -n "$(kc get node "$NODE_NAME" -o jsonpath='{.spec.podCIDR}')" ]; }
 wait_for 30 has_pod_cidr

@@ -2,6 +2,8 @@
 //! (e2e/k8s), next to busybox. Every client is bounded in time and exits
 //! non-zero with a message when the network does not do what it checks.
 //!
+//! ADDR is an IP address, or a name the pod's resolver resolves (the cluster DNS).
+//!
 //! ```text
 //! podtool serve PORT...              on each PORT (IPv4 and IPv6), TCP: greets every
 //!                                    connection with the pod's name ($PODTOOL_NAME, else
@@ -86,12 +88,24 @@ fn main() -> Result<()> {
     }
 }
 
+/// ADDR PORT as a socket address: ADDR an IP address, or a name resolved
+/// as the pod's libc resolves it (its resolv.conf: the cluster DNS and its
+/// search domains), its first IPv4 address preferred.
 fn target(addr: &str, port: &str) -> Result<SocketAddr> {
-    let ip: IpAddr = addr.parse().with_context(|| format!("address {addr:?}"))?;
-    Ok(SocketAddr::new(
-        ip,
-        port.parse().with_context(|| format!("port {port:?}"))?,
-    ))
+    use std::net::ToSocketAddrs;
+    let port: u16 = port.parse().with_context(|| format!("port {port:?}"))?;
+    if let Ok(ip) = addr.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    let all: Vec<SocketAddr> = (addr, port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {addr:?}"))?
+        .collect();
+    all.iter()
+        .find(|a| a.is_ipv4())
+        .or(all.first())
+        .copied()
+        .with_context(|| format!("{addr:?} has no address"))
 }
 
 fn serve(ports: &[u16]) -> Result<()> {
