@@ -217,6 +217,24 @@ fn service_translation_follows_the_api_server() {
     let s = status(&node.net.node);
     assert!(s["services"]["translated"].as_u64().unwrap() >= 140, "{s}");
     assert!(s["services"]["namespaces"].as_u64().unwrap() >= 3, "{s}");
+    // Who serves what: pods' ClusterIP connects by the programs, the rest
+    // by kube-proxy.
+    let served = s["services"]["servedBy"].as_array().unwrap();
+    assert_eq!(
+        served[0]["traffic"], "ClusterIP from this node's pods, TCP and UDP",
+        "{s}"
+    );
+    assert!(
+        served[0]["by"].as_str().unwrap().starts_with("xdpcni"),
+        "{s}"
+    );
+    assert!(
+        served
+            .iter()
+            .any(|w| w["traffic"] == "NodePort, LoadBalancer, externalIPs"
+                && w["by"] == "kube-proxy"),
+        "{s}"
+    );
     let m = node.metrics().unwrap();
     assert!(m[r#"xdpcni_service_calls_total{result="translated"}"#] >= 140.0);
     assert!(m["xdpcni_service_sync_seconds_count"] >= 20.0);
@@ -229,6 +247,10 @@ fn service_translation_follows_the_api_server() {
     assert!(
         line.contains("2 frontends of 2 Services translated at the socket (1 with ready backends)")
             && line.contains("for 3 pod namespaces"),
+        "{table}"
+    );
+    assert!(
+        table.contains("\n           NodePort, LoadBalancer, externalIPs: kube-proxy\n"),
         "{table}"
     );
 

@@ -193,6 +193,7 @@ impl Core {
                 services.no_backend = st.no_backend;
             }
         }
+        services.served_by = services.who_serves();
         Status {
             version: env!("CARGO_PKG_VERSION").into(),
             agent_mode: agent_mode.into(),

@@ -29,6 +29,16 @@ impl FrontendStatus {
     }
 }
 
+/// Who serves one kind of Service traffic on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServedBy {
+    /// The kind of traffic.
+    pub traffic: String,
+    /// Who serves it: the agent's programs, kube-proxy, or nobody.
+    pub by: String,
+}
+
 /// Service translation on this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -50,6 +60,8 @@ pub struct ServicesStatus {
     pub translated: u64,
     /// Calls to a frontend with no ready backend, left to kube-proxy.
     pub no_backend: u64,
+    /// Per kind of Service traffic, who serves it ([`ServicesStatus::who_serves`]).
+    pub served_by: Vec<ServedBy>,
 }
 
 impl ServicesStatus {
@@ -85,6 +97,40 @@ impl ServicesStatus {
             }
             Err(e) => self.sync_error = Some(e),
         }
+    }
+
+    /// Per kind of Service traffic, who serves it on this node now: the one
+    /// list the status, its table and docs/services.md ("Who serves what")
+    /// say.
+    pub fn who_serves(&self) -> Vec<ServedBy> {
+        let socket = if self.enabled && self.error.is_none() && self.cgroup.is_some() {
+            "xdpcni, at the socket (connect, sendmsg)".to_string()
+        } else {
+            "kube-proxy (translation off or not attached)".to_string()
+        };
+        [
+            (
+                "ClusterIP from this node's pods, TCP and UDP",
+                socket.as_str(),
+            ),
+            (
+                "ClusterIP with no ready backend",
+                "kube-proxy (its refusal)",
+            ),
+            ("ClusterIP from the node and hostNetwork pods", "kube-proxy"),
+            ("NodePort, LoadBalancer, externalIPs", "kube-proxy"),
+            ("SCTP; IPv4-mapped addresses on IPv6 sockets", "kube-proxy"),
+            (
+                "Services labelled service-proxy-name (another proxy's) or headless",
+                "nobody, as with kube-proxy",
+            ),
+        ]
+        .into_iter()
+        .map(|(traffic, by)| ServedBy {
+            traffic: traffic.into(),
+            by: by.into(),
+        })
+        .collect()
     }
 
     /// The Services line of the status table.
@@ -161,5 +207,23 @@ mod tests {
             .summary()
             .ends_with("the last write failed: services map full"));
         assert!(!ServicesStatus::default().summary().contains("frontends"));
+    }
+
+    #[test]
+    fn who_serves_names_the_programs_only_while_they_are_attached() {
+        let by = |s: &ServicesStatus| -> Vec<String> {
+            s.who_serves().into_iter().map(|w| w.by).collect()
+        };
+        let mut s = ServicesStatus::off(true, None);
+        assert!(by(&s)[0].starts_with("kube-proxy"));
+        s.opened(Ok("/sys/fs/cgroup".into()));
+        assert!(by(&s)[0].starts_with("xdpcni"));
+        // Everything but pods' ClusterIP connects stays kube-proxy's (or
+        // nobody's, for the labelled Services).
+        assert!(by(&s)[1..5].iter().all(|b| b.starts_with("kube-proxy")));
+        assert!(by(&s)[5].starts_with("nobody"));
+        s.opened(Err("no cgroup v2".into()));
+        assert!(by(&s)[0].starts_with("kube-proxy"));
+        assert!(!by(&ServicesStatus::off(false, None))[0].starts_with("xdpcni"));
     }
 }

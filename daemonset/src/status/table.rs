@@ -112,7 +112,15 @@ impl Status {
                 d.mode, d.redirect, d.cpus
             ),
             format!("Policies:  {}", self.policies.summary()),
-            format!("Services:  {}", self.services.summary()),
+            format!(
+                "Services:  {}{}",
+                self.services.summary(),
+                self.services
+                    .served_by
+                    .iter()
+                    .map(|w| format!("\n           {}: {}", w.traffic, w.by))
+                    .collect::<String>()
+            ),
             format!("Fast path: {}", self.cross_node.summary()),
             format!("Last pass: {last}"),
             format!("Pods:      {}", self.pods_summary()),
