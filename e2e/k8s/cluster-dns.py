@@ -34,10 +34,10 @@ def records(objs, domain):
         if o["kind"] != "Service":
             continue
         m, spec = o["metadata"], o.get("spec", {})
-        fqdn = f'{m["name"]}.{m["namespace"]}.svc.{domain}'
-        ips = [ip for ip in (spec.get("clusterIPs") or [spec.get("clusterIP")]) if ip and ip != "None"]
         if spec.get("type") == "ExternalName":
             continue
+        fqdn = f'{m["name"]}.{m["namespace"]}.svc.{domain}'
+        ips = [ip for ip in (spec.get("clusterIPs") or [spec.get("clusterIP")]) if ip and ip != "None"]
         if ips:
             out.update((ip, fqdn) for ip in ips)
             continue

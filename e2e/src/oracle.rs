@@ -299,6 +299,11 @@ pub fn probe(
     let out = cg
         .podtool(inside, client, &args)
         .with_context(|| format!("{proto} {to:?}"))?;
+    Ok(counted(&out)?.into_iter().collect())
+}
+
+/// podtool's "ANSWER COUNT" lines, in order.
+fn counted(out: &str) -> Result<Vec<(String, u32)>> {
     out.lines()
         .map(|l| {
             let (what, count) = l.rsplit_once(' ').context("a line without a count")?;
@@ -317,11 +322,5 @@ pub fn follow(
     secs: f64,
 ) -> Result<Vec<(String, u32)>> {
     let (ip, port, secs) = (to.0.to_string(), to.1.to_string(), secs.to_string());
-    let out = cg.podtool(inside, client, &["follow", &ip, &port, &secs])?;
-    out.lines()
-        .map(|l| {
-            let (what, count) = l.rsplit_once(' ').context("a line without a count")?;
-            Ok((what.to_string(), count.parse()?))
-        })
-        .collect()
+    counted(&cg.podtool(inside, client, &["follow", &ip, &port, &secs])?)
 }

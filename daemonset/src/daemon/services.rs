@@ -76,7 +76,7 @@ impl Core {
         );
         if let Ok(done) = &result {
             if !done.gone.is_empty() {
-                self.close_gone_sockets(done.gone.clone()).await;
+                self.close_gone_sockets(&done.gone).await;
             }
         }
         let mut status = self.view.book.services();
@@ -112,17 +112,25 @@ impl Core {
     /// `ECONNABORTED` and connects again, to a live backend. kube-proxy
     /// deletes the conntrack entries of such flows for the same reason: a
     /// connected socket would otherwise keep sending to the removed backend.
-    async fn close_gone_sockets(&self, gone: BTreeSet<(SvcAddr, SvcAddr)>) {
+    async fn close_gone_sockets(&self, gone: &BTreeSet<(SvcAddr, SvcAddr)>) {
         let namespaces = crate::services::pod_netns_paths(&self.records());
         let backends: BTreeSet<SvcAddr> = gone.iter().map(|(_, b)| *b).collect();
-        let found = tokio::task::spawn_blocking(move || {
+        let found = match tokio::task::spawn_blocking(move || {
             crate::services::connected_to(&namespaces, &backends)
         })
         .await
-        .unwrap_or_default();
+        {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "listing the sockets a gone backend leaves");
+                self.metrics.error(Stage::Services);
+                return;
+            }
+        };
         if found.is_empty() {
             return;
         }
+        let gone = gone.clone();
         let doomed = match answered(
             self.owner
                 .run(move |r| r.translated_to_gone(found, &gone))
@@ -135,9 +143,15 @@ impl Core {
                 return;
             }
         };
-        let closed = tokio::task::spawn_blocking(move || crate::services::close(doomed))
-            .await
-            .unwrap_or_default();
+        let closed = match tokio::task::spawn_blocking(move || crate::services::close(doomed)).await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "closing the sockets a gone backend leaves");
+                self.metrics.error(Stage::Services);
+                0
+            }
+        };
         if closed > 0 {
             info!(
                 closed,
