@@ -22,7 +22,8 @@ use xdpcni_e2e::{
     netns::{Netns, PinDir},
 };
 use xdpcni_ebpf::{
-    abi::SvcAddr, abi::SVC_AFFINITY, ServiceEntry, ServiceStats, Services, SVC_LEASE_SECS,
+    abi::SvcAddr, abi::SVC_AFFINITY, abi::SVC_NS_POD, ServiceEntry, ServiceStats, Services,
+    SVC_LEASE_SECS,
 };
 
 const TCP: u8 = 6;
@@ -185,7 +186,7 @@ fn entry(
 #[test]
 fn service_connect_reaches_every_backend_and_shows_the_frontend_ipv4_and_ipv6() -> Result<()> {
     let mut s = Scene::new()?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     for (id, vip, server) in [(1, "10.96.0.10", SERVER4), (2, "fd96::10", SERVER6)] {
         let fe = svc_addr(vip, 80, TCP)?;
         s.svc
@@ -207,7 +208,7 @@ fn service_connect_reaches_every_backend_and_shows_the_frontend_ipv4_and_ipv6() 
 #[test]
 fn service_udp_unconnected_sends_stay_on_one_backend_and_replies_show_the_frontend() -> Result<()> {
     let mut s = Scene::new()?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     // Each backend's datagrams counted where they arrive, per family.
     s.server.exec(&["nft", "add", "table", "inet", "xsvc"])?;
     s.server.exec(&[
@@ -267,7 +268,7 @@ fn service_udp_unconnected_sends_stay_on_one_backend_and_replies_show_the_fronte
 #[test]
 fn service_removed_backend_is_never_chosen_and_affinity_keeps_one_backend() -> Result<()> {
     let mut s = Scene::new()?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     let fe = svc_addr("10.96.0.11", 80, TCP)?;
     let to: SocketAddr = "10.96.0.11:80".parse()?;
     let both = entry(5, fe, SERVER4, TCP, &[0, 1])?;
@@ -309,7 +310,7 @@ fn service_translates_only_the_namespaces_it_names() -> Result<()> {
         .expect_err("untranslated connect");
     assert!(err.to_string().contains("connection 0 of 1"), "{err:#}");
     let cookie = s.client_cookie()?;
-    s.svc.add_netns(cookie)?;
+    s.svc.add_netns(cookie, SVC_NS_POD)?;
     assert_eq!(
         s.greet("10.96.0.12:80".parse()?, 4)?.values().sum::<u32>(),
         4
@@ -322,13 +323,13 @@ fn service_translates_only_the_namespaces_it_names() -> Result<()> {
     assert!(s.greet("10.96.0.12:80".parse()?, 1).is_err());
     // The writer's sync: exactly the node's pods, added then removed.
     let only = BTreeMap::from([(cookie, BTreeSet::from([CLIENT4.parse()?]))]);
-    assert_eq!(s.svc.sync_netns(&only)?, (1, 0));
-    assert_eq!(s.svc.sync_netns(&only)?, (0, 0));
+    assert_eq!(s.svc.sync_netns(&only, None)?, (1, 0));
+    assert_eq!(s.svc.sync_netns(&only, None)?, (0, 0));
     assert_eq!(
         s.greet("10.96.0.12:80".parse()?, 2)?.values().sum::<u32>(),
         2
     );
-    assert_eq!(s.svc.sync_netns(&BTreeMap::new())?, (0, 1));
+    assert_eq!(s.svc.sync_netns(&BTreeMap::new(), None)?, (0, 1));
     assert!(s.greet("10.96.0.12:80".parse()?, 1).is_err());
     Ok(())
 }
@@ -347,19 +348,19 @@ fn service_backend_that_is_the_caller_itself_is_left_to_kube_proxy() -> Result<(
         Ok(BTreeMap::from([(cookie, ips)]))
     };
     // The client's own addresses are not the backend's: translated.
-    s.svc.sync_netns(&own(&[CLIENT4, CLIENT6])?)?;
+    s.svc.sync_netns(&own(&[CLIENT4, CLIENT6])?, None)?;
     assert_eq!(s.greet(to, 3)?.values().sum::<u32>(), 3);
     // The backend's address the client's own (a pod reaching itself through
     // its Service): left to kube-proxy, whose masquerade shows the pod the
     // node as its client (here nothing routes the frontend), counted as left.
     let before = stats()?;
-    s.svc.sync_netns(&own(&[CLIENT4, SERVER4])?)?;
+    s.svc.sync_netns(&own(&[CLIENT4, SERVER4])?, None)?;
     assert!(s.greet(to, 2).is_err());
     let after = stats()?;
     assert_eq!(after.left, before.left + 1, "{after:?}");
     assert_eq!(after.translated, before.translated, "{after:?}");
     // No longer its own: translated again.
-    assert_eq!(s.svc.sync_netns(&own(&[CLIENT4])?)?, (0, 0));
+    assert_eq!(s.svc.sync_netns(&own(&[CLIENT4])?, None)?, (0, 0));
     assert_eq!(s.greet(to, 2)?.values().sum::<u32>(), 2);
     Ok(())
 }
@@ -367,7 +368,7 @@ fn service_backend_that_is_the_caller_itself_is_left_to_kube_proxy() -> Result<(
 #[test]
 fn service_without_ready_backends_is_left_to_the_kernel_path() -> Result<()> {
     let mut s = Scene::new()?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     let fe = svc_addr("10.96.0.13", 80, TCP)?;
     let none = entry(7, fe, SERVER4, TCP, &[])?;
     s.svc.set_service(&none, None)?;
@@ -386,7 +387,7 @@ fn service_without_ready_backends_is_left_to_the_kernel_path() -> Result<()> {
 #[test]
 fn service_lease_run_out_leaves_every_call_to_the_kernel_path_until_renewed() -> Result<()> {
     let mut s = Scene::new()?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     let fe = svc_addr("10.96.0.14", 80, TCP)?;
     s.svc
         .set_service(&entry(8, fe, SERVER4, TCP, &[0])?, None)?;
@@ -416,7 +417,7 @@ fn service_lease_run_out_leaves_every_call_to_the_kernel_path_until_renewed() ->
 fn service_sync_writes_only_changes_and_a_reopened_writer_keeps_every_id() -> Result<()> {
     use xdpcni_ebpf::ServiceWant;
     let mut s = Scene::new()?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     let fe = svc_addr("10.96.0.14", 80, TCP)?;
     let want = |which: &[usize]| -> Result<std::collections::BTreeMap<_, _>> {
         Ok(std::collections::BTreeMap::from([(
@@ -467,7 +468,7 @@ fn service_links_pinned_outlive_their_writer_and_move_to_a_new_one() -> Result<(
     let fe = svc_addr("10.96.0.15", 80, TCP)?;
     s.svc
         .set_service(&entry(8, fe, SERVER4, TCP, &[0])?, None)?;
-    s.svc.add_netns(s.client_cookie()?)?;
+    s.svc.add_netns(s.client_cookie()?, SVC_NS_POD)?;
     let greet = |cg: &TestCgroup| -> Result<String> {
         let script = format!(
             "echo $$ > {} && exec ip netns exec {} {} greet 10.96.0.15 80 2",

@@ -121,6 +121,10 @@ int main(void)
 	OFF(svc_own_key, addr);
 	OFF(svc_own_key, family);
 	OFF(svc_own_key, pad);
+	SIZE(svc_ip);
+	OFF(svc_ip, addr);
+	OFF(svc_ip, family);
+	OFF(svc_ip, pad);
 	SIZE(svc_revnat_key);
 	OFF(svc_revnat_key, cookie);
 	OFF(svc_revnat_key, to);
@@ -228,6 +232,8 @@ int main(void)
 	VAL(XDPCNI_MAX_SVC_AFFINITY);
 	VAL(XDPCNI_SVC_MAX_CHOICES);
 	VAL(XDPCNI_SVC_AFFINITY);
+	VAL(XDPCNI_SVC_NS_POD);
+	VAL(XDPCNI_SVC_NS_NODE);
 	VAL(XDPCNI_SVC_TRANSLATED);
 	VAL(XDPCNI_SVC_NO_BACKEND);
 	VAL(XDPCNI_SVC_LEFT);

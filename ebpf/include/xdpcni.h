@@ -513,6 +513,29 @@ struct svc_own_key {
 	__u8 pad[7];
 };
 
+/*
+ * svc_netns values: which sockets a namespace's are. A pod's (1), or the
+ * node's own (host processes, hostNetwork pods): those also take the
+ * source address kube-proxy would give them (svc_node_src).
+ */
+#define XDPCNI_SVC_NS_POD  (1U << 0)
+#define XDPCNI_SVC_NS_NODE (1U << 1)
+
+/*
+ * svc_node_src: a frontend's address -> the source a socket of the node's
+ * own binds to when its call to that frontend is translated. kube-proxy
+ * DNATs a node's packet after its source was chosen by the route toward
+ * the frontend, and keeps that source unless it masquerades (a source
+ * outside its clusterCIDR): the agent writes the route's source here for
+ * the frontends it keeps, and nothing for the masqueraded ones, whose
+ * source the route toward the backend chooses, as MASQUERADE does.
+ */
+struct svc_ip {
+	__u8 addr[16]; /* IPv4: the first 4 bytes, the rest 0 */
+	__u8 family;   /* XDPCNI_FAMILY_* */
+	__u8 pad[3];
+};
+
 /* svc_revnat (LRU): what a socket connected or sent to, shown back as the Service. */
 struct svc_revnat_key {
 	__u64 cookie;	    /* the socket's cookie */
@@ -544,7 +567,7 @@ struct svc_choice {
  */
 #define XDPCNI_SVC_TRANSLATED 0 /* sent to a backend chosen here */
 #define XDPCNI_SVC_NO_BACKEND 1 /* no ready backend: left to kube-proxy, which refuses */
-#define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy for another reason (hairpin, a full record) */
+#define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy otherwise (hairpin, full record, bound) */
 #define XDPCNI_SVC_EXPIRED    3 /* the writer's lease ran out: left to kube-proxy */
 #define XDPCNI_SVC_STATS      4
 

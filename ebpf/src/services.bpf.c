@@ -8,20 +8,30 @@
  * carries it like any pod-to-pod packet.
  *
  * Scope: only sockets of a network namespace in svc_netns (the node's pods,
- * written by the agent): never the host's own sockets, nor another node's
- * pods on the same machine. Anything not translated here (no ready backend,
+ * and the node's own namespace when the agent is told to translate it,
+ * written by the agent): never another node's pods on the same machine.
+ * The node's own sockets also take the source address kube-proxy's path
+ * would give them (svc_node_src). Anything not translated here (no ready backend,
  * another protocol, an IPv4-mapped address) goes on unchanged, and
  * kube-proxy's rules on the kernel path decide it, as for every client the
  * agent does not serve.
  */
 #include <linux/bpf.h>
 #include <linux/in.h>
+#include <linux/in6.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
 #include "xdpcni.h"
 
 char LICENSE[] SEC("license") = "GPL";
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
 
 /* A sock_addr program lets the call go on with 1 (0 would refuse it: EPERM). */
 #define SOCK_GO_ON 1
@@ -33,6 +43,14 @@ struct {
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_netns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SERVICES);
+	__type(key, struct svc_ip);
+	__type(value, struct svc_ip);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_node_src SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -123,11 +141,13 @@ static __always_inline void count(__u32 what)
 		*n += 1;
 }
 
-static __always_inline int in_scope(struct bpf_sock_addr *ctx)
+/* The caller's namespace's XDPCNI_SVC_NS_* flags: 0 when it is not translated. */
+static __always_inline __u32 in_scope(struct bpf_sock_addr *ctx)
 {
 	__u64 ns = bpf_get_netns_cookie(ctx);
+	__u32 *flags = bpf_map_lookup_elem(&svc_netns, &ns);
 
-	return bpf_map_lookup_elem(&svc_netns, &ns) != 0;
+	return flags ? *flags : 0;
 }
 
 /* The address the call names (the destination, or the peer for recvmsg/getpeername). */
@@ -238,14 +258,74 @@ static __always_inline int is_own(struct bpf_sock_addr *ctx, const struct svc_ad
 	return bpf_map_lookup_elem(&svc_own, &k) != 0;
 }
 
+/* Whether a socket of the node's own already has a source address (its application chose it). */
+static __always_inline int has_source(struct bpf_sock_addr *ctx, int v6, int sticky)
+{
+	struct bpf_sock *sk = ctx->sk;
+
+	if (sticky) /* sendmsg: the bound address, or one the call names (IP_PKTINFO) */
+		return v6 ? (ctx->msg_src_ip6[0] | ctx->msg_src_ip6[1] | ctx->msg_src_ip6[2] |
+			     ctx->msg_src_ip6[3]) != 0
+			  : ctx->msg_src_ip4 != 0;
+	if (!sk)
+		return 1;
+	return v6 ? (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) != 0
+		  : sk->src_ip4 != 0;
+}
+
+/*
+ * A translated call of the node's own takes the source kube-proxy's path
+ * gives it: the route's toward the frontend where the agent wrote it in
+ * svc_node_src (kube-proxy keeps that source), else the route's toward the
+ * backend (as MASQUERADE chooses it). A socket whose application chose its
+ * source is left to kube-proxy, whose masquerade depends on that source;
+ * so is a connect that cannot bind (a socket bound to a port alone).
+ * Returns 0 to go on translating.
+ */
+static __always_inline int node_source(struct bpf_sock_addr *ctx, const struct svc_addr *fe, int v6,
+				       int sticky)
+{
+	struct svc_ip k = {.family = fe->family};
+	struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6};
+	struct sockaddr_in sa4 = {.sin_family = AF_INET};
+	struct svc_ip *src;
+
+	if (has_source(ctx, v6, sticky))
+		return -1;
+	__builtin_memcpy(k.addr, fe->addr, 16);
+	src = bpf_map_lookup_elem(&svc_node_src, &k);
+	if (!src)
+		return 0;
+	if (sticky) {
+		const __u32 *w = (const __u32 *)src->addr;
+
+		if (v6) {
+			ctx->msg_src_ip6[0] = w[0];
+			ctx->msg_src_ip6[1] = w[1];
+			ctx->msg_src_ip6[2] = w[2];
+			ctx->msg_src_ip6[3] = w[3];
+		} else {
+			ctx->msg_src_ip4 = w[0];
+		}
+		return 0;
+	}
+	if (v6) {
+		__builtin_memcpy(&sa6.sin6_addr, src->addr, 16);
+		return bpf_bind(ctx, (struct sockaddr *)&sa6, sizeof(sa6)) ? -1 : 0;
+	}
+	__builtin_memcpy(&sa4.sin_addr, src->addr, 4);
+	return bpf_bind(ctx, (struct sockaddr *)&sa4, sizeof(sa4)) ? -1 : 0;
+}
+
 /* connect() and unconnected sendmsg(): frontend -> backend, remembered per socket. */
 static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int sticky)
 {
 	struct svc_revnat_key rk = {};
 	struct svc_value *svc;
 	struct svc_addr fe, *b;
+	__u32 scope = in_scope(ctx);
 
-	if (!in_scope(ctx))
+	if (!scope)
 		return SOCK_GO_ON;
 	read_addr(ctx, &fe, v6);
 	if (fe.proto != IPPROTO_TCP && fe.proto != IPPROTO_UDP)
@@ -268,6 +348,10 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int stic
 	 */
 	b = choose(ctx, svc, sticky);
 	if (!b || b->family != fe.family || is_own(ctx, b)) {
+		count(XDPCNI_SVC_LEFT);
+		return SOCK_GO_ON;
+	}
+	if ((scope & XDPCNI_SVC_NS_NODE) && node_source(ctx, &fe, v6, sticky)) {
 		count(XDPCNI_SVC_LEFT);
 		return SOCK_GO_ON;
 	}

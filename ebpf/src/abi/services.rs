@@ -19,6 +19,11 @@ pub const MAX_SVC_OWN: u32 = c_layout::XDPCNI_MAX_SVC_OWN;
 pub const SVC_MAX_CHOICES: u32 = c_layout::XDPCNI_SVC_MAX_CHOICES;
 /// `svc_value.flags`: sessionAffinity ClientIP.
 pub const SVC_AFFINITY: u32 = c_layout::XDPCNI_SVC_AFFINITY;
+/// `svc_netns` values: a pod's namespace.
+pub const SVC_NS_POD: u32 = c_layout::XDPCNI_SVC_NS_POD;
+/// `svc_netns` values: the node's own namespace (its translated calls take
+/// kube-proxy's source address, `svc_node_src`).
+pub const SVC_NS_NODE: u32 = c_layout::XDPCNI_SVC_NS_NODE;
 
 /// `svc_stats` rows: calls translated to a backend chosen at the socket.
 pub const SVC_TRANSLATED: u32 = c_layout::XDPCNI_SVC_TRANSLATED;
@@ -112,6 +117,30 @@ impl SvcOwnKey {
     }
 }
 
+/// `struct svc_ip`: an address without a port (`svc_node_src`'s keys, a
+/// frontend's address, and values, the source a node's socket binds to).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcIp {
+    /// IPv4 in the first 4 bytes, the rest 0.
+    pub addr: [u8; 16],
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    pub family: u8,
+    /// Zero.
+    pub pad: [u8; 3],
+}
+
+impl From<IpAddr> for SvcIp {
+    fn from(ip: IpAddr) -> Self {
+        let (family, addr) = family_addr(ip);
+        Self {
+            addr,
+            family,
+            pad: [0; 3],
+        }
+    }
+}
+
 /// `struct svc_revnat_key`: what a socket was translated to (the programs
 /// write it; the agent reads it to find the sockets a gone backend leaves).
 #[repr(C)]
@@ -136,6 +165,8 @@ unsafe impl aya::Pod for SvcSlotKey {}
 unsafe impl aya::Pod for SvcOwnKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcRevnatKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcIp {}
 
 mod layout_checks {
     use super::{c_layout as c, *};
@@ -165,6 +196,12 @@ mod layout_checks {
     const _: () = assert!(offset_of!(SvcOwnKey, addr) == c::OFFSETOF_svc_own_key_addr);
     const _: () = assert!(offset_of!(SvcOwnKey, family) == c::OFFSETOF_svc_own_key_family);
     const _: () = assert!(offset_of!(SvcOwnKey, pad) == c::OFFSETOF_svc_own_key_pad);
+
+    const _: () = assert!(size_of::<SvcIp>() == c::SIZEOF_svc_ip);
+    const _: () = assert!(size_of::<SvcIp>() == 16 + 1 + 3);
+    const _: () = assert!(offset_of!(SvcIp, addr) == c::OFFSETOF_svc_ip_addr);
+    const _: () = assert!(offset_of!(SvcIp, family) == c::OFFSETOF_svc_ip_family);
+    const _: () = assert!(offset_of!(SvcIp, pad) == c::OFFSETOF_svc_ip_pad);
 
     const _: () = assert!(size_of::<SvcRevnatKey>() == c::SIZEOF_svc_revnat_key);
     const _: () = assert!(size_of::<SvcRevnatKey>() == 8 + c::SIZEOF_svc_addr + 4);

@@ -33,8 +33,8 @@ use aya::{
 
 use crate::{
     abi::{
-        SvcAddr, SvcOwnKey, SvcRevnatKey, SvcSlotKey, SvcValue, MAX_SERVICES, MAX_SVC_BACKENDS,
-        MAX_SVC_NETNS, MAX_SVC_OWN, SVC_LAYOUT,
+        SvcAddr, SvcIp, SvcOwnKey, SvcRevnatKey, SvcSlotKey, SvcValue, MAX_SERVICES,
+        MAX_SVC_BACKENDS, MAX_SVC_NETNS, MAX_SVC_OWN, SVC_LAYOUT, SVC_NS_NODE, SVC_NS_POD,
     },
     datapath::maps::{is_full, removed},
     Error, Result,
@@ -214,10 +214,11 @@ impl Services {
     }
 
     /// Translates the sockets of the network namespace with this cookie
-    /// (`SO_NETNS_COOKIE`) from now on.
-    pub fn add_netns(&mut self, cookie: u64) -> Result<()> {
+    /// (`SO_NETNS_COOKIE`) from now on, as a pod's ([`SVC_NS_POD`]) or the
+    /// node's own ([`SVC_NS_NODE`]).
+    pub fn add_netns(&mut self, cookie: u64, flags: u32) -> Result<()> {
         let mut m: HashMap<&mut MapData, u64, u32> = map(&mut self.ebpf, "svc_netns")?;
-        m.insert(cookie, 1, 0).map_err(|e| {
+        m.insert(cookie, flags, 0).map_err(|e| {
             full_or(
                 e,
                 "svc_netns",
@@ -227,16 +228,20 @@ impl Services {
         })
     }
 
-    /// Makes `svc_netns` hold exactly the namespaces of `want` (the node's
-    /// pods: namespace cookie -> the pod's addresses) and `svc_own` exactly
-    /// their addresses. A new pod's addresses go in before its namespace
-    /// (its first translated call already knows itself), a gone pod's
-    /// namespace leaves before its addresses. Returns the namespaces
-    /// (added, removed).
-    pub fn sync_netns(&mut self, want: &BTreeMap<u64, BTreeSet<IpAddr>>) -> Result<(usize, usize)> {
-        let have: BTreeSet<u64> = {
+    /// Makes `svc_netns` hold exactly the namespaces of `want` (namespace
+    /// cookie -> its own addresses: the node's pods, and the node itself
+    /// when `node` names its cookie) and `svc_own` exactly their addresses.
+    /// A new namespace's addresses go in before the namespace (its first
+    /// translated call already knows itself), a gone one leaves before its
+    /// addresses. Returns the namespaces (added, removed).
+    pub fn sync_netns(
+        &mut self,
+        want: &BTreeMap<u64, BTreeSet<IpAddr>>,
+        node: Option<u64>,
+    ) -> Result<(usize, usize)> {
+        let have: BTreeMap<u64, u32> = {
             let m: HashMap<&MapData, u64, u32> = map_ref(&self.ebpf, "svc_netns")?;
-            m.keys().filter_map(|k| k.ok()).collect()
+            m.iter().filter_map(|kv| kv.ok()).collect()
         };
         let have_own: BTreeSet<SvcOwnKey> = {
             let m: HashMap<&MapData, SvcOwnKey, u32> = map_ref(&self.ebpf, "svc_own")?;
@@ -252,11 +257,21 @@ impl Services {
                 .map_err(|e| full_or(e, "svc_own", MAX_SVC_OWN, format!("adding {k:?}")))?;
         }
         let mut counts = (0, 0);
-        for c in want.keys().filter(|c| !have.contains(c)) {
-            self.add_netns(*c)?;
-            counts.0 += 1;
+        for c in want.keys() {
+            let flags = if Some(*c) == node {
+                SVC_NS_POD | SVC_NS_NODE
+            } else {
+                SVC_NS_POD
+            };
+            match have.get(c) {
+                Some(f) if *f == flags => {}
+                had => {
+                    self.add_netns(*c, flags)?;
+                    counts.0 += usize::from(had.is_none());
+                }
+            }
         }
-        for c in have.iter().filter(|c| !want.contains_key(c)) {
+        for c in have.keys().filter(|c| !want.contains_key(c)) {
             if self.remove_netns(*c)? {
                 counts.1 += 1;
             }
@@ -264,6 +279,36 @@ impl Services {
         let mut own: HashMap<&mut MapData, SvcOwnKey, u32> = map(&mut self.ebpf, "svc_own")?;
         for k in have_own.difference(&want_own) {
             removed(own.remove(k), || format!("removing {k:?}"))?;
+        }
+        Ok(counts)
+    }
+
+    /// Makes `svc_node_src` hold exactly `want`: frontend address -> the
+    /// source a translated call of the node's own to it binds to (see
+    /// `struct svc_ip`). Returns the entries (written, removed).
+    pub fn sync_node_src(&mut self, want: &BTreeMap<IpAddr, IpAddr>) -> Result<(usize, usize)> {
+        let want: BTreeMap<SvcIp, SvcIp> = want
+            .iter()
+            .map(|(fe, src)| (SvcIp::from(*fe), SvcIp::from(*src)))
+            .collect();
+        let have: BTreeMap<SvcIp, SvcIp> = {
+            let m: HashMap<&MapData, SvcIp, SvcIp> = map_ref(&self.ebpf, "svc_node_src")?;
+            m.iter().filter_map(|kv| kv.ok()).collect()
+        };
+        let mut m: HashMap<&mut MapData, SvcIp, SvcIp> = map(&mut self.ebpf, "svc_node_src")?;
+        let mut counts = (0, 0);
+        for (k, v) in &want {
+            if have.get(k) != Some(v) {
+                m.insert(k, v, 0).map_err(|e| {
+                    full_or(e, "svc_node_src", MAX_SERVICES, format!("adding {k:?}"))
+                })?;
+                counts.0 += 1;
+            }
+        }
+        for k in have.keys().filter(|k| !want.contains_key(k)) {
+            if removed(m.remove(k), || format!("removing {k:?}"))? {
+                counts.1 += 1;
+            }
         }
         Ok(counts)
     }

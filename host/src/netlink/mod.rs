@@ -299,6 +299,16 @@ impl Netlink {
 
     /// The addresses of link `index` as (address, prefix length).
     pub fn addresses(&mut self, index: u32) -> Result<Vec<(IpAddr, u8)>> {
+        Ok(self
+            .all_addresses()?
+            .into_iter()
+            .filter(|a| a.0 == index)
+            .map(|a| (a.1, a.2))
+            .collect())
+    }
+
+    /// Every address of the namespace as (link index, address, prefix length).
+    pub fn all_addresses(&mut self) -> Result<Vec<(u32, IpAddr, u8)>> {
         let msgs = self.request(
             "listing addresses",
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
@@ -307,12 +317,9 @@ impl Netlink {
         let mut out = Vec::new();
         for m in msgs {
             if let RouteNetlinkMessage::NewAddress(a) = m {
-                if a.header.index != index {
-                    continue;
-                }
                 for attr in &a.attributes {
                     if let AddressAttribute::Address(ip) = attr {
-                        out.push((*ip, a.header.prefix_len));
+                        out.push((a.header.index, *ip, a.header.prefix_len));
                     }
                 }
             }
@@ -420,6 +427,31 @@ impl Netlink {
             out.push((dst, r.header.destination_prefix_length, gw));
         }
         Ok(out)
+    }
+
+    /// The source address the kernel gives an unbound socket's packet to
+    /// `dst` (`ip route get`'s `src`): `None` when there is no route.
+    pub fn route_source(&mut self, dst: IpAddr) -> Result<Option<IpAddr>> {
+        let mut req = RouteMessage::default();
+        req.header.address_family = family(dst);
+        req.header.destination_prefix_length = if dst.is_ipv6() { 128 } else { 32 };
+        req.attributes
+            .push(RouteAttribute::Destination(route_addr(dst)));
+        let op = format!("looking up the route to {dst}");
+        let answer = match self.request(&op, RouteNetlinkMessage::GetRoute(req), 0) {
+            Ok(msgs) => msgs,
+            Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(answer.into_iter().find_map(|m| match m {
+            RouteNetlinkMessage::NewRoute(r) => r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::PrefSource(p) => ip_of(p),
+                _ => None,
+            }),
+            _ => None,
+        }))
     }
 
     /// Deletes every main-table route of route protocol `protocol`, both
