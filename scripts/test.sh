@@ -48,17 +48,20 @@ import json
 body = json.load(open("target/chart-agent.json"))
 assert body["routing"] == {"mode": "vxlan", "fastPath": True, "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
 # Services translated, at the node's cgroup mounted where the agent looks.
-assert body["services"] == {"translate": True, "cgroup": "/host/cgroup"}, body["services"]
+assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": []}, body["services"]
 assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
 PY
 # A proxy name reaches the agent's config, which reads it.
-HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system --set services.proxyName=xdpcni |
+HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system --set services.proxyName=xdpcni \
+	--set services.nodeSockets=true --set 'services.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}' |
 	python3 -c '
 import json, re, sys
 body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", sys.stdin.read()).group(1))
 assert body["services"]["proxyName"] == "xdpcni", body["services"]
+assert body["services"]["nodeSockets"] is True, body["services"]
+assert body["services"]["clusterCIDRs"] == ["10.244.0.0/16", "fd00:10:244::/56"], body["services"]
 body["stateDir"], body["pinDir"] = "target/chart-cni/state", "target/chart-cni/pins"
 json.dump(body, open("target/chart-agent-named.json", "w"))'
 target/debug/xdpcni uninstall target/chart-cni/state
@@ -101,6 +104,8 @@ routing.vxlan.txChecksumOffload=maybe /routing/vxlan/txChecksumOffload
 services.translate=sometimes /services/translate
 services.cgroup=sys/fs/cgroup /services/cgroup
 services.proxyName=Not_A_Name /services/proxyName
+services.nodeSockets=maybe /services/nodeSockets
+services.clusterCIDRs[0]=10.244.0.0 /services/clusterCIDRs/0
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then

@@ -4,6 +4,7 @@
 use std::{collections::HashMap, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use xdpcni_ebpf::abi::RedirectPolicy;
 use xdpcni_host::{
@@ -170,6 +171,16 @@ pub struct ServicesConfig {
     /// left alone, as kube-proxy leaves it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_name: Option<String>,
+    /// Translate the node's own sockets too (host processes, hostNetwork
+    /// pods), with kube-proxy's source address (default false: kube-proxy
+    /// keeps them).
+    #[serde(default)]
+    pub node_sockets: bool,
+    /// The cluster's pod ranges, as kube-proxy's `clusterCIDR`: a node's
+    /// call to a Service from a source outside them is masqueraded; none
+    /// for a family: never (kube-proxy without a clusterCIDR).
+    #[serde(default, rename = "clusterCIDRs")]
+    pub cluster_cidrs: Vec<IpNet>,
 }
 
 impl ServicesConfig {
@@ -184,6 +195,8 @@ impl Default for ServicesConfig {
             translate: default_translate(),
             cgroup: default_cgroup(),
             proxy_name: None,
+            node_sockets: false,
+            cluster_cidrs: Vec::new(),
         }
     }
 }

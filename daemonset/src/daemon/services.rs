@@ -56,22 +56,30 @@ impl Core {
         self.view.book.set_services(status);
     }
 
-    /// Writes `frontends` into the Service maps for the pod namespaces
-    /// `netns`, through the datapath owner; `since` is when the change that
-    /// asked for it was seen (`xdpcni_service_sync_seconds`). False if the
-    /// write failed (counted, logged, in the status; retried by the caller).
-    pub async fn sync_services(
-        &self,
-        frontends: Vec<Frontend>,
-        netns: crate::services::PodNamespaces,
-        since: Instant,
-    ) -> bool {
-        let namespaces = netns.len();
+    /// Writes `frontends` into the Service maps for the sockets the
+    /// config translates (`crate::services::scope`), through the datapath
+    /// owner; `since` is when the change that asked for it was seen
+    /// (`xdpcni_service_sync_seconds`). False if the write failed (counted,
+    /// logged, in the status; retried by the caller).
+    pub async fn sync_services(&self, frontends: Vec<Frontend>, since: Instant) -> bool {
+        let (records, cfg, fe) = (self.records(), self.cfg.services.clone(), frontends.clone());
+        let scope =
+            match tokio::task::spawn_blocking(move || crate::services::scope(&records, &fe, &cfg))
+                .await
+            {
+                Ok(scope) => scope,
+                Err(e) => {
+                    warn!(error = %e, "which sockets to translate");
+                    self.metrics.error(Stage::Services);
+                    return false;
+                }
+            };
+        let (namespaces, node_sockets) = (scope.netns.len(), scope.node.is_some());
         // What the status will show once they are written.
         let shown: Vec<FrontendStatus> = frontends.iter().map(FrontendStatus::of).collect();
         let result = answered(
             self.owner
-                .run(move |r| r.sync_services(&frontends, &netns))
+                .run(move |r| r.sync_services(&frontends, &scope))
                 .await,
         );
         if let Ok(done) = &result {
@@ -101,7 +109,7 @@ impl Core {
                 false
             }
         };
-        status.synced(result.map(|_| (namespaces, shown)));
+        status.synced(result.map(|_| (namespaces, node_sockets, shown)));
         self.view.book.set_services(status);
         ok
     }
@@ -113,7 +121,8 @@ impl Core {
     /// deletes the conntrack entries of such flows for the same reason: a
     /// connected socket would otherwise keep sending to the removed backend.
     async fn close_gone_sockets(&self, gone: &BTreeSet<(SvcAddr, SvcAddr)>) {
-        let namespaces = crate::services::pod_netns_paths(&self.records());
+        let namespaces =
+            crate::services::netns_paths(&self.records(), self.cfg.services.node_sockets);
         let backends: BTreeSet<SvcAddr> = gone.iter().map(|(_, b)| *b).collect();
         let found = match tokio::task::spawn_blocking(move || {
             crate::services::connected_to(&namespaces, &backends)

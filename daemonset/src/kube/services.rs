@@ -33,9 +33,8 @@ use tracing::{info, warn};
 use super::Ctx;
 use crate::{
     daemon::{Shutdown, RESYNC},
-    services::{
-        model::{frontends, groups_from_endpoints, groups_from_slices, served, Frontend, Group},
-        pod_netns,
+    services::model::{
+        frontends, groups_from_endpoints, groups_from_slices, served, Frontend, Group,
     },
 };
 
@@ -209,10 +208,7 @@ impl ServiceTask {
             (true, Instant::now(), Instant::now(), true);
         while !shutdown.is_set() {
             if full {
-                let netns = pod_netns(&core.records());
-                ok = core
-                    .sync_services(self.frontends(&backends), netns, since)
-                    .await;
+                ok = core.sync_services(self.frontends(&backends), since).await;
                 last_full = Instant::now();
             } else {
                 core.renew_services_lease().await;

@@ -42,13 +42,14 @@ impl Reconciler {
 
     /// Makes the Service maps hold `frontends` (the cluster's Services as this
     /// node's clients see them, each frontend -> its backends) for the
-    /// sockets of the network namespaces `netns` (the node's pods): the
-    /// namespaces first, so a new pod is translated as soon as its Services
-    /// are, then the frontends in the writer's safe order.
+    /// sockets `scope` says (the node's pods', the node's own with their
+    /// sources): the namespaces and sources first, so a new pod is
+    /// translated as soon as its Services are, then the frontends in the
+    /// writer's safe order.
     pub fn sync_services(
         &mut self,
         frontends: &[crate::services::model::Frontend],
-        netns: &crate::services::PodNamespaces,
+        scope: &crate::services::Scope,
     ) -> Result<ServicesSynced, xdpcni_ebpf::Error> {
         let want = crate::services::wants(frontends);
         let Some(s) = self.services.as_mut() else {
@@ -57,7 +58,8 @@ impl Reconciler {
                 why: "the Service programs are not loaded".into(),
             });
         };
-        let netns = s.sync_netns(netns)?;
+        s.sync_node_src(&scope.node_src)?;
+        let netns = s.sync_netns(&scope.netns, scope.node)?;
         let (writes, gone) = s.sync_gone(&want)?;
         // The maps are what the API says: the programs may translate on.
         s.renew_lease(SVC_LEASE_SECS)?;

@@ -1,7 +1,8 @@
 //! Services translated at the socket for this node's pods (issue 34; see
 //! ebpf/src/services.bpf.c): what the cluster's Services mean for this
 //! node ([`model`]), as the Service maps' writer wants it ([`wants`]),
-//! which network namespaces are this node's pods ([`pod_netns`]), and the
+//! which sockets are translated ([`scope`]: the node's pods', and the
+//! node's own with the source kube-proxy gives them), and the
 //! connected UDP sockets a gone backend leaves ([`connected_to`], [`close`]).
 
 pub mod model;
@@ -12,15 +13,18 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use ipnet::IpNet;
 use tracing::{debug, warn};
 use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, ServiceWant};
 use xdpcni_host::{
+    netlink::Netlink,
     netns::in_netns,
     sockets::{self, ConnectedUdp},
     state::Record,
 };
 
 use self::model::Frontend;
+use crate::config::ServicesConfig;
 
 /// The writer's wants: each frontend with its backends keyed as the
 /// programs read them. A frontend in two Services (never, for cluster IPs)
@@ -64,12 +68,101 @@ pub fn pod_netns(records: &[Record]) -> PodNamespaces {
     out
 }
 
-/// The network namespaces of this node's live pods, by path.
-pub fn pod_netns_paths(records: &[Record]) -> Vec<PathBuf> {
+/// Which sockets the Service programs translate: the node's live pods'
+/// (`netns`), and the node's own when `services.nodeSockets` is on: its
+/// namespace's cookie (`node`, also in `netns` with every node address,
+/// so a backend on the node itself is the caller's own and kube-proxy's),
+/// and the source each frontend's translated calls bind to (`node_src`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// Namespace cookie -> its own addresses.
+    pub netns: PodNamespaces,
+    /// The node's own namespace, when translated.
+    pub node: Option<u64>,
+    /// Frontend address -> the source a node's translated call to it binds
+    /// to (see [`kept_source`]); a frontend without one takes the source
+    /// the backend's route gives.
+    pub node_src: BTreeMap<IpAddr, IpAddr>,
+}
+
+/// The agent's own network namespace: the node's (it runs in the host's).
+pub const NODE_NETNS: &str = "/proc/self/ns/net";
+
+/// The sockets to translate for `records` (the node's pods) and, with
+/// `cfg.node_sockets`, the node's own for `frontends`. When the node's
+/// namespace or its addresses cannot be read, its sockets stay
+/// kube-proxy's (logged).
+pub fn scope(records: &[Record], frontends: &[Frontend], cfg: &ServicesConfig) -> Scope {
+    let mut out = Scope {
+        netns: pod_netns(records),
+        ..Scope::default()
+    };
+    if !cfg.node_sockets {
+        return out;
+    }
+    match node_scope(frontends, &cfg.cluster_cidrs) {
+        Ok(node) => {
+            for (cookie, addrs) in node.netns {
+                out.netns.entry(cookie).or_default().extend(addrs);
+            }
+            out.node = node.node;
+            out.node_src = node.node_src;
+        }
+        Err(e) => warn!(error = %e, "the node's own sockets stay kube-proxy's"),
+    }
+    out
+}
+
+/// The node's part of a [`Scope`]: its namespace cookie with its
+/// addresses, and for each frontend address the source kube-proxy's path
+/// keeps for the node's calls to it.
+fn node_scope(frontends: &[Frontend], cluster_cidrs: &[IpNet]) -> Result<Scope, String> {
+    let cookie = xdpcni_host::netns::netns_cookie(Path::new(NODE_NETNS))
+        .map_err(|e| format!("the node's network namespace cookie: {e}"))?;
+    let mut nl = Netlink::new().map_err(|e| format!("netlink: {e}"))?;
+    let addrs: BTreeSet<IpAddr> = nl
+        .all_addresses()
+        .map_err(|e| format!("the node's addresses: {e}"))?
+        .into_iter()
+        .map(|a| a.1)
+        .collect();
+    let vips: BTreeSet<IpAddr> = frontends.iter().map(|f| f.addr.ip()).collect();
+    let mut src = BTreeMap::new();
+    for vip in vips {
+        match nl.route_source(vip) {
+            Ok(Some(s)) if kept_source(s, cluster_cidrs) => {
+                src.insert(vip, s);
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("the node's source toward {vip}: {e}")),
+        }
+    }
+    Ok(Scope {
+        netns: PodNamespaces::from([(cookie, addrs)]),
+        node: Some(cookie),
+        node_src: src,
+    })
+}
+
+/// Whether kube-proxy (iptables, clusterCIDR detection) keeps source `src`
+/// of a node's packet to a Service: it masquerades a source outside its
+/// clusterCIDR of that family, and none at all for a family without one.
+pub fn kept_source(src: IpAddr, cluster_cidrs: &[IpNet]) -> bool {
+    let same: Vec<&IpNet> = cluster_cidrs
+        .iter()
+        .filter(|c| c.addr().is_ipv6() == src.is_ipv6())
+        .collect();
+    same.is_empty() || same.iter().any(|c| c.contains(&src))
+}
+
+/// The network namespaces whose sockets are translated, by path: this
+/// node's live pods', and the node's own with `node`.
+pub fn netns_paths(records: &[Record], node: bool) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = records
         .iter()
         .filter(|r| !r.deleting)
         .map(|r| PathBuf::from(&r.netns))
+        .chain(node.then(|| PathBuf::from(NODE_NETNS)))
         .collect();
     out.sort();
     out.dedup();
@@ -124,6 +217,33 @@ mod tests {
     use super::*;
     use crate::records::test_record;
     use xdpcni_ebpf::L4Proto;
+
+    #[test]
+    fn kept_source_is_kube_proxys_masquerade_decision_per_family() {
+        let cidrs: Vec<IpNet> = vec!["10.244.0.0/16".parse().unwrap()];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // In the clusterCIDR: kept; outside it: masqueraded.
+        assert!(kept_source(ip("10.244.3.1"), &cidrs));
+        assert!(!kept_source(ip("192.168.1.10"), &cidrs));
+        // No clusterCIDR of that family, or none at all: never masqueraded.
+        assert!(kept_source(ip("fd00::10"), &cidrs));
+        assert!(kept_source(ip("192.168.1.10"), &[]));
+        let both: Vec<IpNet> = vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd44::/48".parse().unwrap(),
+        ];
+        assert!(!kept_source(ip("fd00::10"), &both));
+        assert!(kept_source(ip("fd44::1"), &both));
+    }
+
+    #[test]
+    fn the_node_scope_is_left_out_unless_configured() {
+        let cfg = ServicesConfig::default();
+        let s = scope(&[], &[], &cfg);
+        assert_eq!(s, Scope::default());
+        assert_eq!(netns_paths(&[], false), Vec::<PathBuf>::new());
+        assert_eq!(netns_paths(&[], true), vec![PathBuf::from(NODE_NETNS)]);
+    }
 
     #[test]
     fn wants_key_frontends_and_backends_with_the_protocol_and_affinity() {

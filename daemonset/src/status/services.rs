@@ -49,8 +49,12 @@ pub struct ServicesStatus {
     pub cgroup: Option<String>,
     /// Why nothing is translated, if so (every Service is then kube-proxy's).
     pub error: Option<String>,
-    /// The pod network namespaces translated.
+    /// The network namespaces translated (the node's own among them when
+    /// `node_sockets`).
     pub namespaces: usize,
+    /// Whether the node's own sockets are translated (`services.nodeSockets`,
+    /// and the node's namespace read at the last write).
+    pub node_sockets: bool,
     /// Every frontend in the maps.
     pub frontends: Vec<FrontendStatus>,
     /// The last write of the maps that failed, if the last one did (the
@@ -88,10 +92,11 @@ impl ServicesStatus {
 
     /// A write of the Service maps: `Ok((namespaces, frontends))` what they
     /// hold now, or why the write failed (they keep what they held).
-    pub fn synced(&mut self, written: Result<(usize, Vec<FrontendStatus>), String>) {
+    pub fn synced(&mut self, written: Result<(usize, bool, Vec<FrontendStatus>), String>) {
         match written {
-            Ok((namespaces, frontends)) => {
+            Ok((namespaces, node_sockets, frontends)) => {
                 self.namespaces = namespaces;
+                self.node_sockets = node_sockets;
                 self.frontends = frontends;
                 self.sync_error = None;
             }
@@ -117,7 +122,16 @@ impl ServicesStatus {
                 "ClusterIP with no ready backend",
                 "kube-proxy (its refusal)",
             ),
-            ("ClusterIP from the node and hostNetwork pods", "kube-proxy"),
+            (
+                "ClusterIP from the node and hostNetwork pods",
+                if self.node_sockets && socket.starts_with("xdpcni") {
+                    "xdpcni, at the socket, with kube-proxy's source address \
+                     (a socket bound to its own source or, where that source is kept, \
+                     to a port alone, a backend on the node itself: kube-proxy)"
+                } else {
+                    "kube-proxy"
+                },
+            ),
             ("NodePort, LoadBalancer, externalIPs", "kube-proxy"),
             ("SCTP; IPv4-mapped addresses on IPv6 sockets", "kube-proxy"),
             (
@@ -154,11 +168,16 @@ impl ServicesStatus {
             .unwrap_or_default();
         format!(
             "{} frontends of {} Services translated at the socket ({} with ready backends) \
-             for {} pod namespaces, on {cgroup}; {} calls translated, {} with no ready backend{failed}",
+             for {} network namespaces{}, on {cgroup}; {} calls translated, {} with no ready backend{failed}",
             self.frontends.len(),
             services.len(),
             ready,
             self.namespaces,
+            if self.node_sockets {
+                " (the node's own among them)"
+            } else {
+                ""
+            },
             self.translated,
             self.no_backend
         )
@@ -199,7 +218,7 @@ mod tests {
         let line = s.summary();
         assert!(line.starts_with("2 frontends of 1 Services"), "{line}");
         assert!(line.contains("(1 with ready backends)"), "{line}");
-        assert!(line.contains("3 pod namespaces"), "{line}");
+        assert!(line.contains("3 network namespaces"), "{line}");
         assert!(line.contains("7 calls translated"), "{line}");
         assert!(!line.contains("failed"), "{line}");
         s.sync_error = Some("services map full".into());
@@ -222,7 +241,10 @@ mod tests {
         // nobody's, for the labelled Services).
         assert!(by(&s)[1..5].iter().all(|b| b.starts_with("kube-proxy")));
         assert!(by(&s)[5].starts_with("nobody"));
+        s.synced(Ok((2, true, vec![])));
+        assert!(by(&s)[2].starts_with("xdpcni"));
         s.opened(Err("no cgroup v2".into()));
+        assert!(by(&s)[2].starts_with("kube-proxy"));
         assert!(by(&s)[0].starts_with("kube-proxy"));
         assert!(!by(&ServicesStatus::off(false, None))[0].starts_with("xdpcni"));
     }
