@@ -15,9 +15,10 @@ use serde_json::{json, Value};
 use xdpcni_e2e::{
     cgroup::TestCgroup,
     cluster::{KubeNode, TestPod},
+    node::AgentConfig,
     oracle::{
         create, follow, kube_proxy, probe, rules, set_ready, status, translated, wait_for,
-        wait_rules, Seen, Shape,
+        wait_rules, Seen, Shape, REMOTE4, REMOTE6,
     },
 };
 
@@ -31,13 +32,12 @@ struct Fixture {
     _proxy: xdpcni_e2e::cni::NodeProcess,
 }
 
-fn fixture(proxy_name: Option<&str>) -> Fixture {
+fn fixture(config: impl FnOnce(&mut AgentConfig)) -> Fixture {
     let cg = TestCgroup::new().unwrap();
     let cg_path = cg.path.clone();
-    let proxy_name = proxy_name.map(str::to_string);
     let node = KubeNode::start(|c| {
         c.services.cgroup = cg_path;
-        c.services.proxy_name = proxy_name;
+        config(c);
     })
     .unwrap();
     let client = node
@@ -100,7 +100,7 @@ fn frontends_of(node: &KubeNode, name: &str) -> usize {
 /// configured to answer to is translated, and kube-proxy leaves it alone.
 #[test]
 fn kpr_service_proxy_name_and_headless_labels_as_kube_proxy() {
-    let f = fixture(Some("xdpcni"));
+    let f = fixture(|c| c.services.proxy_name = Some("xdpcni".into()));
     let cns = f.client.netns.name().to_string();
     let b1 = &f.b[0];
     let labelled = [
@@ -228,7 +228,7 @@ fn backends(runs: &[(String, u32)]) -> Vec<String> {
 /// address is not closed. IPv4 and IPv6.
 #[test]
 fn kpr_connected_udp_socket_whose_backend_is_replaced() {
-    let f = fixture(None);
+    let f = fixture(|_| {});
     let cns = f.client.netns.name().to_string();
     let (b1, b2) = (&f.b[0], &f.b[1]);
     let mut report = Vec::new();
@@ -292,6 +292,199 @@ fn kpr_connected_udp_socket_whose_backend_is_replaced() {
             } else {
                 assert!(aborts.is_empty(), "{what}");
                 assert_eq!(closed, 0.0, "{what}: sockets closed");
+            }
+        }
+    }
+    eprintln!("{}", report.join("\n"));
+}
+
+/// The node's own sockets (`services.nodeSockets`, with kube-proxy's
+/// clusterCIDR) to ClusterIPs, against kube-proxy: the same backends, and
+/// the same source address each backend sees. kube-proxy keeps the source
+/// the route toward the ClusterIP gave (10.78.1.1, in its clusterCIDR: the
+/// `kept` shapes) and masquerades one outside it (192.168.77.1 and fd77::1,
+/// the route's source toward the `masq` shapes' ClusterIPs): the
+/// translation binds the first and leaves the second to the backend's
+/// route, as MASQUERADE chooses. A backend on the node itself (hostNetwork,
+/// `own`) and a Service without a ready backend stay kube-proxy's.
+#[test]
+fn kpr_node_sockets_to_clusterips_as_kube_proxy() {
+    let f = fixture(|c| {
+        c.services.node_sockets = true;
+        c.services.cluster_cidrs = vec![
+            "10.78.0.0/16".parse().unwrap(),
+            "fd78::/48".parse().unwrap(),
+        ];
+    });
+    let (node, cg, b) = (&f.node, &f.cg, &f.b);
+    let _far = xdpcni_e2e::oracle::remote(node).unwrap();
+    let n = &node.net.node;
+    // The masq shapes' ClusterIPs are routed from a source outside the
+    // clusterCIDR, before the agent first sees them.
+    let masq_vip: [IpAddr; 2] = [
+        "10.96.77.77".parse().unwrap(),
+        "fd96::7777".parse().unwrap(),
+    ];
+    n.ip(&["addr", "add", "192.168.77.1/32", "dev", "lo"])
+        .unwrap();
+    n.ip(&["-6", "addr", "add", "fd77::1/128", "dev", "lo", "nodad"])
+        .unwrap();
+    n.ip(&[
+        "route",
+        "add",
+        "10.96.77.77/32",
+        "via",
+        REMOTE4,
+        "src",
+        "192.168.77.1",
+    ])
+    .unwrap();
+    n.ip(&[
+        "-6",
+        "route",
+        "add",
+        "fd96::7777/128",
+        "via",
+        REMOTE6,
+        "src",
+        "fd77::1",
+    ])
+    .unwrap();
+    // A hostNetwork backend: a server in the node's namespace, reached at
+    // the node's own address on the link to "another node".
+    let own: [IpAddr; 2] = [
+        "10.78.1.1".parse().unwrap(),
+        "fd78:0:0:1::1".parse().unwrap(),
+    ];
+    let _host_server = xdpcni_e2e::cni::NodeProcess::spawn_env(
+        n,
+        &xdpcni_e2e::cluster::podtool().unwrap(),
+        &["serve", "80", "81"],
+        &[("PODTOOL_NAME", "node/host")],
+        &node.net.dir.path().join("serve-host.log"),
+    )
+    .unwrap();
+    let remote: [IpAddr; 2] = [REMOTE4.parse().unwrap(), REMOTE6.parse().unwrap()];
+    let nns = n.name().to_string();
+    let mut shapes = Vec::new();
+    for (v6, family) in [(false, "IPv4"), (true, "IPv6")] {
+        let i = usize::from(v6);
+        let fam = &family[2..];
+        let pods = vec![b[0].ip(v6), b[1].ip(v6)];
+        let mut add = |name: &str, spec: Value, ready: Vec<IpAddr>, not_ready: Vec<IpAddr>| {
+            let mut sh = shape(&format!("{name}-{fam}"), json!({}), family, ready);
+            sh.spec = spec;
+            sh.not_ready = not_ready;
+            shapes.push(sh);
+        };
+        add("kept", json!({}), pods.clone(), vec![]);
+        add("far", json!({}), vec![b[0].ip(v6), remote[i]], vec![]);
+        add(
+            "masq",
+            json!({ "clusterIP": masq_vip[i].to_string() }),
+            vec![b[0].ip(v6), remote[i]],
+            vec![],
+        );
+        add("empty", json!({}), vec![], vec![b[1].ip(v6)]);
+        add(
+            "sticky",
+            json!({ "sessionAffinity": "ClientIP" }),
+            pods,
+            vec![],
+        );
+        add("own", json!({}), vec![own[i]], vec![]);
+    }
+    let vips: Vec<IpAddr> = shapes.iter().map(|s| create(node, s).unwrap()[0]).collect();
+    wait_rules(node, &shapes.iter().collect::<Vec<_>>()).unwrap();
+    for s in &shapes {
+        wait_for("the agent's frontends", Duration::from_secs(10), || {
+            frontends_of(node, &s.name) == 3
+        })
+        .unwrap();
+    }
+    for ip in remote.iter().chain(&own) {
+        wait_for(
+            "the remote and the node's servers",
+            Duration::from_secs(10),
+            || {
+                cg.podtool(false, &nns, &["greet", &ip.to_string(), "80", "1"])
+                    .is_ok()
+            },
+        )
+        .unwrap();
+    }
+    let name_of = |ip: &IpAddr| -> String {
+        if remote.contains(ip) {
+            "remote/r1".into()
+        } else if own.contains(ip) {
+            "node/host".into()
+        } else if b[0].ips.contains(ip) {
+            "default/b1".into()
+        } else {
+            "default/b2".into()
+        }
+    };
+    let mut report = Vec::new();
+    for (s, &vip) in shapes.iter().zip(&vips) {
+        let reachable = s.ready.clone();
+        let left = reachable.is_empty() || reachable.iter().any(|ip| own.contains(ip));
+        for proto in ["tcp", "udp", "udp-connected"] {
+            // podtool's connected UDP socket is bound to a port before it
+            // connects: it cannot be bound to the kept source any more, so
+            // a shape whose source kube-proxy keeps leaves it to kube-proxy.
+            let left = left || (proto == "udp-connected" && !s.name.starts_with("masq"));
+            // Refusals, and the backend on the node (timeouts for UDP),
+            // need few probes.
+            let n = if left && !reachable.is_empty() && proto == "tcp" {
+                20
+            } else if reachable.is_empty() || s.name.starts_with("own") {
+                3
+            } else {
+                20
+            };
+            let t0 = translated(node).unwrap();
+            let ours = probe(cg, &nns, true, proto, (vip, 8080), n).unwrap();
+            let t1 = translated(node).unwrap();
+            let theirs = probe(cg, &nns, false, proto, (vip, 8080), n).unwrap();
+            let t2 = translated(node).unwrap();
+            let what = format!("{} {vip} {proto}", s.name);
+            report.push(format!(
+                "{what}: translated {ours:?}, kube-proxy {theirs:?}"
+            ));
+            assert_eq!(t2, t1, "{what}: the run outside the cgroup was translated");
+            let calls = if proto == "udp" { 2 * n } else { n };
+            let want = if left { 0 } else { u64::from(calls) };
+            assert_eq!(t1 - t0, want, "{what}: translated calls");
+            if s.spec.get("sessionAffinity").is_some() {
+                // One backend each side (either), seeing the same source.
+                let src = |m: &Seen| -> Vec<String> {
+                    m.keys()
+                        .map(|k| k.split(' ').nth(1).unwrap_or_default().to_string())
+                        .collect()
+                };
+                assert_eq!(ours.len(), 1, "{what}: {ours:?}");
+                assert_eq!(theirs.len(), 1, "{what}: {theirs:?}");
+                assert_eq!(src(&ours), src(&theirs), "{what}");
+                continue;
+            }
+            // The same backends, each seeing the same source.
+            assert_eq!(
+                ours.keys().collect::<Vec<_>>(),
+                theirs.keys().collect::<Vec<_>>(),
+                "{what}"
+            );
+            // kube-proxy itself does not carry the node's UDP to a backend
+            // at the node's own address (timeouts; the translation leaves
+            // it to kube-proxy, and the two sides agree above).
+            let own_udp = s.name.starts_with("own") && proto != "tcp";
+            if !reachable.is_empty() && !own_udp {
+                let mut want: Vec<String> = reachable.iter().map(name_of).collect();
+                want.sort();
+                let names: Vec<String> = theirs
+                    .keys()
+                    .map(|k| k.split(' ').next().unwrap_or_default().to_string())
+                    .collect();
+                assert_eq!(names, want, "{what}: kube-proxy's backends: {theirs:?}");
             }
         }
     }

@@ -246,7 +246,7 @@ fn service_translation_follows_the_api_server() {
     let line = table.lines().find(|l| l.starts_with("Services:")).unwrap();
     assert!(
         line.contains("2 frontends of 2 Services translated at the socket (1 with ready backends)")
-            && line.contains("for 3 pod namespaces"),
+            && line.contains("for 3 network namespaces"),
         "{table}"
     );
     assert!(

@@ -275,8 +275,12 @@ fn who_one(proto: &str, to: SocketAddr) -> Result<std::result::Result<String, St
             let mut answers = Vec::new();
             for _ in 0..2 {
                 let got = if proto == "udp" {
-                    sock.send_to(b"who?", to)?;
-                    sock.recv_from(&mut buf).map(|(n, from)| (n, Some(from)))
+                    // A send the node's own rules refuse fails at once
+                    // (EPERM): an answer like any other.
+                    match sock.send_to(b"who?", to) {
+                        Ok(_) => sock.recv_from(&mut buf).map(|(n, from)| (n, Some(from))),
+                        Err(e) => Err(e),
+                    }
                 } else {
                     match sock.send(b"who?") {
                         Ok(_) => sock.recv(&mut buf).map(|n| (n, None)),

@@ -416,7 +416,7 @@ fn measure(o: &Opts) -> Result<Measured> {
             xdpcni_ebpf::PREVIOUS_LAYOUT,
         ));
     }
-    if o.any(&[W_SVC_TCP, W_SVC_UDP64, W_SVC_RR]) {
+    if o.any(&[W_SVC_TCP, W_SVC_UDP64, W_SVC_RR, W_SVC_HOST_RR]) {
         eprintln!("bench: Services on a Kubernetes node (ClusterIP, pod IP, kube-proxy's path)...");
         services_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }

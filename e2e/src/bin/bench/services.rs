@@ -5,7 +5,10 @@
 //! fast path, no Service), and through kube-proxy's path (the connect left
 //! untranslated, DNAT'd by iptables as kube-proxy's iptables mode does, the
 //! replies un-DNAT'd: the kernel path both ways, the server's replies sent
-//! there by the exact NAT check).
+//! there by the exact NAT check). And the node's own socket's TCP_RR to
+//! the same server, translated at its socket (`services.nodeSockets`), to
+//! the pod IP (no Service: no translation can do better) and through
+//! kube-proxy's path (an iptables DNAT in nat OUTPUT).
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -39,7 +42,22 @@ pub fn services_bench(
     extra: &mut Vec<String>,
 ) -> Result<()> {
     use xdpcni_e2e::{cluster::KubeNode, traffic::tcp_rr_via};
-    let node = KubeNode::start(|_| {})?;
+    // The node's own sockets translated too (the host ClusterIP row).
+    let node = KubeNode::start(|c| c.services.node_sockets = true)?;
+    // An uplink with a default route, as a node has: cluster IPs are
+    // routed (kube-proxy's DNAT of the node's own packets happens after
+    // the route lookup, and the translation binds the route's source).
+    // (A veth pair: this kernel has no dummy device.)
+    let (uplink, far) = (
+        xdpcni_e2e::unique_name("xbu"),
+        xdpcni_e2e::unique_name("xbv"),
+    );
+    let n = &node.net.node;
+    n.ip(&["link", "add", &uplink, "type", "veth", "peer", "name", &far])?;
+    n.ip(&["addr", "add", "192.168.240.1/24", "dev", &uplink])?;
+    n.ip(&["link", "set", &far, "up"])?;
+    n.ip(&["link", "set", &uplink, "up"])?;
+    n.ip(&["route", "add", "default", "via", "192.168.240.254"])?;
     let client = node.add_pod("default", "client", json!({}), json!([]))?;
     let server = node.add_pod("default", "server", json!({}), json!([]))?;
     let sip = server.ip(false);
@@ -101,6 +119,24 @@ pub fn services_bench(
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The node's own packets meet kube-proxy's rules in nat OUTPUT.
+    node.net.node.exec(&[
+        "iptables",
+        "-t",
+        "nat",
+        "-A",
+        "OUTPUT",
+        "-d",
+        KUBEPROXY_VIP,
+        "-p",
+        "tcp",
+        "--dport",
+        &PORTS[2].2.to_string(),
+        "-j",
+        "DNAT",
+        "--to-destination",
+        &format!("{sip}:{}", PORTS[2].2),
+    ])?;
     for (_, p, port) in PORTS {
         node.net.node.exec(&[
             "iptables",
@@ -158,6 +194,15 @@ pub fn services_bench(
             let mut rtts = tcp_rr_via(&client.netns, &server.netns, bind, to, rounds, 100)?;
             push(W_SVC_RR, label, rep, percentile(&mut rtts, 0.5));
         }
+        // The node's own socket (a host process, a hostNetwork pod).
+        for (label, dial) in rep_order(&paths, rep).into_iter().copied() {
+            let (bind, to) = (
+                SocketAddr::new(sip, PORTS[2].2),
+                SocketAddr::new(dial, PORTS[2].2),
+            );
+            let mut rtts = tcp_rr_via(&node.net.node, &server.netns, bind, to, rounds, 100)?;
+            push(W_SVC_HOST_RR, label, rep, percentile(&mut rtts, 0.5));
+        }
     }
     for (label, (fast, kernel)) in &share {
         extra.push(format!(
@@ -166,6 +211,14 @@ pub fn services_bench(
         ));
     }
     let m = node.metrics()?;
+    extra.push(format!(
+        "Service rows: the node's own socket: {} (192.168.240.1, the route's source toward the cluster IPs, bound on the translated path and kept by kube-proxy's DNAT in nat OUTPUT)",
+        if xdpcni_e2e::oracle::status(&node)?["services"]["nodeSockets"] == true {
+            "translated"
+        } else {
+            "NOT translated (services.nodeSockets did not take)"
+        }
+    ));
     extra.push(format!(
         "Service rows: {} connects translated at the socket (xdpcni_service_calls_total), kube-proxy's path an iptables DNAT in nat PREROUTING per port (one rule each: kube-proxy's chains add a jump or two before it)",
         m.get(r#"xdpcni_service_calls_total{result="translated"}"#)

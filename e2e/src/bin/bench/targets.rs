@@ -36,6 +36,7 @@ pub const W_MIGRATE_READY: &str = "Agent start with a migration, to ready";
 pub const W_SVC_TCP: &str = "Service: TCP 1 stream (iperf3)";
 pub const W_SVC_UDP64: &str = "Service: UDP 64-byte frames";
 pub const W_SVC_RR: &str = "Service: TCP RTT p50 (busy-poll)";
+pub const W_SVC_HOST_RR: &str = "Service from the node's own socket: TCP RTT p50 (busy-poll)";
 pub const W_NPF_TCP: &str = "NetworkPolicy: TCP 1 stream (iperf3)";
 pub const W_NPF_UDP64: &str = "NetworkPolicy: UDP 64-byte frames";
 pub const W_NPF_RR: &str = "NetworkPolicy: TCP RTT p50 (busy-poll)";
@@ -100,6 +101,7 @@ pub const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_SVC_TCP, "Gbit/s", true),
     (W_SVC_UDP64, "Mpps", true),
     (W_SVC_RR, "us", false),
+    (W_SVC_HOST_RR, "us", false),
     (W_NPF_TCP, "Gbit/s", true),
     (W_NPF_UDP64, "Mpps", true),
     (W_NPF_RR, "us", false),
@@ -305,16 +307,34 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             SVC_CLUSTERIP,
             1.15,
         ),
+        // Issue 55: the node's own socket, lower is better.
+        (
+            "kpr_host_clusterip_vs_kubeproxy_rr",
+            W_SVC_HOST_RR,
+            SVC_KUBEPROXY,
+            SVC_CLUSTERIP,
+            1.1,
+        ),
     ] {
         out.push(Target {
             name,
             value: vs(w, p, q),
             op: Op::AtLeast,
             goal,
-            what: if w == W_SVC_RR {
+            what: if w == W_SVC_RR || w == W_SVC_HOST_RR {
                 format!("{w}: {q} vs {p} (lower is better)")
             } else {
                 format!("{w}: {p} vs {q}")
+            } + &if w == W_SVC_HOST_RR {
+                // The node's own packets take the node's stack both ways
+                // on every path: the pod IP, untranslated, bounds it.
+                vs(w, SVC_KUBEPROXY, SVC_PODIP)
+                    .map(|r| {
+                        format!("; bound: the node's socket to the {SVC_PODIP} (no translation can beat it) is {r:.2}x")
+                    })
+                    .unwrap_or_default()
+            } else {
+                String::new()
             },
         });
     }
