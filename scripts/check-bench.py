@@ -74,7 +74,8 @@ SERVICE = [
     "pod IP, no Service",
     "kube-proxy's path (iptables DNAT)",
 ]
-for w in ["Service: TCP 1 stream (iperf3)", "Service: UDP 64-byte frames", "Service: TCP RTT p50 (busy-poll)"]:
+for w in ["Service: TCP 1 stream (iperf3)", "Service: UDP 64-byte frames", "Service: TCP RTT p50 (busy-poll)",
+          "Service from the node's own socket: TCP RTT p50 (busy-poll)"]:
     ROWS[w] = SERVICE
 POLICY = ["fast path, policy in the datapath", "kernel path, the same policy", "fast path, no policy"]
 for w in ["NetworkPolicy: TCP 1 stream (iperf3)", "NetworkPolicy: UDP 64-byte frames", "NetworkPolicy: TCP RTT p50 (busy-poll)"]:
@@ -102,6 +103,7 @@ TARGETS = {
     "svc_vs_podip_tcp": ">= 0.97",
     "svc_vs_kubeproxy_udp64": ">= 1.15",
     "svc_vs_kubeproxy_rr": ">= 1.15",
+    "kpr_host_clusterip_vs_kubeproxy_rr": ">= 1.1",
     "policy_fast_vs_kernel_udp64": ">= 1.2",
     "policy_fast_vs_nopolicy_udp64": ">= 0.95",
     "policy_update_p99_1000_ms": "<= 100",
