@@ -479,7 +479,8 @@ struct svc_addr {
 };
 
 /* svc_value.flags */
-#define XDPCNI_SVC_AFFINITY (1U << 0) /* sessionAffinity: ClientIP */
+#define XDPCNI_SVC_AFFINITY  (1U << 0) /* sessionAffinity: ClientIP */
+#define XDPCNI_SVC_NODE_ONLY (1U << 1) /* for the node's own sockets alone (a node port, ...) */
 
 /* services: a frontend (struct svc_addr) -> what a connect to it chooses. */
 struct svc_value {
@@ -522,13 +523,15 @@ struct svc_own_key {
 #define XDPCNI_SVC_NS_NODE (1U << 1)
 
 /*
- * svc_node_src: a frontend's address -> the source a socket of the node's
- * own binds to when its call to that frontend is translated. kube-proxy
- * DNATs a node's packet after its source was chosen by the route toward
- * the frontend, and keeps that source unless it masquerades (a source
- * outside its clusterCIDR): the agent writes the route's source here for
- * the frontends it keeps, and nothing for the masqueraded ones, whose
- * source the route toward the backend chooses, as MASQUERADE does.
+ * svc_node_src: a frontend (struct svc_addr) -> the source (struct svc_ip)
+ * a socket of the node's own binds to when its call to that frontend is
+ * translated. kube-proxy DNATs a node's packet after its source was chosen
+ * by the route toward the frontend, and keeps that source unless it
+ * masquerades it (by the kind of frontend and the clusterCIDR): the agent
+ * writes the route's source here for the frontends it keeps, and nothing
+ * for the masqueraded ones, whose source the route toward the backend
+ * chooses, as MASQUERADE does. A frontend flagged XDPCNI_SVC_NODE_ONLY (a
+ * node port, an external or LoadBalancer IP) is not translated for pods.
  */
 struct svc_ip {
 	__u8 addr[16]; /* IPv4: the first 4 bytes, the rest 0 */

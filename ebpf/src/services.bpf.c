@@ -47,7 +47,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, XDPCNI_MAX_SERVICES);
-	__type(key, struct svc_ip);
+	__type(key, struct svc_addr);
 	__type(value, struct svc_ip);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_node_src SEC(".maps");
@@ -285,15 +285,13 @@ static __always_inline int has_source(struct bpf_sock_addr *ctx, int v6, int sti
 static __always_inline int node_source(struct bpf_sock_addr *ctx, const struct svc_addr *fe, int v6,
 				       int sticky)
 {
-	struct svc_ip k = {.family = fe->family};
 	struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6};
 	struct sockaddr_in sa4 = {.sin_family = AF_INET};
 	struct svc_ip *src;
 
 	if (has_source(ctx, v6, sticky))
 		return -1;
-	__builtin_memcpy(k.addr, fe->addr, 16);
-	src = bpf_map_lookup_elem(&svc_node_src, &k);
+	src = bpf_map_lookup_elem(&svc_node_src, fe);
 	if (!src)
 		return 0;
 	if (sticky) {
@@ -331,7 +329,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int stic
 	if (fe.proto != IPPROTO_TCP && fe.proto != IPPROTO_UDP)
 		return SOCK_GO_ON;
 	svc = bpf_map_lookup_elem(&services, &fe);
-	if (!svc)
+	if (!svc || ((svc->flags & XDPCNI_SVC_NODE_ONLY) && !(scope & XDPCNI_SVC_NS_NODE)))
 		return SOCK_GO_ON;
 	if (!leased()) {
 		count(XDPCNI_SVC_EXPIRED);

@@ -19,6 +19,10 @@ pub const MAX_SVC_OWN: u32 = c_layout::XDPCNI_MAX_SVC_OWN;
 pub const SVC_MAX_CHOICES: u32 = c_layout::XDPCNI_SVC_MAX_CHOICES;
 /// `svc_value.flags`: sessionAffinity ClientIP.
 pub const SVC_AFFINITY: u32 = c_layout::XDPCNI_SVC_AFFINITY;
+/// `svc_value.flags`: translated for the node's own sockets alone (a node
+/// port, an external or LoadBalancer IP: kube-proxy masquerades a pod's
+/// calls to them, which a pod's translated socket could not give).
+pub const SVC_NODE_ONLY: u32 = c_layout::XDPCNI_SVC_NODE_ONLY;
 /// `svc_netns` values: a pod's namespace.
 pub const SVC_NS_POD: u32 = c_layout::XDPCNI_SVC_NS_POD;
 /// `svc_netns` values: the node's own namespace (its translated calls take
@@ -117,8 +121,8 @@ impl SvcOwnKey {
     }
 }
 
-/// `struct svc_ip`: an address without a port (`svc_node_src`'s keys, a
-/// frontend's address, and values, the source a node's socket binds to).
+/// `struct svc_ip`: an address without a port (`svc_node_src`'s values:
+/// the source a node's socket binds to).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SvcIp {

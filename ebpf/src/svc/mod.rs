@@ -283,19 +283,19 @@ impl Services {
         Ok(counts)
     }
 
-    /// Makes `svc_node_src` hold exactly `want`: frontend address -> the
-    /// source a translated call of the node's own to it binds to (see
-    /// `struct svc_ip`). Returns the entries (written, removed).
-    pub fn sync_node_src(&mut self, want: &BTreeMap<IpAddr, IpAddr>) -> Result<(usize, usize)> {
-        let want: BTreeMap<SvcIp, SvcIp> = want
+    /// Makes `svc_node_src` hold exactly `want`: frontend -> the source a
+    /// translated call of the node's own to it binds to (see `struct
+    /// svc_ip`). Returns the entries (written, removed).
+    pub fn sync_node_src(&mut self, want: &BTreeMap<SvcAddr, IpAddr>) -> Result<(usize, usize)> {
+        let want: BTreeMap<SvcAddr, SvcIp> = want
             .iter()
-            .map(|(fe, src)| (SvcIp::from(*fe), SvcIp::from(*src)))
+            .map(|(fe, src)| (*fe, SvcIp::from(*src)))
             .collect();
-        let have: BTreeMap<SvcIp, SvcIp> = {
-            let m: HashMap<&MapData, SvcIp, SvcIp> = map_ref(&self.ebpf, "svc_node_src")?;
+        let have: BTreeMap<SvcAddr, SvcIp> = {
+            let m: HashMap<&MapData, SvcAddr, SvcIp> = map_ref(&self.ebpf, "svc_node_src")?;
             m.iter().filter_map(|kv| kv.ok()).collect()
         };
-        let mut m: HashMap<&mut MapData, SvcIp, SvcIp> = map(&mut self.ebpf, "svc_node_src")?;
+        let mut m: HashMap<&mut MapData, SvcAddr, SvcIp> = map(&mut self.ebpf, "svc_node_src")?;
         let mut counts = (0, 0);
         for (k, v) in &want {
             if have.get(k) != Some(v) {
