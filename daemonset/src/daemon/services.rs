@@ -62,18 +62,19 @@ impl Core {
     /// (`xdpcni_service_sync_seconds`). False if the write failed (counted,
     /// logged, in the status; retried by the caller).
     pub async fn sync_services(&self, frontends: Vec<Frontend>, since: Instant) -> bool {
-        let (records, cfg, fe) = (self.records(), self.cfg.services.clone(), frontends.clone());
-        let scope =
-            match tokio::task::spawn_blocking(move || crate::services::scope(&records, &fe, &cfg))
-                .await
-            {
-                Ok(scope) => scope,
-                Err(e) => {
-                    warn!(error = %e, "which sockets to translate");
-                    self.metrics.error(Stage::Services);
-                    return false;
-                }
-            };
+        let (records, cfg) = (self.records(), self.cfg.services.clone());
+        let (scope, frontends) = match tokio::task::spawn_blocking(move || {
+            crate::services::scope(&records, frontends, &cfg)
+        })
+        .await
+        {
+            Ok(done) => done,
+            Err(e) => {
+                warn!(error = %e, "which sockets to translate");
+                self.metrics.error(Stage::Services);
+                return false;
+            }
+        };
         let (namespaces, node_sockets) = (scope.netns.len(), scope.node.is_some());
         // What the status will show once they are written.
         let shown: Vec<FrontendStatus> = frontends.iter().map(FrontendStatus::of).collect();

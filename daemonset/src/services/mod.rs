@@ -15,7 +15,7 @@ use std::{
 
 use ipnet::IpNet;
 use tracing::{debug, warn};
-use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, ServiceWant};
+use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, abi::SVC_NODE_ONLY, ServiceWant};
 use xdpcni_host::{
     netlink::Netlink,
     netns::in_netns,
@@ -23,7 +23,7 @@ use xdpcni_host::{
     state::Record,
 };
 
-use self::model::Frontend;
+use self::model::{Frontend, FrontendKind, NodeMasquerade};
 use crate::config::ServicesConfig;
 
 /// The writer's wants: each frontend with its backends keyed as the
@@ -39,6 +39,10 @@ pub fn wants(frontends: &[Frontend]) -> BTreeMap<SvcAddr, ServiceWant> {
                     SVC_AFFINITY
                 } else {
                     0
+                } | if f.kind == FrontendKind::ClusterIp {
+                    0
+                } else {
+                    SVC_NODE_ONLY
                 },
                 affinity_timeout: f.affinity.unwrap_or(0),
                 backends: f.backends.iter().map(|b| SvcAddr::new(*b, p)).collect(),
@@ -79,44 +83,62 @@ pub struct Scope {
     pub netns: PodNamespaces,
     /// The node's own namespace, when translated.
     pub node: Option<u64>,
-    /// Frontend address -> the source a node's translated call to it binds
-    /// to (see [`kept_source`]); a frontend without one takes the source
-    /// the backend's route gives.
-    pub node_src: BTreeMap<IpAddr, IpAddr>,
+    /// Frontend -> the source a node's translated call to it binds to
+    /// (see [`kept_source`]); a frontend without one takes the source the
+    /// backend's route gives (kube-proxy masquerades it).
+    pub node_src: BTreeMap<SvcAddr, IpAddr>,
 }
 
 /// The agent's own network namespace: the node's (it runs in the host's).
 pub const NODE_NETNS: &str = "/proc/self/ns/net";
 
 /// The sockets to translate for `records` (the node's pods) and, with
-/// `cfg.node_sockets`, the node's own for `frontends`. When the node's
-/// namespace or its addresses cannot be read, its sockets stay
-/// kube-proxy's (logged).
-pub fn scope(records: &[Record], frontends: &[Frontend], cfg: &ServicesConfig) -> Scope {
+/// `cfg.node_sockets`, the node's own, with the frontends to write: the
+/// cluster IPs of `frontends` always, the rest (node ports at each node
+/// address, external and LoadBalancer IPs) only for the node's own
+/// sockets. When the node's namespace or its addresses cannot be read, its
+/// sockets stay kube-proxy's (logged).
+pub fn scope(
+    records: &[Record],
+    frontends: Vec<Frontend>,
+    cfg: &ServicesConfig,
+) -> (Scope, Vec<Frontend>) {
     let mut out = Scope {
         netns: pod_netns(records),
         ..Scope::default()
     };
+    let cluster_ips = |f: Vec<Frontend>| -> Vec<Frontend> {
+        f.into_iter()
+            .filter(|f| f.kind == FrontendKind::ClusterIp)
+            .collect()
+    };
     if !cfg.node_sockets {
-        return out;
+        return (out, cluster_ips(frontends));
     }
-    match node_scope(frontends, &cfg.cluster_cidrs) {
-        Ok(node) => {
+    match node_scope(&frontends, &cfg.cluster_cidrs) {
+        Ok((node, written)) => {
             for (cookie, addrs) in node.netns {
                 out.netns.entry(cookie).or_default().extend(addrs);
             }
             out.node = node.node;
             out.node_src = node.node_src;
+            (out, written)
         }
-        Err(e) => warn!(error = %e, "the node's own sockets stay kube-proxy's"),
+        Err(e) => {
+            warn!(error = %e, "the node's own sockets stay kube-proxy's");
+            (out, cluster_ips(frontends))
+        }
     }
-    out
 }
 
-/// The node's part of a [`Scope`]: its namespace cookie with its
-/// addresses, and for each frontend address the source kube-proxy's path
-/// keeps for the node's calls to it.
-fn node_scope(frontends: &[Frontend], cluster_cidrs: &[IpNet]) -> Result<Scope, String> {
+/// The node's part of a [`Scope`] (its namespace cookie with its
+/// addresses, and for each frontend the source kube-proxy's path keeps
+/// for the node's calls to it), with `frontends`' node ports put at each
+/// node address ([`at_node_addresses`]).
+fn node_scope(
+    frontends: &[Frontend],
+    cluster_cidrs: &[IpNet],
+) -> Result<(Scope, Vec<Frontend>), String> {
     let cookie = xdpcni_host::netns::netns_cookie(Path::new(NODE_NETNS))
         .map_err(|e| format!("the node's network namespace cookie: {e}"))?;
     let mut nl = Netlink::new().map_err(|e| format!("netlink: {e}"))?;
@@ -126,33 +148,78 @@ fn node_scope(frontends: &[Frontend], cluster_cidrs: &[IpNet]) -> Result<Scope, 
         .into_iter()
         .map(|a| a.1)
         .collect();
-    let vips: BTreeSet<IpAddr> = frontends.iter().map(|f| f.addr.ip()).collect();
+    let written = at_node_addresses(frontends, &addrs);
+    let mut routed: BTreeMap<IpAddr, Option<IpAddr>> = BTreeMap::new();
     let mut src = BTreeMap::new();
-    for vip in vips {
-        match nl.route_source(vip) {
-            Ok(Some(s)) if kept_source(s, cluster_cidrs) => {
-                src.insert(vip, s);
+    for f in &written {
+        let to = f.addr.ip();
+        let from = match routed.get(&to) {
+            Some(s) => *s,
+            None => {
+                let s = nl
+                    .route_source(to)
+                    .map_err(|e| format!("the node's source toward {to}: {e}"))?;
+                routed.insert(to, s);
+                s
             }
-            Ok(_) => {}
-            Err(e) => return Err(format!("the node's source toward {vip}: {e}")),
+        };
+        if let Some(from) = from.filter(|s| kept_source(f.node_masquerade(), *s, cluster_cidrs)) {
+            src.insert(SvcAddr::new(f.addr, f.proto.number()), from);
         }
     }
-    Ok(Scope {
+    let scope = Scope {
         netns: PodNamespaces::from([(cookie, addrs)]),
         node: Some(cookie),
         node_src: src,
-    })
+    };
+    Ok((scope, written))
 }
 
-/// Whether kube-proxy (iptables, clusterCIDR detection) keeps source `src`
-/// of a node's packet to a Service: it masquerades a source outside its
-/// clusterCIDR of that family, and none at all for a family without one.
-pub fn kept_source(src: IpAddr, cluster_cidrs: &[IpNet]) -> bool {
+/// `frontends` as written for the node's own sockets: each node port at
+/// every address of the node of its family, as kube-proxy serves it (its
+/// rule matches any local destination; not IPv6's loopback, which it
+/// cannot route to a pod, nor link-local addresses, which need a scope);
+/// an externalIP only where it is an address of the node (kube-proxy 1.20
+/// serves no other externalIP to the node's own sockets).
+pub fn at_node_addresses(frontends: &[Frontend], addrs: &BTreeSet<IpAddr>) -> Vec<Frontend> {
+    let mut out = Vec::new();
+    for f in frontends {
+        if f.kind == FrontendKind::ExternalIp && !addrs.contains(&f.addr.ip()) {
+            continue;
+        }
+        if f.kind != FrontendKind::NodePort {
+            out.push(f.clone());
+            continue;
+        }
+        for a in addrs.iter().filter(|a| a.is_ipv4() == f.addr.is_ipv4()) {
+            let usable = match a {
+                IpAddr::V4(_) => true,
+                IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+            };
+            if usable {
+                let mut at = f.clone();
+                at.addr = std::net::SocketAddr::new(*a, f.addr.port());
+                out.push(at);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Whether kube-proxy keeps source `src` of a node's call to a frontend
+/// whose rule is `rule` (see [`NodeMasquerade`]), given its clusterCIDR.
+pub fn kept_source(rule: NodeMasquerade, src: IpAddr, cluster_cidrs: &[IpNet]) -> bool {
     let same: Vec<&IpNet> = cluster_cidrs
         .iter()
         .filter(|c| c.addr().is_ipv6() == src.is_ipv6())
         .collect();
-    same.is_empty() || same.iter().any(|c| c.contains(&src))
+    let inside = same.iter().any(|c| c.contains(&src));
+    match rule {
+        NodeMasquerade::OutsideClusterCidr => same.is_empty() || inside,
+        NodeMasquerade::UnlessInClusterCidr => inside,
+        NodeMasquerade::Always => false,
+    }
 }
 
 /// The network namespaces whose sockets are translated, by path: this
@@ -219,28 +286,90 @@ mod tests {
     use xdpcni_ebpf::L4Proto;
 
     #[test]
-    fn kept_source_is_kube_proxys_masquerade_decision_per_family() {
+    fn kept_source_is_kube_proxys_masquerade_decision_per_kind_and_family() {
+        use NodeMasquerade::*;
         let cidrs: Vec<IpNet> = vec!["10.244.0.0/16".parse().unwrap()];
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        // In the clusterCIDR: kept; outside it: masqueraded.
-        assert!(kept_source(ip("10.244.3.1"), &cidrs));
-        assert!(!kept_source(ip("192.168.1.10"), &cidrs));
-        // No clusterCIDR of that family, or none at all: never masqueraded.
-        assert!(kept_source(ip("fd00::10"), &cidrs));
-        assert!(kept_source(ip("192.168.1.10"), &[]));
         let both: Vec<IpNet> = vec![
             "10.244.0.0/16".parse().unwrap(),
             "fd44::/48".parse().unwrap(),
         ];
-        assert!(!kept_source(ip("fd00::10"), &both));
-        assert!(kept_source(ip("fd44::1"), &both));
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // ClusterIP: kept in the clusterCIDR, masqueraded outside it, and
+        // never masqueraded for a family without one.
+        assert!(kept_source(OutsideClusterCidr, ip("10.244.3.1"), &cidrs));
+        assert!(!kept_source(OutsideClusterCidr, ip("192.168.1.10"), &cidrs));
+        assert!(kept_source(OutsideClusterCidr, ip("fd00::10"), &cidrs));
+        assert!(kept_source(OutsideClusterCidr, ip("192.168.1.10"), &[]));
+        assert!(!kept_source(OutsideClusterCidr, ip("fd00::10"), &both));
+        assert!(kept_source(OutsideClusterCidr, ip("fd44::1"), &both));
+        // externalIP, or externalTrafficPolicy Local: kept only inside a
+        // clusterCIDR (without one, kube-proxy masquerades every source).
+        assert!(kept_source(UnlessInClusterCidr, ip("10.244.3.1"), &cidrs));
+        assert!(!kept_source(
+            UnlessInClusterCidr,
+            ip("192.168.1.10"),
+            &cidrs
+        ));
+        assert!(!kept_source(UnlessInClusterCidr, ip("fd00::10"), &cidrs));
+        assert!(!kept_source(UnlessInClusterCidr, ip("10.244.3.1"), &[]));
+        // NodePort, LoadBalancer under Cluster: always masqueraded.
+        assert!(!kept_source(Always, ip("10.244.3.1"), &both));
+    }
+
+    #[test]
+    fn node_ports_are_written_at_each_usable_node_address_of_their_family() {
+        let f = |addr: &str, kind: FrontendKind| Frontend {
+            addr: addr.parse().unwrap(),
+            proto: L4Proto::Tcp,
+            affinity: None,
+            backends: vec!["10.244.0.5:80".parse().unwrap()],
+            service: "ns/web".into(),
+            kind,
+            external_local: false,
+        };
+        let addrs: BTreeSet<IpAddr> = ["10.0.0.5", "127.0.0.1", "fd00::5", "::1", "fe80::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let out = at_node_addresses(
+            &[
+                f("0.0.0.0:30080", FrontendKind::NodePort),
+                f("[::]:30080", FrontendKind::NodePort),
+                f("10.96.0.10:80", FrontendKind::ClusterIp),
+                f("192.0.2.7:80", FrontendKind::ExternalIp),
+                f("10.0.0.5:80", FrontendKind::ExternalIp),
+            ],
+            &addrs,
+        );
+        let got: Vec<String> = out.iter().map(|f| f.addr.to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "10.0.0.5:80",
+                "10.0.0.5:30080",
+                "10.96.0.10:80",
+                "127.0.0.1:30080",
+                "[fd00::5]:30080"
+            ]
+        );
+        // Everything but cluster IPs is written for the node alone.
+        let w = wants(&out);
+        for (fe, want) in &w {
+            let cluster_ip = fe.addr[..4] == [10, 96, 0, 10];
+            assert_eq!(want.flags & SVC_NODE_ONLY == 0, cluster_ip, "{fe:?}");
+        }
+        // Without nodeSockets only the cluster IPs are written.
+        let (_, written) = scope(&[], out, &ServicesConfig::default());
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].kind, FrontendKind::ClusterIp);
     }
 
     #[test]
     fn the_node_scope_is_left_out_unless_configured() {
         let cfg = ServicesConfig::default();
-        let s = scope(&[], &[], &cfg);
+        let (s, written) = scope(&[], vec![], &cfg);
         assert_eq!(s, Scope::default());
+        assert!(written.is_empty());
         assert_eq!(netns_paths(&[], false), Vec::<PathBuf>::new());
         assert_eq!(netns_paths(&[], true), vec![PathBuf::from(NODE_NETNS)]);
     }
@@ -253,6 +382,8 @@ mod tests {
             affinity: Some(60),
             backends: vec!["10.244.0.5:5353".parse().unwrap()],
             service: "ns/dns".into(),
+            kind: FrontendKind::ClusterIp,
+            external_local: false,
         };
         let w = wants(&[f]);
         let (fe, want) = w.iter().next().unwrap();

@@ -46,10 +46,57 @@ pub struct Group {
     pub addrs: Vec<EpAddr>,
 }
 
+/// What kind of address of a Service a frontend is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FrontendKind {
+    /// A cluster IP and the Service port.
+    ClusterIp,
+    /// The node port, at an address of this node (the model gives the
+    /// family's unspecified address; `services::scope` puts each node
+    /// address in its place).
+    NodePort,
+    /// An `externalIPs` address and the Service port.
+    ExternalIp,
+    /// A LoadBalancer ingress IP (`status.loadBalancer.ingress`) and the
+    /// Service port.
+    LoadBalancer,
+}
+
+impl FrontendKind {
+    /// As the status says it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClusterIp => "ClusterIP",
+            Self::NodePort => "NodePort",
+            Self::ExternalIp => "externalIP",
+            Self::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// Whether kube-proxy (1.20, iptables, clusterCIDR detection) masquerades
+/// a call of the node's own to a frontend, by the call's source (the
+/// route's toward the frontend): its rules per kind of frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeMasquerade {
+    /// A ClusterIP: a source outside the clusterCIDR of its family; none
+    /// when there is no clusterCIDR of that family.
+    OutsideClusterCidr,
+    /// A NodePort or LoadBalancer IP under `externalTrafficPolicy: Local`
+    /// (its XLB chain): every source but one inside a clusterCIDR of its
+    /// family.
+    UnlessInClusterCidr,
+    /// A NodePort or LoadBalancer IP under `externalTrafficPolicy:
+    /// Cluster`, and an externalIP (one of the node's own addresses: the
+    /// node's calls to any other externalIP kube-proxy 1.20 does not serve).
+    Always,
+}
+
 /// A frontend and what a connect to it chooses among.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Frontend {
-    /// Cluster IP and Service port.
+    /// Its address (a cluster IP, a node address, an external or
+    /// LoadBalancer IP) and port.
     pub addr: SocketAddr,
     /// Protocol.
     pub proto: L4Proto,
@@ -59,6 +106,25 @@ pub struct Frontend {
     pub backends: Vec<SocketAddr>,
     /// "namespace/name" of the Service.
     pub service: String,
+    /// What kind of address `addr` is: all but a cluster IP are translated
+    /// for the node's own sockets alone.
+    pub kind: FrontendKind,
+    /// `externalTrafficPolicy: Local`.
+    pub external_local: bool,
+}
+
+impl Frontend {
+    /// How kube-proxy decides to masquerade the node's own calls to it.
+    pub fn node_masquerade(&self) -> NodeMasquerade {
+        match self.kind {
+            FrontendKind::ClusterIp => NodeMasquerade::OutsideClusterCidr,
+            FrontendKind::ExternalIp => NodeMasquerade::Always,
+            FrontendKind::NodePort | FrontendKind::LoadBalancer if self.external_local => {
+                NodeMasquerade::UnlessInClusterCidr
+            }
+            FrontendKind::NodePort | FrontendKind::LoadBalancer => NodeMasquerade::Always,
+        }
+    }
 }
 
 /// The protocol of a Service, EndpointSlice or Endpoints port (TCP when
@@ -215,6 +281,36 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
             .unwrap_or(DEFAULT_AFFINITY_SECS)
     });
     let local_only = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    // The node's own calls to a node port, an external or a LoadBalancer
+    // IP go to every ready backend (kube-proxy 1.20 sends a local source
+    // to the Service's chain, not the local-only one).
+    let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
+    let external: Vec<IpAddr> = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .filter_map(|i| i.parse().ok())
+        .collect();
+    // A LoadBalancer with source ranges is kube-proxy's (its firewall
+    // chain), and so is one whose Service is not of that type any more.
+    let balancers: Vec<IpAddr> = if spec.type_.as_deref() == Some("LoadBalancer")
+        && spec
+            .load_balancer_source_ranges
+            .as_ref()
+            .is_none_or(|r| r.is_empty())
+    {
+        svc.status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.ip.as_deref().and_then(|ip| ip.parse().ok()))
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut out = Vec::new();
     for port in spec.ports.iter().flatten() {
         let (Some(p), Ok(number)) = (proto(port.protocol.as_deref()), u16::try_from(port.port))
@@ -222,8 +318,11 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
             continue;
         };
         let port_name = port.name.clone().unwrap_or_default();
-        // Per backend address, the number its group gives this port's name.
-        let mut by_ip: BTreeMap<IpAddr, u16> = BTreeMap::new();
+        // Per backend address, the number its group gives this port's name
+        // (all ready ones, and those internalTrafficPolicy lets a cluster
+        // IP choose).
+        let (mut all, mut by_ip): (BTreeMap<IpAddr, u16>, BTreeMap<IpAddr, u16>) =
+            Default::default();
         for g in groups {
             let Some(&(_, _, target)) = g
                 .ports
@@ -232,25 +331,65 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
             else {
                 continue;
             };
-            for a in &g.addrs {
-                if a.ready && (!local_only || a.node.as_deref() == Some(node)) {
+            for a in g.addrs.iter().filter(|a| a.ready) {
+                all.insert(a.ip, target);
+                if !local_only || a.node.as_deref() == Some(node) {
                     by_ip.insert(a.ip, target);
                 }
             }
         }
-        for ip in &ips {
-            let backends = by_ip
-                .iter()
-                .filter(|(b, _)| b.is_ipv4() == ip.is_ipv4())
+        let of_family = |m: &BTreeMap<IpAddr, u16>, v4: bool| -> Vec<SocketAddr> {
+            m.iter()
+                .filter(|(b, _)| b.is_ipv4() == v4)
                 .map(|(b, t)| SocketAddr::new(*b, *t))
-                .collect();
+                .collect()
+        };
+        let mut push = |addr: SocketAddr, kind: FrontendKind, backends: Vec<SocketAddr>| {
             out.push(Frontend {
-                addr: SocketAddr::new(*ip, number),
+                addr,
                 proto: p,
                 affinity,
                 backends,
                 service: name.clone(),
-            });
+                kind,
+                external_local,
+            })
+        };
+        for ip in &ips {
+            push(
+                SocketAddr::new(*ip, number),
+                FrontendKind::ClusterIp,
+                of_family(&by_ip, ip.is_ipv4()),
+            );
+        }
+        let node_port = port.node_port.and_then(|n| u16::try_from(n).ok());
+        if let (true, Some(np)) = (node_ports, node_port) {
+            for ip in &ips {
+                let any = if ip.is_ipv4() {
+                    IpAddr::from([0u8; 4])
+                } else {
+                    IpAddr::from([0u8; 16])
+                };
+                push(
+                    SocketAddr::new(any, np),
+                    FrontendKind::NodePort,
+                    of_family(&all, ip.is_ipv4()),
+                );
+            }
+        }
+        for ip in &external {
+            push(
+                SocketAddr::new(*ip, number),
+                FrontendKind::ExternalIp,
+                of_family(&all, ip.is_ipv4()),
+            );
+        }
+        for ip in &balancers {
+            push(
+                SocketAddr::new(*ip, number),
+                FrontendKind::LoadBalancer,
+                of_family(&all, ip.is_ipv4()),
+            );
         }
     }
     out.sort();
@@ -392,6 +531,83 @@ mod tests {
             addrs(&["10.244.1.7:9090"])
         );
         assert!(find(&f, "[fd96::10]:80", L4Proto::Tcp).backends.is_empty());
+    }
+
+    #[test]
+    fn node_ports_external_and_balancer_ips_choose_every_ready_backend() {
+        let mut lb = web(json!({
+            "type": "LoadBalancer",
+            "externalIPs": ["192.0.2.7"],
+            "internalTrafficPolicy": "Local",
+            "externalTrafficPolicy": "Local",
+            "ports": [{"name": "http", "port": 80, "targetPort": "web", "protocol": "TCP", "nodePort": 30080}]
+        }));
+        lb.status = serde_json::from_value(
+            json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.9"}, {"hostname": "lb.example"}]}}),
+        )
+        .ok();
+        let f = frontends(&lb, &groups_from_slices(&slices()), "n2");
+        let kinds: Vec<(String, FrontendKind)> =
+            f.iter().map(|x| (x.addr.to_string(), x.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("0.0.0.0:30080".to_string(), FrontendKind::NodePort),
+                ("10.96.0.10:80".to_string(), FrontendKind::ClusterIp),
+                ("192.0.2.7:80".to_string(), FrontendKind::ExternalIp),
+                ("198.51.100.9:80".to_string(), FrontendKind::LoadBalancer),
+                ("[::]:30080".to_string(), FrontendKind::NodePort),
+                ("[fd96::10]:80".to_string(), FrontendKind::ClusterIp),
+            ]
+        );
+        // The cluster IP keeps internalTrafficPolicy; the node's calls to
+        // the others go to every ready backend (kube-proxy 1.20 sends a
+        // local source to the Service's chain).
+        let all = find(
+            &frontends(&web(json!({})), &groups_from_slices(&slices()), "n2"),
+            "10.96.0.10:80",
+            L4Proto::Tcp,
+        )
+        .backends
+        .clone();
+        assert_eq!(
+            find(&f, "10.96.0.10:80", L4Proto::Tcp).backends,
+            addrs(&["10.244.1.7:9090"])
+        );
+        for a in ["0.0.0.0:30080", "192.0.2.7:80", "198.51.100.9:80"] {
+            assert_eq!(find(&f, a, L4Proto::Tcp).backends, all, "{a}");
+        }
+        // Under externalTrafficPolicy Local, node ports and balancer IPs
+        // keep a source in the clusterCIDR (their XLB chain).
+        for a in ["0.0.0.0:30080", "198.51.100.9:80"] {
+            assert_eq!(
+                find(&f, a, L4Proto::Tcp).node_masquerade(),
+                NodeMasquerade::UnlessInClusterCidr,
+                "{a}"
+            );
+        }
+        // Under Cluster, node ports and balancer IPs are always masqueraded;
+        // with source ranges a balancer IP is kube-proxy's alone.
+        lb.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        let f = frontends(&lb, &groups_from_slices(&slices()), "n2");
+        assert_eq!(
+            find(&f, "198.51.100.9:80", L4Proto::Tcp).node_masquerade(),
+            NodeMasquerade::Always
+        );
+        assert_eq!(
+            find(&f, "192.0.2.7:80", L4Proto::Tcp).node_masquerade(),
+            NodeMasquerade::Always
+        );
+        lb.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["10.0.0.0/8".into()]);
+        let f = frontends(&lb, &groups_from_slices(&slices()), "n2");
+        assert!(f.iter().all(|x| x.kind != FrontendKind::LoadBalancer));
+        // A ClusterIP Service has no node port even if one is left in it.
+        let f = frontends(
+            &web(json!({"ports": [{"name": "http", "port": 80, "nodePort": 30080}]})),
+            &[],
+            "n2",
+        );
+        assert!(f.iter().all(|x| x.kind == FrontendKind::ClusterIp));
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub struct FrontendStatus {
     pub protocol: String,
     /// Ready backends chosen among (0: left to kube-proxy, which refuses).
     pub backends: usize,
+    /// "ClusterIP", or (for the node's own sockets alone) "NodePort",
+    /// "externalIP", "LoadBalancer".
+    #[serde(default)]
+    pub kind: String,
 }
 
 impl FrontendStatus {
@@ -25,6 +29,7 @@ impl FrontendStatus {
             frontend: f.addr.to_string(),
             protocol: f.proto.as_str().into(),
             backends: f.backends.len(),
+            kind: f.kind.as_str().into(),
         }
     }
 }
@@ -132,7 +137,18 @@ impl ServicesStatus {
                     "kube-proxy"
                 },
             ),
-            ("NodePort, LoadBalancer, externalIPs", "kube-proxy"),
+            (
+                "NodePort, LoadBalancer, externalIPs from the node and hostNetwork pods",
+                if self.node_sockets && socket.starts_with("xdpcni") {
+                    "xdpcni, at the socket (a LoadBalancer with source ranges: kube-proxy)"
+                } else {
+                    "kube-proxy"
+                },
+            ),
+            (
+                "NodePort, LoadBalancer, externalIPs from pods and from outside the node",
+                "kube-proxy",
+            ),
             ("SCTP; IPv4-mapped addresses on IPv6 sockets", "kube-proxy"),
             (
                 "Services labelled service-proxy-name (another proxy's) or headless",
@@ -207,12 +223,14 @@ mod tests {
                 frontend: "10.96.0.5:80".into(),
                 protocol: "TCP".into(),
                 backends: 2,
+                kind: "ClusterIP".into(),
             },
             FrontendStatus {
                 service: "ns/web".into(),
                 frontend: "[fd00::5]:80".into(),
                 protocol: "TCP".into(),
                 backends: 0,
+                kind: "ClusterIP".into(),
             },
         ];
         let line = s.summary();
@@ -239,10 +257,12 @@ mod tests {
         assert!(by(&s)[0].starts_with("xdpcni"));
         // Everything but pods' ClusterIP connects stays kube-proxy's (or
         // nobody's, for the labelled Services).
-        assert!(by(&s)[1..5].iter().all(|b| b.starts_with("kube-proxy")));
-        assert!(by(&s)[5].starts_with("nobody"));
+        assert!(by(&s)[1..6].iter().all(|b| b.starts_with("kube-proxy")));
+        assert!(by(&s)[6].starts_with("nobody"));
         s.synced(Ok((2, true, vec![])));
         assert!(by(&s)[2].starts_with("xdpcni"));
+        assert!(by(&s)[3].starts_with("xdpcni"));
+        assert!(by(&s)[4].starts_with("kube-proxy"));
         s.opened(Err("no cgroup v2".into()));
         assert!(by(&s)[2].starts_with("kube-proxy"));
         assert!(by(&s)[0].starts_with("kube-proxy"));
