@@ -149,7 +149,8 @@ pub struct Shape {
     pub name: String,
     /// Its labels.
     pub labels: Value,
-    /// Spec fields beyond the ports and families.
+    /// Spec fields beyond the families (and the ports, unless it names
+    /// them: `http` 8080/TCP, `dns` 8080/UDP, `alt` 8081/TCP).
     pub spec: Value,
     /// Its IP families.
     pub families: &'static [&'static str],
@@ -212,7 +213,9 @@ pub fn create(node: &KubeNode, shape: &Shape) -> Result<Vec<IpAddr>> {
         "subsets": subsets(&shape.ready, &shape.not_ready),
     });
     let mut spec = shape.spec.clone();
-    spec["ports"] = ports();
+    if spec.get("ports").is_none() {
+        spec["ports"] = ports();
+    }
     spec["ipFamilies"] = json!(shape.families);
     spec["ipFamilyPolicy"] = json!(if shape.families.len() == 2 {
         "RequireDualStack"
@@ -235,6 +238,38 @@ pub fn create(node: &KubeNode, shape: &Shape) -> Result<Vec<IpAddr>> {
             .iter()
             .map(|i| i.parse())
             .collect::<Result<Vec<_>, _>>()?)
+    })
+}
+
+/// Service `name`'s node ports, by port name.
+pub fn node_ports(node: &KubeNode, name: &str) -> Result<BTreeMap<String, u16>> {
+    let name = name.to_string();
+    node.client(move |c| async move {
+        let svc = Api::<Service>::namespaced(c, "default").get(&name).await?;
+        Ok(svc
+            .spec
+            .and_then(|s| s.ports)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| Some((p.name?, u16::try_from(p.node_port?).ok()?)))
+            .collect())
+    })
+}
+
+/// Gives LoadBalancer Service `name` the ingress IPs `ips` (its status, as
+/// a cloud's controller writes it).
+pub fn set_balancer(node: &KubeNode, name: &str, ips: &[IpAddr]) -> Result<()> {
+    let ingress: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({ "ip": ip.to_string() }))
+        .collect();
+    let patch = json!({ "status": { "loadBalancer": { "ingress": ingress } } });
+    let name = name.to_string();
+    node.client(move |c| async move {
+        Api::<Service>::namespaced(c, "default")
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
     })
 }
 
@@ -264,9 +299,13 @@ pub fn wait_rules(node: &KubeNode, shapes: &[&Shape]) -> Result<()> {
     wait_for("kube-proxy's rules", Duration::from_secs(60), || {
         let (v4, v6) = rules(node);
         shapes.iter().all(|s| {
+            let names: Vec<&str> = match s.spec.get("ports").and_then(Value::as_array) {
+                Some(ports) => ports.iter().filter_map(|p| p["name"].as_str()).collect(),
+                None => PORT_NAMES.to_vec(),
+            };
             s.families.iter().all(|f| {
                 let r = if *f == "IPv6" { &v6 } else { &v4 };
-                PORT_NAMES
+                names
                     .iter()
                     .all(|p| r.contains(&format!("default/{}:{p}", s.name)))
             })

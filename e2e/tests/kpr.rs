@@ -490,3 +490,201 @@ fn kpr_node_sockets_to_clusterips_as_kube_proxy() {
     }
     eprintln!("{}", report.join("\n"));
 }
+
+/// External IPs that are no address of the node.
+const FOREIGN: [&str; 2] = ["192.0.2.7", "2001:db8::7"];
+
+/// The TCP ports of the oracle's Services alone.
+fn tcp_only() -> Value {
+    json!([
+        { "name": "http", "port": 8080, "targetPort": 80 },
+        { "name": "alt", "port": 8081, "targetPort": "alt" },
+    ])
+}
+
+/// Whether the agent's status lists frontend `addr` (as "ip:port").
+fn has_frontend(node: &KubeNode, addr: &str) -> bool {
+    status(node).unwrap()["services"]["frontends"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|f| f["frontend"] == addr))
+}
+
+/// The node's own sockets (`services.nodeSockets`) to node ports (at each
+/// node address: the link's, the pods' gateway on lo, 127.0.0.1),
+/// externalIPs and LoadBalancer IPs, node ports and balancer IPs under
+/// `externalTrafficPolicy` Cluster and Local, against kube-proxy: the same
+/// backends (a local pod and "another node's"), each seeing the same
+/// source. kube-proxy 1.20 masquerades a node's call to a node port or
+/// balancer IP under Cluster and to an externalIP always, and under Local
+/// unless its source is in the clusterCIDR (10.78.1.1 here, the route's
+/// source toward the balancer IPs and the link's own address): those
+/// `kept` sources the translation binds. An externalIP that is no address
+/// of the node kube-proxy does not serve to the node's sockets: neither is
+/// it translated (both time out).
+#[test]
+fn kpr_node_sockets_to_node_ports_external_and_balancer_ips_as_kube_proxy() {
+    let f = fixture(|c| {
+        c.services.node_sockets = true;
+        c.services.cluster_cidrs = vec![
+            "10.78.0.0/16".parse().unwrap(),
+            "fd78::/48".parse().unwrap(),
+        ];
+    });
+    let (node, cg, b) = (&f.node, &f.cg, &f.b);
+    let _far = xdpcni_e2e::oracle::remote(node).unwrap();
+    let nns = node.net.node.name().to_string();
+    let remote: [IpAddr; 2] = [REMOTE4.parse().unwrap(), REMOTE6.parse().unwrap()];
+    for ip in &remote {
+        wait_for("the remote server", Duration::from_secs(10), || {
+            cg.podtool(false, &nns, &["greet", &ip.to_string(), "80", "1"])
+                .is_ok()
+        })
+        .unwrap();
+    }
+    // (shape, spec, balancer IPs, [(address to call, source kept)] per family)
+    type Calls = [Vec<(&'static str, bool)>; 2];
+    let node_addrs = |local: bool| -> Calls {
+        [
+            vec![
+                ("10.78.1.1", local),
+                ("10.99.0.1", false),
+                ("127.0.0.1", false),
+            ],
+            vec![("fd78:0:0:1::1", local), ("fd99::1", false)],
+        ]
+    };
+    let table: Vec<(&str, Value, Calls)> = vec![
+        ("np", json!({ "type": "NodePort" }), node_addrs(false)),
+        (
+            "npl",
+            json!({ "type": "NodePort", "externalTrafficPolicy": "Local" }),
+            node_addrs(true),
+        ),
+        // An externalIP that is the node's own (always masqueraded), and
+        // one that is not: kube-proxy 1.20 serves no node socket that one.
+        (
+            "ext",
+            json!({ "externalIPs": [] }),
+            [
+                vec![("10.78.1.1", false), ("192.0.2.7", false)],
+                vec![("fd78:0:0:1::1", false), ("2001:db8::7", false)],
+            ],
+        ),
+        // A LoadBalancer of Kubernetes 1.20 has one protocol: TCP alone.
+        (
+            "lb",
+            json!({ "type": "LoadBalancer", "ports": tcp_only() }),
+            [vec![("198.51.100.9", false)], vec![("2001:db8::9", false)]],
+        ),
+        (
+            "lbl",
+            json!({ "type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": tcp_only() }),
+            [vec![("198.51.100.10", true)], vec![("2001:db8::a", true)]],
+        ),
+    ];
+    let mut probes: Vec<(String, IpAddr, u16, Option<u16>, bool, bool)> = Vec::new();
+    let mut shapes = Vec::new();
+    for (v6, family) in [(false, "IPv4"), (true, "IPv6")] {
+        let i = usize::from(v6);
+        for (name, spec, calls) in &table {
+            let mut sh = shape(
+                &format!("{name}-{}", &family[2..]),
+                json!({}),
+                family,
+                vec![b[0].ip(v6), remote[i]],
+            );
+            let mut spec = spec.clone();
+            if let Some(ext) = spec.get_mut("externalIPs") {
+                // The family's own external IPs.
+                *ext = calls[i].iter().map(|c| c.0).collect::<Vec<_>>().into();
+            }
+            sh.spec = spec;
+            create(node, &sh).unwrap();
+            if name.starts_with("lb") {
+                let ips: Vec<IpAddr> = calls[i].iter().map(|c| c.0.parse().unwrap()).collect();
+                xdpcni_e2e::oracle::set_balancer(node, &sh.name, &ips).unwrap();
+            }
+            let nps = xdpcni_e2e::oracle::node_ports(node, &sh.name).unwrap();
+            for &(addr, kept) in &calls[i] {
+                let ip: IpAddr = addr.parse().unwrap();
+                let (tcp, udp) = if name.starts_with("np") {
+                    (nps["http"], Some(nps["dns"]))
+                } else if name.starts_with("lb") {
+                    (8080, None)
+                } else {
+                    (8080, Some(8080))
+                };
+                let served = !FOREIGN.contains(&addr);
+                probes.push((sh.name.clone(), ip, tcp, udp, kept, served));
+            }
+            shapes.push(sh);
+        }
+    }
+    wait_rules(node, &shapes.iter().collect::<Vec<_>>()).unwrap();
+    for (name, ip, tcp, udp, ..) in probes.iter().filter(|p| p.5) {
+        for port in std::iter::once(tcp).chain(udp) {
+            let fe = std::net::SocketAddr::new(*ip, *port).to_string();
+            wait_for(
+                &format!("{name}: the agent's {fe}"),
+                Duration::from_secs(10),
+                || has_frontend(node, &fe),
+            )
+            .unwrap();
+        }
+    }
+    for (name, ip, tcp, udp, kept, served) in &probes {
+        let protos: &[&str] = if udp.is_some() && *served {
+            &["tcp", "udp", "udp-connected"]
+        } else {
+            &["tcp"]
+        };
+        for &proto in protos {
+            let port = if proto == "tcp" { *tcp } else { udp.unwrap() };
+            // A kept source cannot be bound to podtool's connected UDP
+            // socket (bound to a port first): left to kube-proxy.
+            let left = (*kept && proto == "udp-connected") || !served;
+            // Two backends chosen at random: 20 calls reach both but for
+            // one run in 2^19. Timeouts need no more than 2.
+            let n = if *served { 20 } else { 2 };
+            let t0 = translated(node).unwrap();
+            let ours = probe(cg, &nns, true, proto, (*ip, port), n).unwrap();
+            let t1 = translated(node).unwrap();
+            let theirs = probe(cg, &nns, false, proto, (*ip, port), n).unwrap();
+            let t2 = translated(node).unwrap();
+            let what = format!("{name} {ip}:{port} {proto}");
+            eprintln!("{what}: translated {ours:?}, kube-proxy {theirs:?}");
+            if *served && theirs.keys().any(|k| k.starts_with("error")) {
+                let (v4, v6) = rules(node);
+                let mine: Vec<&str> = v4
+                    .lines()
+                    .chain(v6.lines())
+                    .filter(|l| l.contains(name.as_str()))
+                    .collect();
+                eprintln!("kube-proxy's rules for {name}:\n{}", mine.join("\n"));
+            }
+            assert_eq!(t2, t1, "{what}: the run outside the cgroup was translated");
+            let calls = if proto == "udp" { 2 * n } else { n };
+            assert_eq!(
+                t1 - t0,
+                if left { 0 } else { u64::from(calls) },
+                "{what}: translated calls"
+            );
+            // The same backends, each seeing the same source, and both.
+            assert_eq!(
+                ours.keys().collect::<Vec<_>>(),
+                theirs.keys().collect::<Vec<_>>(),
+                "{what}"
+            );
+            let names: Vec<&str> = theirs
+                .keys()
+                .map(|k| k.split(' ').next().unwrap_or_default())
+                .collect();
+            let want: &[&str] = if *served {
+                &["default/b1", "remote/r1"]
+            } else {
+                &["error"]
+            };
+            assert_eq!(names, want, "{what}: {theirs:?}");
+        }
+    }
+}
