@@ -27,7 +27,26 @@ use netlink_packet_route::{
 use netlink_sys::protocols::NETLINK_ROUTE;
 
 mod socket;
-pub use socket::{errno, Socket};
+pub use socket::{errno, Announcements, Socket};
+
+/// The kernel's announcements of address and route changes in the calling
+/// thread's network namespace, both families: what a node's addresses and
+/// the sources routed from them follow.
+pub fn address_and_route_announcements() -> Result<Announcements> {
+    Announcements::open(
+        NETLINK_ROUTE,
+        &[
+            libc::RTNLGRP_IPV4_IFADDR,
+            libc::RTNLGRP_IPV6_IFADDR,
+            libc::RTNLGRP_IPV4_ROUTE,
+            libc::RTNLGRP_IPV6_ROUTE,
+        ],
+    )
+    .map_err(|e| NetlinkError::Kernel {
+        op: "subscribing to address and route announcements".into(),
+        source: e,
+    })
+}
 
 /// `IFLA_HEADROOM`: reported in dumps; the kernel refuses it in RTM_SETLINK
 /// for veth on the kernels we know (see README).

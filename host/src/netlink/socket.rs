@@ -125,3 +125,35 @@ where
         Ok(out)
     }
 }
+
+/// A netlink socket that only listens: subscribed to multicast groups of
+/// its family, it tells when the kernel announced a change. What changed
+/// is read again by the caller's requests, not parsed here.
+pub struct Announcements {
+    socket: netlink_sys::Socket,
+}
+
+impl Announcements {
+    /// Subscribes to `groups` (`RTNLGRP_*`) of `protocol`
+    /// (`netlink_sys::protocols::*`) in the calling thread's network
+    /// namespace.
+    pub fn open(protocol: isize, groups: &[u32]) -> io::Result<Self> {
+        let mut socket = netlink_sys::Socket::new(protocol)?;
+        socket.bind_auto()?;
+        for g in groups {
+            socket.add_membership(*g)?;
+        }
+        Ok(Self { socket })
+    }
+
+    /// Blocks until the kernel announces something. Announcements lost to
+    /// a full receive buffer (`ENOBUFS`) count as one.
+    pub fn wait(&mut self) -> io::Result<()> {
+        let mut buf: Vec<u8> = Vec::with_capacity(1 << 16);
+        match self.socket.recv(&mut buf, 0) {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
