@@ -181,6 +181,9 @@ impl ServiceTask {
         let Some(backends) = self.watch_backends(&shutdown).await else {
             return;
         };
+        if core.config().services.node_sockets {
+            follow_node_addresses(self.changed.clone());
+        }
         info!(
             source = match backends {
                 Backends::Slices(_) => "EndpointSlices",
@@ -222,5 +225,34 @@ impl ServiceTask {
             }
             since = Instant::now();
         }
+    }
+}
+
+/// Wakes the writer whenever the kernel announces an address or a route
+/// change in the node's namespace: node ports are served at every node
+/// address, and the sources the node's calls keep are the routes'. A
+/// thread of its own, blocked in the kernel; it ends with the process (or
+/// when the socket fails: logged, and the 5-minute resync still follows).
+fn follow_node_addresses(changed: Arc<Notify>) {
+    let spawned = std::thread::Builder::new()
+        .name("xdpcni-addresses".into())
+        .spawn(move || {
+            let mut announced = match xdpcni_host::netlink::address_and_route_announcements() {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(error = %e, "the node's addresses are followed at each resync only");
+                    return;
+                }
+            };
+            loop {
+                if let Err(e) = announced.wait() {
+                    warn!(error = %e, "the node's addresses are followed at each resync only");
+                    return;
+                }
+                changed.notify_one();
+            }
+        });
+    if let Err(e) = spawned {
+        warn!(error = %e, "the node's addresses are followed at each resync only");
     }
 }
