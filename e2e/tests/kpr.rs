@@ -67,6 +67,18 @@ fn fixture(config: impl FnOnce(&mut AgentConfig)) -> Fixture {
     }
 }
 
+/// [`fixture`] with the node's own sockets translated, with kube-proxy's
+/// clusterCIDR (`oracle::kube_proxy`'s).
+fn node_sockets_fixture() -> Fixture {
+    fixture(|c| {
+        c.services.node_sockets = true;
+        c.services.cluster_cidrs = vec![
+            "10.78.0.0/16".parse().unwrap(),
+            "fd78::/48".parse().unwrap(),
+        ];
+    })
+}
+
 fn shape(name: &str, labels: Value, family: &'static str, ready: Vec<IpAddr>) -> Shape {
     Shape {
         name: name.into(),
@@ -309,13 +321,7 @@ fn kpr_connected_udp_socket_whose_backend_is_replaced() {
 /// `own`) and a Service without a ready backend stay kube-proxy's.
 #[test]
 fn kpr_node_sockets_to_clusterips_as_kube_proxy() {
-    let f = fixture(|c| {
-        c.services.node_sockets = true;
-        c.services.cluster_cidrs = vec![
-            "10.78.0.0/16".parse().unwrap(),
-            "fd78::/48".parse().unwrap(),
-        ];
-    });
+    let f = node_sockets_fixture();
     let (node, cg, b) = (&f.node, &f.cg, &f.b);
     let _far = xdpcni_e2e::oracle::remote(node).unwrap();
     let n = &node.net.node;
@@ -523,13 +529,7 @@ fn has_frontend(node: &KubeNode, addr: &str) -> bool {
 /// it translated (both time out).
 #[test]
 fn kpr_node_sockets_to_node_ports_external_and_balancer_ips_as_kube_proxy() {
-    let f = fixture(|c| {
-        c.services.node_sockets = true;
-        c.services.cluster_cidrs = vec![
-            "10.78.0.0/16".parse().unwrap(),
-            "fd78::/48".parse().unwrap(),
-        ];
-    });
+    let f = node_sockets_fixture();
     let (node, cg, b) = (&f.node, &f.cg, &f.b);
     let _far = xdpcni_e2e::oracle::remote(node).unwrap();
     let nns = node.net.node.name().to_string();
@@ -687,4 +687,34 @@ fn kpr_node_sockets_to_node_ports_external_and_balancer_ips_as_kube_proxy() {
             assert_eq!(names, want, "{what}: {theirs:?}");
         }
     }
+    // An address the node gains later serves its node ports at once (the
+    // agent follows the kernel's announcements; its resync is minutes
+    // away), as kube-proxy serves every local address; and stops with it.
+    let (added, np) = ("10.78.1.60", probes[0].2);
+    let fe = format!("{added}:{np}");
+    let n = &node.net.node;
+    n.ip(&["addr", "add", &format!("{added}/32"), "dev", "lo"])
+        .unwrap();
+    wait_for(&format!("the agent's {fe}"), Duration::from_secs(5), || {
+        has_frontend(node, &fe)
+    })
+    .unwrap();
+    let to = (added.parse().unwrap(), np);
+    let t0 = translated(node).unwrap();
+    let ours = probe(cg, &nns, true, "tcp", to, 20).unwrap();
+    let t1 = translated(node).unwrap();
+    let theirs = probe(cg, &nns, false, "tcp", to, 20).unwrap();
+    eprintln!("{fe} (added) tcp: translated {ours:?}, kube-proxy {theirs:?}");
+    assert_eq!(t1 - t0, 20, "{fe}: translated calls");
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>(),
+        "{fe}"
+    );
+    n.ip(&["addr", "del", &format!("{added}/32"), "dev", "lo"])
+        .unwrap();
+    wait_for(&format!("{fe} gone"), Duration::from_secs(5), || {
+        !has_frontend(node, &fe)
+    })
+    .unwrap();
 }
