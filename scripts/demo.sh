@@ -7,6 +7,8 @@ source "$(dirname "$0")/lib.sh"
 cd "$(dirname "$0")/.."
 step "setup (scripts/setup.sh --demo)"
 bash scripts/setup.sh --demo
+step "disk: 3 GiB free for the demo's build"
+need_disk 3 "${CARGO_TARGET_DIR:-target}" "scripts/demo.sh's build"
 step "cargo build --profile demo (Cargo.toml): xdpcni, xdpcni-agent, demo"
 cargo build --profile demo --locked --bin xdpcni --bin xdpcni-agent --bin demo
 step "demo"

@@ -57,3 +57,16 @@ apt_mirror() {
 	} | awk '$1 ~ /^https?:\/\// && $2 !~ /-(security|updates|backports)$/ && $1 !~ /security/ && !seen++ { print $1 }' |
 		sed -e 's:/*$::' | grep . || echo http://deb.debian.org/debian
 }
+
+# Fails, naming the need and what is free, unless the filesystem holding $2
+# has at least $1 GiB free; $3 says what the space is for. A build that runs
+# out of disk dies in the linker with a signal, which says nothing of why.
+need_disk() {
+	local gib=$1 dir=$2 why=$3 free_k
+	mkdir -p "$dir"
+	free_k=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+	if [ "$free_k" -lt $((gib * 1024 * 1024)) ]; then
+		echo "${0##*/}: $dir has $((free_k / 1024 / 1024)) GiB free; $why needs $gib GiB (free some disk, or point CARGO_TARGET_DIR elsewhere)" >&2
+		return 1
+	fi
+}

@@ -65,5 +65,16 @@ case $out in
 *) fails=$((fails + 1)) && echo "FAIL failing step message: $out" ;;
 esac
 
+# 6. Too little disk: the step fails, naming the need and what is free.
+out=$(bash -c "source '$here/lib.sh'; step 'the build'; need_disk 1000000 '$t/e' 'the build'; echo not reached" 2>&1)
+rc=$?
+expect "too little disk exit status" 1 "$rc"
+case $out in
+*"$t/e has "*" GiB free; the build needs 1000000 GiB"*"FAILED (exit 1) during step 'the build'"*) pass=$((pass + 1)) ;;
+*) fails=$((fails + 1)) && echo "FAIL too little disk message: $out" ;;
+esac
+out=$(bash -c "source '$here/lib.sh'; need_disk 0 '$t/e' 'nothing' && echo enough" 2>&1)
+expect "enough disk" enough "$out"
+
 echo "setup scripts: $pass passed, $fails failed"
 [ "$fails" -eq 0 ]

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
+step "disk: 10 GiB free for the build, the images and the real node"
+need_disk 10 "${CARGO_TARGET_DIR:-target}" "scripts/test.sh (builds ~6 GiB, images and the node's state the rest)"
+
 step "cargo fmt"
 cargo fmt --all --check
 step "clang-format"
