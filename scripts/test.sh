@@ -51,20 +51,22 @@ import json
 body = json.load(open("target/chart-agent.json"))
 assert body["routing"] == {"mode": "vxlan", "fastPath": True, "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
 # Services translated, at the node's cgroup mounted where the agent looks.
-assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": []}, body["services"]
+assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": [], "healthCheckNodePorts": False}, body["services"]
 assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
 PY
 # A proxy name reaches the agent's config, which reads it.
 HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system --set services.proxyName=xdpcni \
-	--set services.nodeSockets=true --set 'services.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}' |
+	--set services.nodeSockets=true --set 'services.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}' \
+	--set services.healthCheckNodePorts=true |
 	python3 -c '
 import json, re, sys
 body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", sys.stdin.read()).group(1))
 assert body["services"]["proxyName"] == "xdpcni", body["services"]
 assert body["services"]["nodeSockets"] is True, body["services"]
 assert body["services"]["clusterCIDRs"] == ["10.244.0.0/16", "fd00:10:244::/56"], body["services"]
+assert body["services"]["healthCheckNodePorts"] is True, body["services"]
 body["stateDir"], body["pinDir"] = "target/chart-cni/state", "target/chart-cni/pins"
 json.dump(body, open("target/chart-agent-named.json", "w"))'
 target/debug/xdpcni uninstall target/chart-cni/state
@@ -109,6 +111,7 @@ services.cgroup=sys/fs/cgroup /services/cgroup
 services.proxyName=Not_A_Name /services/proxyName
 services.nodeSockets=maybe /services/nodeSockets
 services.clusterCIDRs[0]=10.244.0.0 /services/clusterCIDRs/0
+services.healthCheckNodePorts=maybe /services/healthCheckNodePorts
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then
@@ -126,6 +129,14 @@ HOME=$helm_home "$helm" template x charts/xdpcni --set-string 'agent.listenAddre
 HOME=$helm_home "$helm" template x charts/xdpcni --set agent.listenAddress=0.0.0.0 |
 	grep -q 'prometheus.io/scrape: "true"'
 schema_pass=$((schema_pass + 2))
+# Health check ports are answered from the Service watch: not without translation.
+if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set services.healthCheckNodePorts=true \
+	--set services.translate=false 2>&1); then
+	echo "chart accepted healthCheckNodePorts without translate" >&2
+	false
+fi
+grep -q "at '/services/translate'" <<<"$out" || { echo "healthCheckNodePorts refusal unclear: $out" >&2; false; }
+schema_pass=$((schema_pass + 1))
 # A monitor of an agent on loopback cannot scrape anything: refused, saying so.
 if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set monitoring.podMonitor.enabled=true 2>&1); then
 	echo "chart accepted a PodMonitor with the agent on 127.0.0.1" >&2

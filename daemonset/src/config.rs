@@ -181,6 +181,11 @@ pub struct ServicesConfig {
     /// for a family: never (kube-proxy without a clusterCIDR).
     #[serde(default, rename = "clusterCIDRs")]
     pub cluster_cidrs: Vec<IpNet>,
+    /// Answer the `healthCheckNodePort` of every LoadBalancer Service under
+    /// `externalTrafficPolicy: Local`, as kube-proxy does (default false:
+    /// kube-proxy answers them, and holds their ports).
+    #[serde(default)]
+    pub health_check_node_ports: bool,
 }
 
 impl ServicesConfig {
@@ -197,6 +202,7 @@ impl Default for ServicesConfig {
             proxy_name: None,
             node_sockets: false,
             cluster_cidrs: Vec::new(),
+            health_check_node_ports: false,
         }
     }
 }
@@ -312,7 +318,15 @@ impl Config {
     /// Reads and parses the file at `path`.
     pub fn read(path: &std::path::Path) -> Result<Self> {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
+        let cfg: Self = serde_json::from_slice(&bytes)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        if cfg.services.health_check_node_ports && !cfg.services.translate {
+            bail!(
+                "{}: services.healthCheckNodePorts needs services.translate (the Service watch that counts each load balancer's local endpoints)",
+                path.display()
+            );
+        }
+        Ok(cfg)
     }
 
     /// The node defaults, validated against the `online` CPU mask.

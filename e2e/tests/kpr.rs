@@ -14,7 +14,7 @@ use std::{net::IpAddr, time::Duration};
 use serde_json::{json, Value};
 use xdpcni_e2e::{
     cgroup::TestCgroup,
-    cluster::{KubeNode, TestPod},
+    cluster::{KubeNode, TestPod, NODE},
     node::AgentConfig,
     oracle::{
         create, follow, kube_proxy, probe, rules, set_ready, status, translated, wait_for,
@@ -717,4 +717,238 @@ fn kpr_node_sockets_to_node_ports_external_and_balancer_ips_as_kube_proxy() {
         !has_frontend(node, &fe)
     })
     .unwrap();
+}
+
+/// What a health check port answered: status, Content-Type,
+/// X-Content-Type-Options, body; `None` when nothing listens.
+type HcAnswer = Option<(u16, String, String, String)>;
+
+/// One GET of `addr`'s `/healthz` from the node's namespace.
+fn health_check_get(node: &KubeNode, addr: std::net::SocketAddr) -> HcAnswer {
+    use std::io::{Read, Write};
+    xdpcni_e2e::netns::in_netns(&node.net.node, move || {
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+            return Ok(None);
+        };
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw)?;
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
+        let mut lines = head.lines();
+        let status: u16 = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let header = |name: &str| -> String {
+            head.lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+                })
+                .unwrap_or_default()
+        };
+        Ok(Some((
+            status,
+            header("content-type"),
+            header("x-content-type-options"),
+            body.to_string(),
+        )))
+    })
+    .unwrap()
+}
+
+/// Makes `subsets` the Endpoints of Service `name`.
+fn set_subsets(node: &KubeNode, name: &str, subsets: Value) {
+    let patch = json!({ "subsets": subsets });
+    let name = name.to_string();
+    node.client(move |c| async move {
+        kube::Api::<k8s_openapi::api::core::v1::Endpoints>::namespaced(c, "default")
+            .patch(
+                &name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// The health check node port of a LoadBalancer under
+/// `externalTrafficPolicy: Local`, answered first by kube-proxy alone and
+/// then, kube-proxy gone, by the agent (`services.healthCheckNodePorts`):
+/// for each state of the Service's endpoints (none; one local; two local
+/// beside a not-ready local one and a ready one on another node; none
+/// ready here but one elsewhere) both give the same status, headers and
+/// body, at 127.0.0.1, the node's address and [::1]. A load balancer under
+/// `externalTrafficPolicy: Cluster` has no health check port on either.
+#[test]
+fn kpr_health_check_node_ports_as_kube_proxy() {
+    let cg = TestCgroup::new().unwrap();
+    let cg_path = cg.path.clone();
+    let mut node = KubeNode::start(|c| {
+        c.services.cgroup = cg_path;
+        c.services.health_check_node_ports = true;
+    })
+    .unwrap();
+    let some = vec!["10.78.1.50".parse().unwrap()];
+    let mut lb = shape("hcl", json!({}), "IPv4", some.clone());
+    lb.spec =
+        json!({ "type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": tcp_only() });
+    create(&node, &lb).unwrap();
+    let mut cluster = shape("hcc", json!({}), "IPv4", some);
+    cluster.spec = json!({ "type": "LoadBalancer", "ports": tcp_only() });
+    create(&node, &cluster).unwrap();
+    let hc_port = |name: &str| -> Option<u16> {
+        let name = name.to_string();
+        node.client(move |c| async move {
+            let svc = kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "default")
+                .get(&name)
+                .await?;
+            Ok(svc
+                .spec
+                .and_then(|s| s.health_check_node_port)
+                .and_then(|p| u16::try_from(p).ok()))
+        })
+        .unwrap()
+    };
+    let port = hc_port("hcl").expect("the API server allocates a health check port");
+    assert_eq!(hc_port("hcc"), None);
+    let at: Vec<std::net::SocketAddr> = ["127.0.0.1", "10.78.1.1", "::1"]
+        .iter()
+        .map(|a| std::net::SocketAddr::new(a.parse().unwrap(), port))
+        .collect();
+    let addr = |ip: &str, node_name: &str| json!({ "ip": ip, "nodeName": node_name });
+    let web = json!([{ "name": "http", "port": 80 }]);
+    // (state, subsets, local endpoints it has)
+    let states: Vec<(&str, Value, u64)> = vec![
+        ("no endpoints", json!([]), 0),
+        (
+            "one local",
+            json!([{ "addresses": [addr("10.78.1.50", NODE)], "ports": web }]),
+            1,
+        ),
+        (
+            "two local, one not ready, one elsewhere",
+            json!([{
+                "addresses": [addr("10.78.1.50", NODE), addr("10.78.1.51", NODE),
+                              addr("10.78.2.9", "node-b")],
+                "notReadyAddresses": [addr("10.78.1.52", NODE)],
+                "ports": web,
+            }]),
+            2,
+        ),
+        (
+            "ready elsewhere only",
+            json!([{
+                "addresses": [addr("10.78.2.9", "node-b")],
+                "notReadyAddresses": [addr("10.78.1.52", NODE)],
+                "ports": web,
+            }]),
+            0,
+        ),
+    ];
+
+    // kube-proxy alone: the agent (which holds the port) stopped first.
+    node.stop_agent(libc::SIGTERM).unwrap();
+    wait_for(
+        "the agent's health check port closed",
+        Duration::from_secs(10),
+        || health_check_get(&node, at[0]).is_none(),
+    )
+    .unwrap();
+    let proxy = kube_proxy(&node).unwrap();
+    let mut oracle: Vec<Vec<HcAnswer>> = Vec::new();
+    let local_endpoints = |a: &HcAnswer| -> Option<Value> {
+        let body = &a.as_ref()?.3;
+        Some(serde_json::from_str::<Value>(body).ok()?["localEndpoints"].clone())
+    };
+    for (state, subsets, local) in &states {
+        set_subsets(&node, "hcl", subsets.clone());
+        // kube-proxy has taken the state in once it counts what it holds.
+        wait_for(
+            &format!("kube-proxy's answer for {state}"),
+            Duration::from_secs(30),
+            || local_endpoints(&health_check_get(&node, at[0])) == Some(json!(local)),
+        )
+        .unwrap();
+        let answers: Vec<HcAnswer> = at.iter().map(|a| health_check_get(&node, *a)).collect();
+        let status = answers[0].as_ref().unwrap().0;
+        assert_eq!(
+            status,
+            if *local > 0 { 200 } else { 503 },
+            "kube-proxy, {state}"
+        );
+        oracle.push(answers);
+    }
+    // The agent started while kube-proxy still holds the port: it says
+    // so, and takes the port once kube-proxy is gone.
+    set_subsets(&node, "hcl", json!([]));
+    node.start_agent().unwrap();
+    wait_for(
+        "the agent's status: the port is taken",
+        Duration::from_secs(30),
+        || {
+            status(&node).unwrap()["services"]["healthChecks"][0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("in use"))
+        },
+    )
+    .unwrap();
+    drop(proxy);
+
+    // The agent alone, through the same states.
+    for ((state, subsets, _), want) in states.iter().zip(&oracle) {
+        set_subsets(&node, "hcl", subsets.clone());
+        let mut got = Vec::new();
+        let same = wait_for(
+            &format!("the agent's answer for {state}"),
+            Duration::from_secs(30),
+            || {
+                got = at.iter().map(|a| health_check_get(&node, *a)).collect();
+                got == *want
+            },
+        );
+        assert!(
+            same.is_ok(),
+            "{state}: kube-proxy answered {want:#?}, the agent {got:#?}"
+        );
+        println!("{state}: both answered {:?}", want[0]);
+    }
+    let s = status(&node).unwrap();
+    let checks = &s["services"]["healthChecks"];
+    assert_eq!(checks[0]["port"], json!(port), "{checks}");
+    assert_eq!(checks[0]["service"], "default/hcl", "{checks}");
+    assert!(checks[0].get("error").is_none(), "{checks}");
+    assert_eq!(checks.as_array().map(Vec::len), Some(1), "{checks}");
+    let row = s["services"]["servedBy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["traffic"]
+                .as_str()
+                .unwrap()
+                .starts_with("healthCheckNodePort")
+        })
+        .cloned()
+        .unwrap();
+    assert!(row["by"].as_str().unwrap().starts_with("xdpcni"), "{row}");
+    // The Service gone: its port closes.
+    node.client(|c| async move {
+        kube::Api::<k8s_openapi::api::core::v1::Service>::namespaced(c, "default")
+            .delete("hcl", &Default::default())
+            .await?;
+        Ok(())
+    })
+    .unwrap();
+    wait_for(
+        "the health check port of a deleted Service closed",
+        Duration::from_secs(30),
+        || health_check_get(&node, at[0]).is_none(),
+    )
+    .unwrap();
+    drop(cg);
 }

@@ -20,6 +20,7 @@
 //! /healthz, /readyz, /v1/status) in `http.rs`.
 
 mod cni_records;
+mod health_checks;
 mod http;
 mod node_work;
 mod services;
@@ -116,6 +117,8 @@ pub struct Core {
     /// between nodes, whose receiving side trusts them for other nodes'
     /// Service backends, may be on.
     nat_synced: std::sync::atomic::AtomicBool,
+    /// What the health check node ports answer (`services.healthCheckNodePorts`).
+    health_checks: health_checks::Published,
     /// What /metrics and /v1/status show.
     view: View,
     /// The metrics.
@@ -211,6 +214,7 @@ impl Core {
             forward: ForwardScan::default(),
             node_memo: Mutex::new(None),
             nat_synced: std::sync::atomic::AtomicBool::new(false),
+            health_checks: watch::channel(Default::default()).0,
             view: View::new(book, maps, datapath),
             metrics,
             cfg,

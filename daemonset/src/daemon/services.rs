@@ -32,7 +32,6 @@ impl Core {
             }
             Err(e) => Err(e.to_string()),
         };
-        let mut status = self.view.book.services();
         let ok = match &opened {
             Ok(root) => {
                 info!(cgroup = %root.display(), "Service programs attached");
@@ -44,8 +43,8 @@ impl Core {
                 false
             }
         };
-        status.opened(opened.map(|root| root.display().to_string()));
-        self.view.book.set_services(status);
+        let opened = opened.map(|root| root.display().to_string());
+        self.view.book.update_services(|s| s.opened(opened));
         ok
     }
 
@@ -88,7 +87,6 @@ impl Core {
                 self.close_gone_sockets(&done.gone).await;
             }
         }
-        let mut status = self.view.book.services();
         let ok = match &result {
             Ok(done) => {
                 self.metrics
@@ -110,8 +108,8 @@ impl Core {
                 false
             }
         };
-        status.synced(result.map(|_| (namespaces, node_sockets, shown)));
-        self.view.book.set_services(status);
+        let synced = result.map(|_| (namespaces, node_sockets, shown));
+        self.view.book.update_services(|s| s.synced(synced));
         ok
     }
 

@@ -33,8 +33,9 @@ use tracing::{info, warn};
 use super::Ctx;
 use crate::{
     daemon::{Shutdown, RESYNC},
-    services::model::{
-        frontends, groups_from_endpoints, groups_from_slices, served, Frontend, Group,
+    services::{
+        health::{health_check, HealthCheck},
+        model::{frontends, groups_from_endpoints, groups_from_slices, served, Frontend, Group},
     },
 };
 
@@ -147,10 +148,11 @@ impl ServiceTask {
         }
     }
 
-    /// What the maps should hold now: every frontend of every Service.
-    fn frontends(&self, backends: &Backends) -> Vec<Frontend> {
+    /// What the maps should hold now: every frontend of every Service; and
+    /// what the health check node ports answer.
+    fn frontends(&self, backends: &Backends) -> (Vec<Frontend>, Vec<HealthCheck>) {
         let groups = backends.groups();
-        let mut out: Vec<Frontend> = Vec::new();
+        let (mut out, mut checks): (Vec<Frontend>, Vec<HealthCheck>) = Default::default();
         let proxy_name = self.ctx.core.config().services.proxy_name.as_deref();
         for svc in self
             .services
@@ -161,9 +163,11 @@ impl ServiceTask {
             let key = (svc.namespace().unwrap_or_default(), svc.name_any());
             let g = groups.get(&key).map(Vec::as_slice).unwrap_or_default();
             out.extend(frontends(svc, g, &self.node));
+            checks.extend(health_check(svc, g, &self.node));
         }
         out.sort();
-        out
+        checks.sort();
+        (out, checks)
     }
 
     /// Runs until shutdown: loads and attaches the programs, then after the
@@ -183,6 +187,9 @@ impl ServiceTask {
         };
         if core.config().services.node_sockets {
             follow_node_addresses(self.changed.clone());
+        }
+        if core.config().services.health_check_node_ports {
+            core.serve_health_checks(shutdown.clone());
         }
         info!(
             source = match backends {
@@ -211,7 +218,11 @@ impl ServiceTask {
             (true, Instant::now(), Instant::now(), true);
         while !shutdown.is_set() {
             if full {
-                ok = core.sync_services(self.frontends(&backends), since).await;
+                let (frontends, checks) = self.frontends(&backends);
+                if core.config().services.health_check_node_ports {
+                    core.publish_health_checks(checks);
+                }
+                ok = core.sync_services(frontends, since).await;
                 last_full = Instant::now();
             } else {
                 core.renew_services_lease().await;

@@ -3,8 +3,10 @@
 //! node ([`model`]), as the Service maps' writer wants it ([`wants`]),
 //! which sockets are translated ([`scope`]: the node's pods', and the
 //! node's own with the source kube-proxy gives them), and the
-//! connected UDP sockets a gone backend leaves ([`connected_to`], [`close`]).
+//! connected UDP sockets a gone backend leaves ([`connected_to`], [`close`]),
+//! and the health check node ports of local load balancers ([`health`]).
 
+pub mod health;
 pub mod model;
 
 use std::{

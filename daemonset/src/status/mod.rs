@@ -18,7 +18,7 @@ mod services;
 mod table;
 
 pub use nodes::{CrossNodeStatus, UplinkStatus};
-pub use services::{FrontendStatus, ServicesStatus};
+pub use services::{FrontendStatus, HealthCheckStatus, ServicesStatus};
 
 /// The path of the status endpoint.
 pub const PATH: &str = "/v1/status";
@@ -392,6 +392,12 @@ impl Book {
     /// Records what the Service writer last did.
     pub fn set_services(&self, s: ServicesStatus) {
         *self.services.lock().unwrap_or_else(PoisonError::into_inner) = s;
+    }
+
+    /// Changes the Services status in place (its writers, the Service
+    /// task and the health check listeners, each change their own part).
+    pub fn update_services(&self, f: impl FnOnce(&mut ServicesStatus)) {
+        f(&mut self.services.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// Service translation as last recorded.

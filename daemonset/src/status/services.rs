@@ -34,6 +34,33 @@ impl FrontendStatus {
     }
 }
 
+/// One health check node port the agent answers (`services.healthCheckNodePorts`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheckStatus {
+    /// The Service's `healthCheckNodePort`.
+    pub port: u16,
+    /// "namespace/name" of the Service.
+    pub service: String,
+    /// Its ready endpoints on this node (200 when any, else 503).
+    pub local_endpoints: usize,
+    /// Why the port is not listening, if it is not (tried again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl HealthCheckStatus {
+    /// The status line of a health check, and why its port is not open.
+    pub fn of(c: &crate::services::health::HealthCheck, error: Option<String>) -> Self {
+        Self {
+            port: c.port,
+            service: format!("{}/{}", c.namespace, c.name),
+            local_endpoints: c.local_endpoints,
+            error,
+        }
+    }
+}
+
 /// Who serves one kind of Service traffic on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -71,6 +98,10 @@ pub struct ServicesStatus {
     pub no_backend: u64,
     /// Per kind of Service traffic, who serves it ([`ServicesStatus::who_serves`]).
     pub served_by: Vec<ServedBy>,
+    /// The health check node ports the agent answers; `None` when
+    /// `services.healthCheckNodePorts` is off (kube-proxy answers them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health_checks: Option<Vec<HealthCheckStatus>>,
 }
 
 impl ServicesStatus {
@@ -148,6 +179,14 @@ impl ServicesStatus {
             (
                 "NodePort, LoadBalancer, externalIPs from pods and from outside the node",
                 "kube-proxy",
+            ),
+            (
+                "healthCheckNodePort of LoadBalancers under externalTrafficPolicy Local",
+                if self.health_checks.is_some() {
+                    "xdpcni, the agent (services.healthCheckNodePorts)"
+                } else {
+                    "kube-proxy"
+                },
             ),
             ("SCTP; IPv4-mapped addresses on IPv6 sockets", "kube-proxy"),
             (
@@ -257,12 +296,16 @@ mod tests {
         assert!(by(&s)[0].starts_with("xdpcni"));
         // Everything but pods' ClusterIP connects stays kube-proxy's (or
         // nobody's, for the labelled Services).
-        assert!(by(&s)[1..6].iter().all(|b| b.starts_with("kube-proxy")));
-        assert!(by(&s)[6].starts_with("nobody"));
+        assert!(by(&s)[1..7].iter().all(|b| b.starts_with("kube-proxy")));
+        assert!(by(&s)[7].starts_with("nobody"));
         s.synced(Ok((2, true, vec![])));
         assert!(by(&s)[2].starts_with("xdpcni"));
         assert!(by(&s)[3].starts_with("xdpcni"));
         assert!(by(&s)[4].starts_with("kube-proxy"));
+        // The health check ports: the agent's once it serves them.
+        assert!(by(&s)[5].starts_with("kube-proxy"));
+        s.health_checks = Some(vec![]);
+        assert!(by(&s)[5].starts_with("xdpcni"));
         s.opened(Err("no cgroup v2".into()));
         assert!(by(&s)[2].starts_with("kube-proxy"));
         assert!(by(&s)[0].starts_with("kube-proxy"));
