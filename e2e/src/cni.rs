@@ -570,6 +570,32 @@ pub fn http_get(node: &Netns, addr: &str, path: &str) -> Result<(u16, String)> {
 /// Sends `request` (raw bytes, in one write) to `addr` from inside `node`;
 /// the status code and body of the answer.
 pub fn http_raw(node: &Netns, addr: &str, request: Vec<u8>) -> Result<(u16, String)> {
+    http_exchange(node, addr, request).map(|a| (a.status, a.body))
+}
+
+/// An HTTP answer: status, headers (name lower-cased, value trimmed), body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpAnswer {
+    /// The status code.
+    pub status: u16,
+    /// The headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl HttpAnswer {
+    /// The value of header `name` (lower case), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// [`http_raw`], with the headers.
+pub fn http_exchange(node: &Netns, addr: &str, request: Vec<u8>) -> Result<HttpAnswer> {
     use std::io::Read;
     let addr = addr.to_string();
     crate::in_netns(node, move || {
@@ -581,16 +607,25 @@ pub fn http_raw(node: &Netns, addr: &str, request: Vec<u8>) -> Result<(u16, Stri
         let mut out = Vec::new();
         s.read_to_end(&mut out)?;
         let out = String::from_utf8_lossy(&out);
-        let code = out
+        let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+        let status = head
             .split_whitespace()
             .nth(1)
             .and_then(|c| c.parse().ok())
             .context("no status")?;
-        let body = out
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, body))
+        let headers = head
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                Some((k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            })
+            .collect();
+        Ok(HttpAnswer {
+            status,
+            headers,
+            body: body.to_string(),
+        })
     })
 }
 

@@ -725,38 +725,15 @@ type HcAnswer = Option<(u16, String, String, String)>;
 
 /// One GET of `addr`'s `/healthz` from the node's namespace.
 fn health_check_get(node: &KubeNode, addr: std::net::SocketAddr) -> HcAnswer {
-    use std::io::{Read, Write};
-    xdpcni_e2e::netns::in_netns(&node.net.node, move || {
-        let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
-            return Ok(None);
-        };
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
-        let mut raw = String::new();
-        s.read_to_string(&mut raw)?;
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
-        let mut lines = head.lines();
-        let status: u16 = lines
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let header = |name: &str| -> String {
-            head.lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
-                })
-                .unwrap_or_default()
-        };
-        Ok(Some((
-            status,
-            header("content-type"),
-            header("x-content-type-options"),
-            body.to_string(),
-        )))
-    })
-    .unwrap()
+    let request = b"GET /healthz HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n".to_vec();
+    let a = xdpcni_e2e::cni::http_exchange(&node.net.node, &addr.to_string(), request).ok()?;
+    let header = |name: &str| a.header(name).unwrap_or_default().to_string();
+    Some((
+        a.status,
+        header("content-type"),
+        header("x-content-type-options"),
+        a.body.clone(),
+    ))
 }
 
 /// Makes `subsets` the Endpoints of Service `name`.
