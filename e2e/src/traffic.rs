@@ -208,8 +208,9 @@ fn tcp_run(from: &Netns, to_ns: &Netns, to: IpAddr, load: Load) -> Result<f64> {
 
 /// `ping -i 0.01` from a namespace, running in the background while a test
 /// restarts or reconfigures things; killed by its PID on Drop. Its output
-/// is read as it comes (a thread of its own), so the replies are known by
-/// sequence number.
+/// is read as it comes (a thread of its own): each request's fate by
+/// sequence number, with ping's own timestamps (`-D`) and its report of
+/// each request still unanswered when it sends the next (`-O`).
 #[derive(Debug)]
 pub struct BackgroundPing {
     child: Option<std::process::Child>,
@@ -217,16 +218,50 @@ pub struct BackgroundPing {
     count: u32,
 }
 
-/// What a ping printed: the sequence numbers answered, and its summary.
+/// What a ping printed: the requests answered, those answered by an ICMP
+/// error, those reported unanswered (with when, in seconds since the
+/// epoch), and its summary.
 #[derive(Debug, Default)]
 struct PingOutput {
     replied: std::collections::BTreeSet<u32>,
+    errors: std::collections::BTreeSet<u32>,
+    unanswered: std::collections::BTreeMap<u32, f64>,
     summary: String,
 }
 
-/// Requests [`BackgroundPing::interrupt`] does not judge: those sent in the
-/// last 200 ms (at one per 10 ms), whose replies may still be on their way.
-pub const PING_UNJUDGED: u32 = 20;
+impl PingOutput {
+    /// Reads one line of ping's output.
+    fn line(&mut self, line: &str) {
+        // "[1733590000.123456] " before every line but the summary (-D).
+        let (at, text) = match line
+            .strip_prefix('[')
+            .and_then(|l| l.split_once("] "))
+            .and_then(|(t, rest)| Some((t.parse::<f64>().ok()?, rest)))
+        {
+            Some((at, rest)) => (Some(at), rest),
+            None => (None, line),
+        };
+        let seq = |after: &str| -> Option<u32> {
+            text.split_once(after)?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        if let Some(n) = seq("no answer yet for icmp_seq=") {
+            self.unanswered.insert(n, at.unwrap_or(0.0));
+        } else if text.starts_with("From ") {
+            self.errors.extend(seq("icmp_seq="));
+        } else if text.contains(" time=") && !text.contains("DUP!") {
+            self.replied.extend(seq("icmp_seq="));
+        }
+    }
+}
+
+/// How long before [`BackgroundPing::interrupt`] a request must have been
+/// reported unanswered to be judged lost: a reply may still be on its way.
+pub const PING_UNJUDGED: Duration = Duration::from_millis(200);
 
 impl BackgroundPing {
     /// Starts `count` pings, one every 10 ms, from `from` to `to`.
@@ -238,6 +273,8 @@ impl BackgroundPing {
                 from.name(),
                 "ping",
                 "-n",
+                "-D",
+                "-O",
                 "-i",
                 "0.01",
                 "-W",
@@ -261,11 +298,8 @@ impl BackgroundPing {
                 if in_summary {
                     out.summary.push_str(&line);
                     out.summary.push('\n');
-                } else if line.contains(" time=") && !line.contains("DUP!") {
-                    let seq = line
-                        .split_once("icmp_seq=")
-                        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse::<u32>().ok());
-                    out.replied.extend(seq);
+                } else {
+                    out.line(&line);
                 }
             }
             out
@@ -300,18 +334,23 @@ impl BackgroundPing {
         Ok(self.stats()?.lost)
     }
 
-    /// Ends the pings now (SIGINT); of the requests sent, how many got no
-    /// reply. The last [`PING_UNJUDGED`] (200 ms) are not judged: a request
-    /// still in flight when ping is stopped is not a loss (measured: one
-    /// interrupt in 150 caught the cpumap path's reply on its way, which
-    /// the migration test once took for a lost ping). So a caller leaves
-    /// at least 200 ms of steady traffic after what it checks.
+    /// Ends the pings now (SIGINT); of the requests sent, how many are
+    /// lost: answered by an ICMP error, or reported unanswered at least
+    /// [`PING_UNJUDGED`] before now and never answered since. A request
+    /// still in flight when ping is stopped is not a loss (counting it, as
+    /// ping's summary does, once made the migration test report a lost ping
+    /// to its cpumap pod: 150 interrupts of steady pings with nothing else
+    /// happening lost one there). So a caller leaves at least 200 ms after
+    /// what it checks.
     pub fn interrupt(mut self) -> Result<PingStats> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs_f64();
         let out = self.output(Some(libc::SIGINT))?;
         let sent = summary_field(&out.summary, " packets transmitted")?;
         Ok(PingStats {
             sent,
-            lost: judged_lost(sent, &out.replied),
+            lost: judged_lost(&out, now - PING_UNJUDGED.as_secs_f64()),
             avg_ms: None,
             max_ms: None,
         })
@@ -344,11 +383,19 @@ impl BackgroundPing {
     }
 }
 
-/// Of `sent` requests (sequence numbers 1..=sent), those without a reply
-/// in `replied`, but for the last [`PING_UNJUDGED`].
-fn judged_lost(sent: u32, replied: &std::collections::BTreeSet<u32>) -> u32 {
-    let judged = sent.saturating_sub(PING_UNJUDGED);
-    (1..=judged).fold(0, |n, s| n + u32::from(!replied.contains(&s)))
+/// The requests of `out` lost by `judged_until` (seconds since the epoch):
+/// answered by an ICMP error, or reported unanswered by then and never
+/// answered.
+fn judged_lost(out: &PingOutput, judged_until: f64) -> u32 {
+    let silent = out
+        .unanswered
+        .iter()
+        .filter(|(n, at)| {
+            **at <= judged_until && !out.replied.contains(n) && !out.errors.contains(n)
+        })
+        .count();
+    let errors = out.errors.difference(&out.replied).count();
+    u32::try_from(silent + errors).unwrap_or(u32::MAX)
 }
 
 /// A count of ping's summary ("N packets transmitted, M received, ...").
@@ -933,16 +980,28 @@ mod tests {
 
     #[test]
     fn a_ping_in_flight_at_the_interrupt_is_not_lost_an_older_one_is() {
-        // 100 sent; the last 3 still on their way when ping was stopped.
-        let mut replied: std::collections::BTreeSet<u32> = (1..=97).collect();
-        assert_eq!(judged_lost(100, &replied), 0);
-        // A request with 200 ms to answer that got nothing is lost.
-        replied.remove(&50);
-        replied.remove(&80);
-        assert_eq!(judged_lost(100, &replied), 2);
-        // Unanswered in the unjudged tail: not judged.
-        replied.remove(&81);
-        assert_eq!(judged_lost(100, &replied), 2);
-        assert_eq!(judged_lost(10, &std::collections::BTreeSet::new()), 0);
+        let mut out = PingOutput::default();
+        for line in [
+            "PING 10.0.0.2 (10.0.0.2) 56(84) bytes of data.",
+            "[100.000] 64 bytes from 10.0.0.2: icmp_seq=1 ttl=64 time=0.050 ms",
+            // 2 unanswered, then answered late: not lost.
+            "[100.020] no answer yet for icmp_seq=2",
+            "[100.021] 64 bytes from 10.0.0.2: icmp_seq=2 ttl=64 time=11.0 ms",
+            "[100.021] 64 bytes from 10.0.0.2: icmp_seq=2 ttl=64 time=11.0 ms (DUP!)",
+            // 3 never answered, reported long before the interrupt: lost.
+            "[100.030] no answer yet for icmp_seq=3",
+            // 4 refused by an ICMP error: lost whenever.
+            "[100.990] From 10.0.0.1 icmp_seq=4 Destination Net Unreachable",
+            // 5 reported unanswered 50 ms before the interrupt: not judged.
+            "[100.950] no answer yet for icmp_seq=5",
+            "[100.960] 64 bytes from 10.0.0.2: icmp_seq=6 ttl=64 time=0.040 ms",
+        ] {
+            out.line(line);
+        }
+        // Interrupted at 101.0: judged until 100.8. (7, in flight, was
+        // never reported.)
+        assert_eq!(judged_lost(&out, 100.8), 2);
+        assert_eq!(judged_lost(&out, 101.0), 3);
+        assert_eq!(judged_lost(&out, 100.0), 1);
     }
 }
