@@ -51,7 +51,7 @@ import json
 body = json.load(open("target/chart-agent.json"))
 assert body["routing"] == {"mode": "vxlan", "fastPath": True, "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
 # Services translated, at the node's cgroup mounted where the agent looks.
-assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": [], "healthCheckNodePorts": False}, body["services"]
+assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": [], "healthCheckNodePorts": False, "northSouthDevices": []}, body["services"]
 assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
@@ -59,7 +59,7 @@ PY
 # A proxy name reaches the agent's config, which reads it.
 HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system --set services.proxyName=xdpcni \
 	--set services.nodeSockets=true --set 'services.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}' \
-	--set services.healthCheckNodePorts=true |
+	--set services.healthCheckNodePorts=true --set 'services.northSouthDevices={eth0,bond0}' |
 	python3 -c '
 import json, re, sys
 body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", sys.stdin.read()).group(1))
@@ -67,6 +67,7 @@ assert body["services"]["proxyName"] == "xdpcni", body["services"]
 assert body["services"]["nodeSockets"] is True, body["services"]
 assert body["services"]["clusterCIDRs"] == ["10.244.0.0/16", "fd00:10:244::/56"], body["services"]
 assert body["services"]["healthCheckNodePorts"] is True, body["services"]
+assert body["services"]["northSouthDevices"] == ["eth0", "bond0"], body["services"]
 body["stateDir"], body["pinDir"] = "target/chart-cni/state", "target/chart-cni/pins"
 json.dump(body, open("target/chart-agent-named.json", "w"))'
 target/debug/xdpcni uninstall target/chart-cni/state
@@ -112,6 +113,7 @@ services.proxyName=Not_A_Name /services/proxyName
 services.nodeSockets=maybe /services/nodeSockets
 services.clusterCIDRs[0]=10.244.0.0 /services/clusterCIDRs/0
 services.healthCheckNodePorts=maybe /services/healthCheckNodePorts
+services.northSouthDevices[0]=eth0/1 /services/northSouthDevices/0
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then
@@ -136,6 +138,14 @@ if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set services.healthC
 	false
 fi
 grep -q "at '/services/translate'" <<<"$out" || { echo "healthCheckNodePorts refusal unclear: $out" >&2; false; }
+schema_pass=$((schema_pass + 1))
+# North-south Services read the Service maps: not without translation.
+if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set 'services.northSouthDevices={eth0}' \
+	--set services.translate=false 2>&1); then
+	echo "chart accepted northSouthDevices without translate" >&2
+	false
+fi
+grep -q "at '/services/translate'" <<<"$out" || { echo "northSouthDevices refusal unclear: $out" >&2; false; }
 schema_pass=$((schema_pass + 1))
 # A monitor of an agent on loopback cannot scrape anything: refused, saying so.
 if out=$(HOME=$helm_home "$helm" template x charts/xdpcni --set monitoring.podMonitor.enabled=true 2>&1); then

@@ -186,6 +186,19 @@ pub struct ServicesConfig {
     /// kube-proxy answers them, and holds their ports).
     #[serde(default)]
     pub health_check_node_ports: bool,
+    /// The node's uplinks, by name, on which the node device's program
+    /// serves north-south Services (node ports, externalIPs, LoadBalancer
+    /// IPs) to outside clients in BPF, for backends on this node (default
+    /// none: kube-proxy serves them).
+    #[serde(default, rename = "northSouthDevices")]
+    pub north_south_devices: Vec<String>,
+}
+
+impl ServicesConfig {
+    /// Whether north-south Services are served in BPF on some uplink.
+    pub fn north_south(&self) -> bool {
+        !self.north_south_devices.is_empty()
+    }
 }
 
 impl ServicesConfig {
@@ -203,6 +216,7 @@ impl Default for ServicesConfig {
             node_sockets: false,
             cluster_cidrs: Vec::new(),
             health_check_node_ports: false,
+            north_south_devices: Vec::new(),
         }
     }
 }
@@ -323,6 +337,12 @@ impl Config {
         if cfg.services.health_check_node_ports && !cfg.services.translate {
             bail!(
                 "{}: services.healthCheckNodePorts needs services.translate (the Service watch that counts each load balancer's local endpoints)",
+                path.display()
+            );
+        }
+        if cfg.services.north_south() && !cfg.services.translate {
+            bail!(
+                "{}: services.northSouthDevices needs services.translate (the Service watch and maps the uplink program reads)",
                 path.display()
             );
         }

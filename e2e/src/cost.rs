@@ -19,7 +19,6 @@ use anyhow::{ensure, Context, Result};
 use aya::{
     maps::HashMap,
     programs::{SchedClassifier, Xdp},
-    EbpfLoader,
 };
 use xdpcni_ebpf::{
     abi::{ipv4_key, EndpointInfo, RedirectPolicy},
@@ -230,8 +229,7 @@ fn frames(node: &WiredNode) -> [Vec<u8>; 2] {
 
 /// A stage build, its two programs loaded over the datapath's pinned maps.
 fn load_build(pins: &PinDir, object: &[u8]) -> Result<aya::Ebpf> {
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(layout_dir(pins.path()))
+    let mut ebpf = xdpcni_ebpf::datapath_loader(pins.path())
         .load(object)
         .context("loading a stage build")?;
     let xdp: &mut Xdp = ebpf

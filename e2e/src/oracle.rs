@@ -115,6 +115,64 @@ pub fn remote(node: &KubeNode) -> Result<Remote> {
     })
 }
 
+/// A client outside the node: a namespace behind a link of the node (an
+/// uplink: `device` in the node's namespace), both families, its default
+/// routes through the node (so externalIPs and LoadBalancer IPs are
+/// routed to it, as a router in front of a cluster does).
+pub struct Outside {
+    /// The client's namespace.
+    pub netns: Netns,
+    /// The uplink's name in the node's namespace.
+    pub device: String,
+    /// The client's addresses (IPv4, IPv6).
+    pub client: [IpAddr; 2],
+    /// The node's addresses on the uplink (IPv4, IPv6).
+    pub node: [IpAddr; 2],
+}
+
+/// Makes an [`Outside`] whose uplink is `device` (a name the caller chose,
+/// e.g. for the agent's config before the link exists), in subnets
+/// 192.0.2.0/24 + 2001:db8:N::/64 for `n` 0 and 198.18.N.0/24 for others.
+pub fn outside(node: &KubeNode, device: &str, n: u8) -> Result<Outside> {
+    let netns = Netns::new("xo")?;
+    let (v4, v6) = if n == 0 {
+        ("192.0.2".to_string(), format!("2001:db8:{n}"))
+    } else {
+        (format!("198.18.{n}"), format!("2001:db8:{n}"))
+    };
+    let nn = &node.net.node;
+    nn.add_veth(device, "eth0", Some(&netns))?;
+    nn.ip(&["addr", "add", &format!("{v4}.1/24"), "dev", device])?;
+    nn.ip(&[
+        "addr",
+        "add",
+        &format!("{v6}::1/64"),
+        "dev",
+        device,
+        "nodad",
+    ])?;
+    nn.ip(&["link", "set", device, "up"])?;
+    netns.ip(&["addr", "add", &format!("{v4}.10/24"), "dev", "eth0"])?;
+    netns.ip(&[
+        "addr",
+        "add",
+        &format!("{v6}::10/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])?;
+    netns.ip(&["link", "set", "eth0", "up"])?;
+    netns.ip(&["route", "add", "default", "via", &format!("{v4}.1")])?;
+    netns.ip(&["-6", "route", "add", "default", "via", &format!("{v6}::1")])?;
+    let ip = |s: String| -> Result<IpAddr> { Ok(s.parse()?) };
+    Ok(Outside {
+        client: [ip(format!("{v4}.10"))?, ip(format!("{v6}::10"))?],
+        node: [ip(format!("{v4}.1"))?, ip(format!("{v6}::1"))?],
+        device: device.to_string(),
+        netns,
+    })
+}
+
 /// The agent's status, as JSON.
 pub fn status(node: &KubeNode) -> Result<Value> {
     let (code, body) = http_get(&node.net.node, LISTEN, "/v1/status")?;
@@ -189,10 +247,20 @@ fn ports() -> Value {
     ])
 }
 
+/// The node an endpoint address is on: [`REMOTE4`] and [`REMOTE6`]
+/// another's (`node-b`), every other address this node's.
+fn node_of(ip: &IpAddr) -> &'static str {
+    if ip.to_string() == REMOTE4 || ip.to_string() == REMOTE6 {
+        "node-b"
+    } else {
+        NODE
+    }
+}
+
 fn subsets(ready: &[IpAddr], not_ready: &[IpAddr]) -> Value {
     let addrs = |ips: &[IpAddr]| -> Vec<Value> {
         ips.iter()
-            .map(|ip| json!({ "ip": ip.to_string(), "nodeName": NODE }))
+            .map(|ip| json!({ "ip": ip.to_string(), "nodeName": node_of(ip) }))
             .collect()
     };
     json!([{

@@ -929,3 +929,271 @@ fn kpr_health_check_node_ports_as_kube_proxy() {
     .unwrap();
     drop(cg);
 }
+
+/// Whether the agent's status lists `addr` (as "ip:port") as a frontend
+/// served to outside clients (north-south), with `backends` backends.
+fn has_outside_frontend(node: &KubeNode, addr: &str, backends: u64) -> bool {
+    status(node).unwrap()["services"]["frontends"]
+        .as_array()
+        .is_some_and(|a| {
+            a.iter()
+                .any(|f| f["frontend"] == addr && f["outside"] == true && f["backends"] == backends)
+        })
+}
+
+/// Packets of verdict `label` counted on device `dev` of the node.
+fn counted(node: &KubeNode, dev: &str, label: &str) -> u64 {
+    let ifindex = node.net.node.ifindex(dev).unwrap();
+    let v = *xdpcni_ebpf::abi::Verdict::ALL
+        .iter()
+        .find(|v| v.label() == label)
+        .unwrap();
+    xdpcni_ebpf::Maps::open_pinned(node.pin_dir())
+        .unwrap()
+        .counters(ifindex)
+        .unwrap()
+        .get(v)
+        .packets
+}
+
+/// North-south (`services.northSouthDevices`): clients outside the node
+/// call node ports (at the node's address on their uplink), an externalIP
+/// and LoadBalancer IPs, under `externalTrafficPolicy` Cluster and Local,
+/// TCP and UDP, IPv4 and IPv6. Two uplinks, each to a client namespace of
+/// its own: the agent's program on uplink A alone, so A's client is
+/// served by the program (for the backend on this node) and B's by
+/// kube-proxy's rules alone, at the same time. Both must see the same:
+/// the same backends answering (this node's pod and "another node's"),
+/// each seeing the same source (the node's masquerade address under
+/// Cluster, the client's own under Local), the frontend answering; a
+/// Service with no ready backend refused alike, a Local one with none on
+/// this node dropped alike. The program's counters show it carried A's
+/// flows (`ns_to_pod` on A, `ns_reply` on the backend's veth) and no
+/// flow to a frontend it leaves to kube-proxy.
+#[test]
+fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_proxy() {
+    let (dev_a, dev_b) = (
+        xdpcni_e2e::netns::unique_name("xua"),
+        xdpcni_e2e::netns::unique_name("xub"),
+    );
+    let config_dev = dev_a.clone();
+    let f = fixture(move |c| {
+        c.services.north_south_devices = vec![config_dev];
+        c.services.cluster_cidrs = vec![
+            "10.78.0.0/16".parse().unwrap(),
+            "fd78::/48".parse().unwrap(),
+        ];
+    });
+    let (node, cg, b) = (&f.node, &f.cg, &f.b);
+    let _far = xdpcni_e2e::oracle::remote(node).unwrap();
+    let a = xdpcni_e2e::oracle::outside(node, &dev_a, 0).unwrap();
+    let bo = xdpcni_e2e::oracle::outside(node, &dev_b, 1).unwrap();
+    let remote: [IpAddr; 2] = [REMOTE4.parse().unwrap(), REMOTE6.parse().unwrap()];
+    // (shape, spec, ready backends: b1 and r1 / r1 alone / none, balancer or external IPs)
+    struct Case {
+        name: &'static str,
+        spec: Value,
+        local: bool,
+        ready: &'static str,
+        ips: [&'static str; 2],
+    }
+    let cases = [
+        Case {
+            name: "np",
+            spec: json!({ "type": "NodePort" }),
+            local: false,
+            ready: "both",
+            ips: ["", ""],
+        },
+        Case {
+            name: "npl",
+            spec: json!({ "type": "NodePort", "externalTrafficPolicy": "Local" }),
+            local: true,
+            ready: "both",
+            ips: ["", ""],
+        },
+        Case {
+            name: "np0",
+            spec: json!({ "type": "NodePort" }),
+            local: false,
+            ready: "none",
+            ips: ["", ""],
+        },
+        Case {
+            name: "npl0",
+            spec: json!({ "type": "NodePort", "externalTrafficPolicy": "Local" }),
+            local: true,
+            ready: "remote",
+            ips: ["", ""],
+        },
+        Case {
+            name: "ext",
+            spec: json!({ "externalIPs": [] }),
+            local: false,
+            ready: "both",
+            ips: ["203.0.113.7", "2001:db8:77::7"],
+        },
+        Case {
+            name: "lb",
+            spec: json!({ "type": "LoadBalancer", "ports": tcp_only() }),
+            local: false,
+            ready: "both",
+            ips: ["198.51.100.9", "2001:db8:99::9"],
+        },
+        Case {
+            name: "lbl",
+            spec: json!({ "type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": tcp_only() }),
+            local: true,
+            ready: "both",
+            ips: ["198.51.100.10", "2001:db8:99::a"],
+        },
+    ];
+    /// Service, family index, frontend per client [A, B], TCP port, UDP port, case.
+    type Probe<'a> = (String, usize, [IpAddr; 2], u16, Option<u16>, &'a Case);
+    let mut probes: Vec<Probe> = Vec::new();
+    let mut shapes = Vec::new();
+    for (v6, family) in [(false, "IPv4"), (true, "IPv6")] {
+        let i = usize::from(v6);
+        for c in &cases {
+            let ready = match c.ready {
+                "both" => vec![b[0].ip(v6), remote[i]],
+                "remote" => vec![remote[i]],
+                _ => vec![],
+            };
+            let mut sh = shape(
+                &format!("ns{}-{}", c.name, &family[2..]),
+                json!({}),
+                family,
+                ready,
+            );
+            if c.ready == "none" {
+                sh.not_ready = vec![b[0].ip(v6)];
+            }
+            let mut spec = c.spec.clone();
+            if let Some(ext) = spec.get_mut("externalIPs") {
+                *ext = json!([c.ips[i]]);
+            }
+            sh.spec = spec;
+            create(node, &sh).unwrap();
+            if c.name.starts_with("lb") {
+                let ip: IpAddr = c.ips[i].parse().unwrap();
+                xdpcni_e2e::oracle::set_balancer(node, &sh.name, &[ip]).unwrap();
+            }
+            let nps = xdpcni_e2e::oracle::node_ports(node, &sh.name).unwrap();
+            let (to, tcp, udp) = if c.name.starts_with("np") {
+                ([a.node[i], bo.node[i]], nps["http"], Some(nps["dns"]))
+            } else {
+                let ip: IpAddr = c.ips[i].parse().unwrap();
+                let udp = (c.name == "ext").then_some(8080);
+                ([ip, ip], 8080, udp)
+            };
+            probes.push((sh.name.clone(), i, to, tcp, udp, c));
+            shapes.push(sh);
+        }
+    }
+    wait_rules(node, &shapes.iter().collect::<Vec<_>>()).unwrap();
+    for (name, _, to, tcp, udp, c) in &probes {
+        // Under Local, this node's alone (b1); r1 is node-b's.
+        let backends = match (c.ready, c.local) {
+            ("both", false) => 2,
+            ("both", true) => 1,
+            _ => 0,
+        };
+        for port in std::iter::once(tcp).chain(udp.as_ref()) {
+            let fe = std::net::SocketAddr::new(to[0], *port).to_string();
+            let waited = wait_for(
+                &format!("{name}: the agent's outside {fe}"),
+                Duration::from_secs(30),
+                || has_outside_frontend(node, &fe, backends),
+            );
+            if let Err(e) = waited {
+                let mine: Vec<Value> = status(node).unwrap()["services"]["frontends"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|f| f["service"] == format!("default/{name}"))
+                    .cloned()
+                    .collect();
+                panic!("{e}: the agent has {mine:#?}");
+            }
+        }
+    }
+    assert!(
+        status(node).unwrap()["services"]["servedBy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["by"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("xdpcni, at tc on {dev_a}"))),
+        "the status names the uplink"
+    );
+    let b1_veth = b[0].host.clone();
+    let mut carried = 0;
+    for (name, i, to, tcp, udp, c) in &probes {
+        let protos: &[&str] = if udp.is_some() {
+            &["tcp", "udp", "udp-connected"]
+        } else {
+            &["tcp"]
+        };
+        for &proto in protos {
+            let port = if proto == "tcp" { *tcp } else { udp.unwrap() };
+            let n = if c.ready == "both" { 20 } else { 2 };
+            let (in0, rep0) = (
+                counted(node, &dev_a, "ns_to_pod"),
+                counted(node, &b1_veth, "ns_reply"),
+            );
+            let ours = probe(cg, a.netns.name(), false, proto, (to[0], port), n).unwrap();
+            let (in1, rep1) = (
+                counted(node, &dev_a, "ns_to_pod"),
+                counted(node, &b1_veth, "ns_reply"),
+            );
+            let theirs = probe(cg, bo.netns.name(), false, proto, (to[1], port), n).unwrap();
+            let what = format!("{name} {}:{port} {proto}", to[0]);
+            eprintln!(
+                "{what}: A (program) {ours:?}, B (kube-proxy) {theirs:?}; ns_to_pod +{}, ns_reply +{}",
+                in1 - in0,
+                rep1 - rep0
+            );
+            // Each client's own address shown as CLIENT: the rest must be equal.
+            let norm = |seen: &Seen, client: IpAddr| -> Vec<String> {
+                seen.keys()
+                    .map(|k| k.replace(&client.to_string(), "CLIENT"))
+                    .collect()
+            };
+            let (mine, kp) = (norm(&ours, a.client[*i]), norm(&theirs, bo.client[*i]));
+            assert_eq!(mine, kp, "{what}");
+            let names: Vec<&str> = kp
+                .iter()
+                .map(|k| k.split(' ').next().unwrap_or_default())
+                .collect();
+            let want: &[&str] = match (c.ready, c.local) {
+                ("both", false) => &["default/b1", "remote/r1"],
+                ("both", true) => &["default/b1"],
+                _ => &["error"],
+            };
+            assert_eq!(names, want, "{what}: {theirs:?}");
+            if c.local && c.ready == "both" {
+                assert_eq!(kp, ["default/b1 CLIENT"], "{what}: Local keeps the client");
+            }
+            // The program carried the flows to b1 (and only those): each
+            // answer from b1 came back through ns_reply.
+            let from_b1: u32 = ours
+                .iter()
+                .filter(|(k, _)| k.starts_with("default/b1"))
+                .map(|(_, n)| *n)
+                .sum();
+            if from_b1 > 0 {
+                assert!(
+                    in1 > in0 && rep1 - rep0 >= u64::from(from_b1),
+                    "{what}: not carried"
+                );
+                carried += from_b1;
+            } else {
+                assert_eq!((in1, rep1), (in0, rep0), "{what}: carried a flow it leaves");
+            }
+        }
+    }
+    assert!(carried > 0);
+}

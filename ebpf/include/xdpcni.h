@@ -243,7 +243,15 @@ struct policy_gate {
 	  "TTL/hop limit decremented, handed to the pod's eth0 with bpf_redirect_peer")            \
 	X(PASS_NOT_REMOTE_POD, 28, KERNEL,                                                         \
 	  "on a node's uplink, to a pod of this node from an address that is not another "         \
-	  "node's pod reached through that uplink (the node, a client outside, a NodePort)")
+	  "node's pod reached through that uplink (the node, a client outside, a NodePort)")       \
+	X(NS_TO_POD, 29, FORWARD,                                                                  \
+	  "on a node's uplink, for a node port, externalIP or LoadBalancer IP (north-south): "     \
+	  "translated to a backend on this node (svc_nat), TTL/hop limit decremented, handed to "  \
+	  "its pod's eth0 with bpf_redirect_peer")                                                 \
+	X(NS_REPLY, 30, FORWARD,                                                                   \
+	  "from a pod, a reply of a north-south flow (svc_nat): translated back to the frontend, " \
+	  "TTL/hop limit decremented, sent out of the uplink the flow came in by "                 \
+	  "(bpf_redirect_neigh on tc, a FIB lookup and bpf_redirect on XDP)")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
@@ -469,6 +477,7 @@ struct remote_net {
 #define XDPCNI_MAX_SVC_SOCKETS	262144 /* LRU: sockets' reverse and sticky records */
 #define XDPCNI_MAX_SVC_AFFINITY 65536  /* LRU: ClientIP affinity records */
 #define XDPCNI_SVC_MAX_CHOICES	1024   /* backends a service chooses among */
+#define XDPCNI_MAX_SVC_NAT	262144 /* LRU: north-south flows' NAT entries, two per flow */
 
 /* An address with its port: a Service frontend or a backend. */
 struct svc_addr {
@@ -478,9 +487,20 @@ struct svc_addr {
 	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
 };
 
+/*
+ * A frontend that clients outside the node reach (north-south: a node port at
+ * a node address, an externalIP, a LoadBalancer IP) is keyed in `services`
+ * with this bit in svc_addr.family, beside the same address for the node's
+ * own sockets: under externalTrafficPolicy Local the two choose among
+ * different backends (an outside client only the node's own). The socket
+ * programs never build such a key; the node device's program only those.
+ */
+#define XDPCNI_SVC_OUTSIDE 0x80
+
 /* svc_value.flags */
 #define XDPCNI_SVC_AFFINITY  (1U << 0) /* sessionAffinity: ClientIP */
 #define XDPCNI_SVC_NODE_ONLY (1U << 1) /* for the node's own sockets alone (a node port, ...) */
+#define XDPCNI_SVC_EXT_LOCAL (1U << 2) /* outside: externalTrafficPolicy Local, the client kept */
 
 /* services: a frontend (struct svc_addr) -> what a connect to it chooses. */
 struct svc_value {
@@ -573,6 +593,38 @@ struct svc_choice {
 #define XDPCNI_SVC_LEFT	      2 /* left to kube-proxy otherwise (hairpin, full record, bound) */
 #define XDPCNI_SVC_EXPIRED    3 /* the writer's lease ran out: left to kube-proxy */
 #define XDPCNI_SVC_STATS      4
+
+/*
+ * svc_nat (LRU): a north-south flow (lib/north_south.h), two entries: the
+ * client's packet as it enters the node (client -> frontend) and the
+ * backend's reply as its pod sends it (backend -> client, or -> the node's
+ * address when the node masquerades the client), each to the addresses
+ * and ports its packets are given. Made by a flow's first packet alone (a
+ * TCP SYN; a UDP datagram conntrack has no entry for), so flows kube-proxy
+ * carried before stay its own.
+ */
+struct svc_nat_key {
+	__u8 saddr[16]; /* IPv4: the first 4 bytes, the rest 0 */
+	__u8 daddr[16];
+	__u16 sport; /* network order */
+	__u16 dport;
+	__u8 family; /* XDPCNI_FAMILY_* */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[2];
+};
+
+struct svc_nat {
+	__u8 saddr[16]; /* the packet's new source */
+	__u8 daddr[16]; /* and destination */
+	__u16 sport;
+	__u16 dport;
+	__u32 ifindex; /* the uplink the flow came in by (replies leave by it) */
+	__u32
+	    backend; /* the backend's id (svc_backends): a UDP flow whose backend went re-chooses */
+	__u32 flags; /* XDPCNI_NAT_* */
+};
+
+#define XDPCNI_NAT_REPLY (1U << 0) /* the reply direction's entry */
 
 /*
  * svc_lease (array, one __u64): the bpf_ktime_get_ns() (CLOCK_MONOTONIC)

@@ -20,11 +20,11 @@ pub mod abi;
 pub use bpffs::{is_bpffs, mount_bpffs};
 pub use datapath::Migration;
 pub use datapath::{
-    is_held, layout_dir, previous_layout_dir, AttachMode, Attachment, Collected, Counters,
-    Datapath, Filled, HoldHook, L4Proto, MapFill, Maps, NatSync, PodVerdicts, PolicyMaps,
+    datapath_loader, is_held, layout_dir, previous_layout_dir, AttachMode, Attachment, Collected,
+    Counters, Datapath, Filled, HoldHook, L4Proto, MapFill, Maps, NatSync, PodVerdicts, PolicyMaps,
     PolicyStats, PolicySynced, RemoteCidr, RemoteMaps, RemoteSynced, CPUMAP_PROGRAM, CPUMAP_QUEUE,
-    DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM, PREVIOUS_LAYOUT, TC_FROM_NODE_PROGRAM,
-    TC_FROM_POD_PROGRAM,
+    DEFAULT_PIN_DIR, FROM_POD_PROGRAM, HOLD_PROGRAM, PREVIOUS_LAYOUT, SHARED_SVC_MAPS,
+    TC_FROM_NODE_PROGRAM, TC_FROM_POD_PROGRAM,
 };
 pub use error::{Error, Result};
 pub use migrate::Pinned;

@@ -5,9 +5,12 @@
  * frame addressed to this node, from another node's pod CIDR whose route
  * leaves by the device it came in on (what rp_filter checks), to a pod of
  * this node, goes to the pod's eth0 with bpf_redirect_peer under the same
- * checks as every hop (lib/checks.h). Everything else (the node's own
- * traffic first of all: one endpoint lookup finds no pod) goes on to the
- * stack untouched. The sending half is lib/remote.h.
+ * checks as every hop (lib/checks.h). A frame for a north-south Service
+ * frontend (a node port, an externalIP, a LoadBalancer IP) is translated to
+ * a backend on this node (lib/north_south.h). Everything else (the node's
+ * own traffic first of all: one endpoint lookup finds no pod, one Service
+ * lookup no frontend) goes on to the stack untouched. The sending half is
+ * lib/remote.h.
  */
 #include "lib/common.h"
 #include "lib/maps.h"
@@ -17,6 +20,7 @@
 #include "lib/endpoint.h"
 #include "lib/checks.h"
 #include "lib/remote.h"
+#include "lib/north_south.h"
 
 #define XDPCNI_PACKET_HOST 0
 
@@ -70,15 +74,18 @@ static __always_inline int to_no_pod(struct __sk_buff *skb)
 }
 
 /*
- * From another node (tcx ingress of the device its pod CIDRs' routes leave
- * by): a pod of this node gets the frame at once; anything else goes on
- * to the stack as it came. Counted on the device's slot (the node's own
- * traffic as pass_no_endpoint) and, delivered, on the pod's.
+ * From another node or from outside (tcx ingress of the device its pod
+ * CIDRs' routes leave by, and of the uplinks north-south Services come in
+ * by): a pod of this node gets the frame at once, a north-south frontend's
+ * is translated to its backend's pod; anything else goes on to the stack
+ * as it came. Counted on the device's slot (the node's own traffic as
+ * pass_no_endpoint) and, delivered, on the pod's.
  */
 SEC("classifier")
 int xdpcni_tc_from_node(struct __sk_buff *skb)
 {
 	struct endpoint_info *dst = 0;
+	struct svc_addr fe = {};
 	struct packet p = {};
 	struct frame f = {};
 	int r;
@@ -90,6 +97,14 @@ int xdpcni_tc_from_node(struct __sk_buff *skb)
 		r = XDPCNI_V_PASS_OTHERHOST;
 	} else if (to_no_pod(skb)) {
 		r = XDPCNI_V_PASS_NO_ENDPOINT;
+		if (outside_key(skb, &fe) && bpf_map_lookup_elem(&services, &fe)) {
+			tc_frame(skb, &f);
+			r = parse(&p, &f);
+			if (r == STAGE_OK)
+				r = ns_from_outside(skb, &p, &f);
+			if (r == STAGE_OK)
+				r = XDPCNI_V_PASS_NO_ENDPOINT;
+		}
 	} else {
 		tc_frame(skb, &f);
 		r = from_node(&p, &f, skb->ingress_ifindex, &dst);

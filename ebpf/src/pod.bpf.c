@@ -6,7 +6,8 @@
  * redirects through a devmap or a cpumap to the destination's host veth; the
  * tc program (tcx ingress) hands the skb to the destination pod's eth0 with
  * bpf_redirect_peer, or to another node's pod CIDR's route with
- * bpf_redirect_neigh. Both run classify() (lib/classify.h) on a struct
+ * bpf_redirect_neigh, and sends a north-south flow's replies back out of
+ * their uplink (lib/north_south.h). Both run classify() (lib/classify.h) on a struct
  * frame and count into the same rows; everything they are not sure about
  * goes to the kernel (XDP_PASS, TC_ACT_UNSPEC): kernel routing is always
  * the fallback.
@@ -21,6 +22,7 @@
 #include "lib/checks.h"
 #include "lib/remote.h"
 #include "lib/classify.h"
+#include "lib/north_south.h"
 
 /*
  * Stage 4 on XDP, rewrite and redirect: pick the target first
@@ -139,6 +141,9 @@ int xdpcni_tc_from_pod(struct __sk_buff *skb)
 		r = classify(&p, &f, skb->ingress_ifindex, &src, &dst, &remote);
 	}
 	RETURN_IF_STOPPED(r, TC_ACT_UNSPEC);
+	/* A reply of a north-south flow (lib/north_south.h): back out of its uplink. */
+	if (r == XDPCNI_V_PASS_NO_ENDPOINT && src)
+		r = ns_reply(skb, &p);
 	if (r == STAGE_CT || r == STAGE_CT_TO)
 		r = ct_check(skb, &p, &f, 0, r == STAGE_CT_TO);
 	if (r == STAGE_OK && remote)

@@ -23,6 +23,7 @@
 #include <bpf/bpf_endian.h>
 
 #include "xdpcni.h"
+#include "lib/svc_maps.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -46,43 +47,11 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, XDPCNI_MAX_SERVICES);
-	__type(key, struct svc_addr);
-	__type(value, struct svc_ip);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svc_node_src SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, XDPCNI_MAX_SVC_OWN);
 	__type(key, struct svc_own_key);
 	__type(value, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_own SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, XDPCNI_MAX_SERVICES);
-	__type(key, struct svc_addr);
-	__type(value, struct svc_value);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} services SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, XDPCNI_MAX_SVC_BACKENDS);
-	__type(key, struct svc_slot_key);
-	__type(value, __u32);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svc_slots SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, XDPCNI_MAX_SVC_BACKENDS);
-	__type(key, __u32);
-	__type(value, struct svc_addr);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svc_backends SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -115,23 +84,6 @@ struct {
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svc_lease SEC(".maps");
-
-/* Whether the writer's lease on the maps still runs. */
-static __always_inline int leased(void)
-{
-	__u32 zero = 0;
-	__u64 *until = bpf_map_lookup_elem(&svc_lease, &zero);
-
-	return until && bpf_ktime_get_ns() < *until;
-}
 
 static __always_inline void count(__u32 what)
 {
@@ -331,7 +283,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, int v6, int stic
 	svc = bpf_map_lookup_elem(&services, &fe);
 	if (!svc || ((svc->flags & XDPCNI_SVC_NODE_ONLY) && !(scope & XDPCNI_SVC_NS_NODE)))
 		return SOCK_GO_ON;
-	if (!leased()) {
+	if (!svc_leased()) {
 		count(XDPCNI_SVC_EXPIRED);
 		return SOCK_GO_ON;
 	}

@@ -13,7 +13,8 @@
  *
  * The stages every entry shares: parse (lib/parse.h), validate
  * (lib/endpoint.h), decide (lib/classify.h over lib/checks.h and
- * lib/remote.h), the NAT check (lib/ct.h), NetworkPolicy (lib/policy.h),
+ * lib/remote.h), north-south Services (lib/north_south.h), the NAT check
+ * (lib/ct.h), NetworkPolicy (lib/policy.h),
  * counting (lib/count.h).
  */
 #include "lib/common.h"

@@ -75,6 +75,7 @@ impl Core {
             }
         };
         let (namespaces, node_sockets) = (scope.netns.len(), scope.node.is_some());
+        let north_south: Vec<String> = scope.uplinks.iter().map(|u| u.1.clone()).collect();
         // What the status will show once they are written.
         let shown: Vec<FrontendStatus> = frontends.iter().map(FrontendStatus::of).collect();
         let result = answered(
@@ -108,7 +109,7 @@ impl Core {
                 false
             }
         };
-        let synced = result.map(|_| (namespaces, node_sockets, shown));
+        let synced = result.map(|_| (namespaces, node_sockets, north_south, shown));
         self.view.book.update_services(|s| s.synced(synced));
         ok
     }

@@ -199,6 +199,11 @@ pub struct Reconciler {
     services: Option<Services>,
     /// The Service maps were written whole once: the lease may be renewed.
     services_synced: bool,
+    /// Devices the uplink program runs on for the fast path between nodes
+    /// (the routes' pass) and for north-south Services (the Service
+    /// writer's): it runs on their union.
+    remote_uplinks: Vec<u32>,
+    north_south_uplinks: Vec<u32>,
 }
 
 /// What the datapath a [`Reconciler::open`] found or made is: for the
@@ -261,6 +266,8 @@ impl Reconciler {
             reported: HashMap::new(),
             services: None,
             services_synced: false,
+            remote_uplinks: Vec::new(),
+            north_south_uplinks: Vec::new(),
         }
     }
 

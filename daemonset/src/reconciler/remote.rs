@@ -25,6 +25,17 @@ pub struct RemoteDone {
 }
 
 impl Reconciler {
+    /// The uplink program on the union of the devices the routes' pass and
+    /// the Service writer want it on, and on no other: (attached or
+    /// swapped, detached).
+    pub(super) fn sync_uplinks(&mut self) -> Result<(usize, usize), xdpcni_ebpf::Error> {
+        let mut all = self.remote_uplinks.clone();
+        all.extend(&self.north_south_uplinks);
+        all.sort_unstable();
+        all.dedup();
+        self.dp.sync_uplinks(&all)
+    }
+
     /// Before the routes change: removes every entry whose CIDR `gateways`
     /// does not route through the same next hop (its route goes, or goes
     /// elsewhere), so no program sends where the kernel will not. How many
@@ -47,7 +58,8 @@ impl Reconciler {
         uplinks: &[u32],
     ) -> Result<RemoteDone, xdpcni_ebpf::Error> {
         let nets = self.dp.sync_remote_nets(want)?;
-        let (attached, detached) = self.dp.sync_uplinks(uplinks)?;
+        self.remote_uplinks = uplinks.to_vec();
+        let (attached, detached) = self.sync_uplinks()?;
         let done = RemoteDone {
             nets,
             attached,

@@ -51,7 +51,8 @@ impl Reconciler {
         frontends: &[crate::services::model::Frontend],
         scope: &crate::services::Scope,
     ) -> Result<ServicesSynced, xdpcni_ebpf::Error> {
-        let want = crate::services::wants(frontends);
+        let mut want = crate::services::wants(frontends);
+        self.tc_backends_only(&mut want)?;
         let Some(s) = self.services.as_mut() else {
             return Err(xdpcni_ebpf::Error::Invalid {
                 what: "services",
@@ -64,11 +65,44 @@ impl Reconciler {
         // The maps are what the API says: the programs may translate on.
         s.renew_lease(SVC_LEASE_SECS)?;
         self.services_synced = true;
+        // The uplink program where north-south frontends come in (after
+        // the frontends, so its first packet finds them).
+        self.north_south_uplinks = scope.uplinks.iter().map(|u| u.0).collect();
+        self.sync_uplinks()?;
         Ok(ServicesSynced {
             writes,
             netns,
             gone: gone.into_iter().collect(),
         })
+    }
+
+    /// An outside frontend's backends on this node that are not on the tc
+    /// hook are left out: their replies would meet an XDP program, which
+    /// does not translate them back (north-south to them stays
+    /// kube-proxy's). Backends on other nodes stay (the uplink's program
+    /// leaves their flows to kube-proxy).
+    fn tc_backends_only(
+        &self,
+        want: &mut std::collections::BTreeMap<SvcAddr, xdpcni_ebpf::ServiceWant>,
+    ) -> Result<(), xdpcni_ebpf::Error> {
+        for (_, w) in want.iter_mut().filter(|(fe, _)| fe.is_outside()) {
+            let mut keep = Vec::with_capacity(w.backends.len());
+            for b in &w.backends {
+                let Some(ip) = b.ip() else { continue };
+                let on_tc = match self.dp.maps().endpoint(ip)? {
+                    None => true,
+                    Some(info) => self
+                        .dp
+                        .attachment(info.ifindex)?
+                        .is_some_and(|a| a.mode == xdpcni_ebpf::AttachMode::Tc),
+                };
+                if on_tc {
+                    keep.push(*b);
+                }
+            }
+            w.backends = keep;
+        }
+        Ok(())
     }
 
     /// Of the connected UDP sockets `found` (with their namespaces), those

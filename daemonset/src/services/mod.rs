@@ -17,7 +17,9 @@ use std::{
 
 use ipnet::IpNet;
 use tracing::{debug, warn};
-use xdpcni_ebpf::{abi::SvcAddr, abi::SVC_AFFINITY, abi::SVC_NODE_ONLY, ServiceWant};
+use xdpcni_ebpf::{
+    abi::SvcAddr, abi::SVC_AFFINITY, abi::SVC_EXT_LOCAL, abi::SVC_NODE_ONLY, ServiceWant,
+};
 use xdpcni_host::{
     netlink::Netlink,
     netns::in_netns,
@@ -35,20 +37,30 @@ pub fn wants(frontends: &[Frontend]) -> BTreeMap<SvcAddr, ServiceWant> {
     let mut out = BTreeMap::new();
     for f in frontends {
         let p = f.proto.number();
-        out.entry(SvcAddr::new(f.addr, p))
-            .or_insert_with(|| ServiceWant {
-                flags: if f.affinity.is_some() {
-                    SVC_AFFINITY
+        let key = if f.outside {
+            SvcAddr::outside(f.addr, p)
+        } else {
+            SvcAddr::new(f.addr, p)
+        };
+        out.entry(key).or_insert_with(|| ServiceWant {
+            flags: if f.affinity.is_some() {
+                SVC_AFFINITY
+            } else {
+                0
+            } | if f.outside {
+                if f.external_local {
+                    SVC_EXT_LOCAL
                 } else {
                     0
-                } | if f.kind == FrontendKind::ClusterIp {
-                    0
-                } else {
-                    SVC_NODE_ONLY
-                },
-                affinity_timeout: f.affinity.unwrap_or(0),
-                backends: f.backends.iter().map(|b| SvcAddr::new(*b, p)).collect(),
-            });
+                }
+            } else if f.kind == FrontendKind::ClusterIp {
+                0
+            } else {
+                SVC_NODE_ONLY
+            },
+            affinity_timeout: f.affinity.unwrap_or(0),
+            backends: f.backends.iter().map(|b| SvcAddr::new(*b, p)).collect(),
+        });
     }
     out
 }
@@ -87,8 +99,13 @@ pub struct Scope {
     pub node: Option<u64>,
     /// Frontend -> the source a node's translated call to it binds to
     /// (see [`kept_source`]); a frontend without one takes the source the
-    /// backend's route gives (kube-proxy masquerades it).
+    /// backend's route gives (kube-proxy masquerades it). For an outside
+    /// frontend under `externalTrafficPolicy: Cluster`: the address the
+    /// uplink's program masquerades its clients to (none: kube-proxy's).
     pub node_src: BTreeMap<SvcAddr, IpAddr>,
+    /// The uplinks north-south frontends are served on (ifindex, name;
+    /// `services.northSouthDevices` that exist).
+    pub uplinks: Vec<(u32, String)>,
 }
 
 /// The agent's own network namespace: the node's (it runs in the host's).
@@ -109,28 +126,154 @@ pub fn scope(
         netns: pod_netns(records),
         ..Scope::default()
     };
+    let outside = if cfg.north_south() {
+        match north_south(records, &frontends, &cfg.north_south_devices) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                warn!(error = %e, "north-south Services stay kube-proxy's");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let cluster_ips = |f: Vec<Frontend>| -> Vec<Frontend> {
         f.into_iter()
             .filter(|f| f.kind == FrontendKind::ClusterIp)
             .collect()
     };
-    if !cfg.node_sockets {
-        return (out, cluster_ips(frontends));
-    }
-    match node_scope(&frontends, &cfg.cluster_cidrs) {
-        Ok((node, written)) => {
-            for (cookie, addrs) in node.netns {
-                out.netns.entry(cookie).or_default().extend(addrs);
+    let mut written = if !cfg.node_sockets {
+        cluster_ips(frontends)
+    } else {
+        match node_scope(&frontends, &cfg.cluster_cidrs) {
+            Ok((node, written)) => {
+                for (cookie, addrs) in node.netns {
+                    out.netns.entry(cookie).or_default().extend(addrs);
+                }
+                out.node = node.node;
+                out.node_src = node.node_src;
+                written
             }
-            out.node = node.node;
-            out.node_src = node.node_src;
-            (out, written)
+            Err(e) => {
+                warn!(error = %e, "the node's own sockets stay kube-proxy's");
+                cluster_ips(frontends)
+            }
         }
-        Err(e) => {
-            warn!(error = %e, "the node's own sockets stay kube-proxy's");
-            (out, cluster_ips(frontends))
+    };
+    if let Some((fronts, masq, uplinks)) = outside {
+        written.extend(fronts);
+        out.node_src.extend(masq);
+        out.uplinks = uplinks;
+    }
+    (out, written)
+}
+
+/// The frontends outside clients reach, the masquerade address of each
+/// under `Cluster`, the uplinks (ifindex, name).
+type NorthSouth = (Vec<Frontend>, BTreeMap<SvcAddr, IpAddr>, Vec<(u32, String)>);
+
+/// North-south (`services.northSouthDevices`): the frontends outside
+/// clients reach ([`outside_frontends`], at the node's addresses), the
+/// address each one under `externalTrafficPolicy: Cluster` masquerades its
+/// clients to (the route's source toward its first backend on this node,
+/// as MASQUERADE chooses it), and the uplinks that exist, by ifindex.
+/// This node's pods are those of its CNI records.
+fn north_south(
+    records: &[Record],
+    frontends: &[Frontend],
+    devices: &[String],
+) -> Result<NorthSouth, String> {
+    let mut nl = Netlink::new().map_err(|e| format!("netlink: {e}"))?;
+    let mut uplinks = Vec::new();
+    for name in devices {
+        match nl.link_by_name(name) {
+            Ok(Some(link)) => uplinks.push((link.index, name.clone())),
+            Ok(None) => {
+                warn!(device = %name, "no such uplink: north-south Services through it stay kube-proxy's")
+            }
+            Err(e) => return Err(format!("the uplink {name}: {e}")),
         }
     }
+    let addrs: BTreeSet<IpAddr> = nl
+        .all_addresses()
+        .map_err(|e| format!("the node's addresses: {e}"))?
+        .into_iter()
+        .map(|a| a.1)
+        .collect();
+    let local: BTreeSet<IpAddr> = records
+        .iter()
+        .filter(|r| !r.deleting)
+        .flat_map(|r| r.ips.iter().copied())
+        .collect();
+    let fronts = outside_frontends(frontends, &addrs);
+    let mut masq = BTreeMap::new();
+    let mut routed: BTreeMap<IpAddr, Option<IpAddr>> = BTreeMap::new();
+    for f in fronts.iter().filter(|f| !f.external_local) {
+        let Some(b) = f
+            .backends
+            .iter()
+            .map(|b| b.ip())
+            .find(|b| local.contains(b))
+        else {
+            continue;
+        };
+        let from = match routed.get(&b) {
+            Some(s) => *s,
+            None => {
+                let s = nl
+                    .route_source(b)
+                    .map_err(|e| format!("the node's source toward {b}: {e}"))?;
+                routed.insert(b, s);
+                s
+            }
+        };
+        if let Some(from) = from {
+            masq.insert(SvcAddr::outside(f.addr, f.proto.number()), from);
+        }
+    }
+    Ok((fronts, masq, uplinks))
+}
+
+/// The frontends clients outside the node reach, as kube-proxy serves
+/// them: each node port at every address of the node of its family (but
+/// loopback and IPv6 link-local ones, which no packet from outside
+/// carries), each externalIP and LoadBalancer IP; under
+/// `externalTrafficPolicy: Local` their backends on this node by
+/// `nodeName` alone ([`Frontend::local`], as kube-proxy tells them; one
+/// that is no pod of this node the program leaves to kube-proxy). An
+/// externalIP under `Local` stays kube-proxy's (not written).
+pub fn outside_frontends(frontends: &[Frontend], addrs: &BTreeSet<IpAddr>) -> Vec<Frontend> {
+    let mut out = Vec::new();
+    for f in frontends
+        .iter()
+        .filter(|f| f.kind != FrontendKind::ClusterIp)
+    {
+        if f.kind == FrontendKind::ExternalIp && f.external_local {
+            continue;
+        }
+        let mut o = f.clone();
+        o.outside = true;
+        if f.external_local {
+            o.backends = f.local.clone();
+        }
+        if f.kind != FrontendKind::NodePort {
+            out.push(o);
+            continue;
+        }
+        for a in addrs.iter().filter(|a| a.is_ipv4() == f.addr.is_ipv4()) {
+            let usable = match a {
+                IpAddr::V4(v4) => !v4.is_loopback(),
+                IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+            };
+            if usable {
+                let mut at = o.clone();
+                at.addr = std::net::SocketAddr::new(*a, f.addr.port());
+                out.push(at);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The node's part of a [`Scope`] (its namespace cookie with its
@@ -173,6 +316,7 @@ fn node_scope(
         netns: PodNamespaces::from([(cookie, addrs)]),
         node: Some(cookie),
         node_src: src,
+        uplinks: Vec::new(),
     };
     Ok((scope, written))
 }
@@ -325,9 +469,11 @@ mod tests {
             proto: L4Proto::Tcp,
             affinity: None,
             backends: vec!["10.244.0.5:80".parse().unwrap()],
+            local: vec![],
             service: "ns/web".into(),
             kind,
             external_local: false,
+            outside: false,
         };
         let addrs: BTreeSet<IpAddr> = ["10.0.0.5", "127.0.0.1", "fd00::5", "::1", "fe80::1"]
             .iter()
@@ -367,6 +513,65 @@ mod tests {
     }
 
     #[test]
+    fn outside_frontends_are_node_ports_at_outside_addresses_external_and_balancer_ips_keyed_apart()
+    {
+        let f = |addr: &str, kind: FrontendKind, local: bool| Frontend {
+            addr: addr.parse().unwrap(),
+            proto: L4Proto::Tcp,
+            affinity: None,
+            backends: vec![
+                "10.244.0.5:80".parse().unwrap(),
+                "10.244.1.7:80".parse().unwrap(),
+            ],
+            local: vec!["10.244.0.5:80".parse().unwrap()],
+            service: "ns/web".into(),
+            kind,
+            external_local: local,
+            outside: false,
+        };
+        let addrs: BTreeSet<IpAddr> = ["10.0.0.5", "127.0.0.1", "fd00::5", "::1", "fe80::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let out = outside_frontends(
+            &[
+                f("10.96.0.10:80", FrontendKind::ClusterIp, false),
+                f("0.0.0.0:30080", FrontendKind::NodePort, false),
+                f("[::]:30081", FrontendKind::NodePort, true),
+                f("192.0.2.7:80", FrontendKind::ExternalIp, false),
+                f("192.0.2.8:80", FrontendKind::ExternalIp, true),
+                f("198.51.100.9:80", FrontendKind::LoadBalancer, true),
+            ],
+            &addrs,
+        );
+        let got: Vec<(String, usize)> = out
+            .iter()
+            .map(|f| (f.addr.to_string(), f.backends.len()))
+            .collect();
+        // No cluster IP, no loopback or link-local address, no Local
+        // externalIP; under Local the node's own backends alone.
+        assert_eq!(
+            got,
+            [
+                ("10.0.0.5:30080".to_string(), 2),
+                ("192.0.2.7:80".to_string(), 2),
+                ("198.51.100.9:80".to_string(), 1),
+                ("[fd00::5]:30081".to_string(), 1),
+            ]
+        );
+        assert!(out.iter().all(|f| f.outside));
+        // Keyed apart from the same address for sockets, flagged Local.
+        let w = wants(&out);
+        let np = SvcAddr::outside("10.0.0.5:30080".parse().unwrap(), 6);
+        assert!(np.is_outside() && w.contains_key(&np));
+        assert!(!w.contains_key(&SvcAddr::new("10.0.0.5:30080".parse().unwrap(), 6)));
+        assert_eq!(np.ip(), Some("10.0.0.5".parse().unwrap()));
+        assert_eq!(w[&np].flags, 0);
+        let lb = SvcAddr::outside("198.51.100.9:80".parse().unwrap(), 6);
+        assert_eq!(w[&lb].flags, SVC_EXT_LOCAL);
+    }
+
+    #[test]
     fn the_node_scope_is_left_out_unless_configured() {
         let cfg = ServicesConfig::default();
         let (s, written) = scope(&[], vec![], &cfg);
@@ -383,9 +588,11 @@ mod tests {
             proto: L4Proto::Udp,
             affinity: Some(60),
             backends: vec!["10.244.0.5:5353".parse().unwrap()],
+            local: vec![],
             service: "ns/dns".into(),
             kind: FrontendKind::ClusterIp,
             external_local: false,
+            outside: false,
         };
         let w = wants(&[f]);
         let (fe, want) = w.iter().next().unwrap();

@@ -104,6 +104,9 @@ pub struct Frontend {
     pub affinity: Option<u32>,
     /// Ready backends, sorted; empty leaves the frontend to the kernel path.
     pub backends: Vec<SocketAddr>,
+    /// Those of `backends` on this node by their endpoint's `nodeName`, as
+    /// kube-proxy tells local ones (`externalTrafficPolicy: Local`).
+    pub local: Vec<SocketAddr>,
     /// "namespace/name" of the Service.
     pub service: String,
     /// What kind of address `addr` is: all but a cluster IP are translated
@@ -111,6 +114,9 @@ pub struct Frontend {
     pub kind: FrontendKind,
     /// `externalTrafficPolicy: Local`.
     pub external_local: bool,
+    /// For clients outside the node (north-south, at the uplink's program:
+    /// `services::outside_frontends`), not for sockets.
+    pub outside: bool,
 }
 
 impl Frontend {
@@ -321,8 +327,11 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
         // Per backend address, the number its group gives this port's name
         // (all ready ones, and those internalTrafficPolicy lets a cluster
         // IP choose).
-        let (mut all, mut by_ip): (BTreeMap<IpAddr, u16>, BTreeMap<IpAddr, u16>) =
-            Default::default();
+        let (mut all, mut by_ip, mut here): (
+            BTreeMap<IpAddr, u16>,
+            BTreeMap<IpAddr, u16>,
+            BTreeMap<IpAddr, u16>,
+        ) = Default::default();
         for g in groups {
             let Some(&(_, _, target)) = g
                 .ports
@@ -333,6 +342,9 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
             };
             for a in g.addrs.iter().filter(|a| a.ready) {
                 all.insert(a.ip, target);
+                if a.node.as_deref() == Some(node) {
+                    here.insert(a.ip, target);
+                }
                 if !local_only || a.node.as_deref() == Some(node) {
                     by_ip.insert(a.ip, target);
                 }
@@ -345,14 +357,21 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
                 .collect()
         };
         let mut push = |addr: SocketAddr, kind: FrontendKind, backends: Vec<SocketAddr>| {
+            let local = backends
+                .iter()
+                .filter(|b| here.contains_key(&b.ip()))
+                .copied()
+                .collect();
             out.push(Frontend {
                 addr,
                 proto: p,
                 affinity,
                 backends,
+                local,
                 service: name.clone(),
                 kind,
                 external_local,
+                outside: false,
             })
         };
         for ip in &ips {

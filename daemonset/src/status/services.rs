@@ -19,6 +19,10 @@ pub struct FrontendStatus {
     /// "externalIP", "LoadBalancer".
     #[serde(default)]
     pub kind: String,
+    /// Served to clients outside the node at its uplinks (north-south),
+    /// not to sockets.
+    #[serde(default)]
+    pub outside: bool,
 }
 
 impl FrontendStatus {
@@ -30,6 +34,7 @@ impl FrontendStatus {
             protocol: f.proto.as_str().into(),
             backends: f.backends.len(),
             kind: f.kind.as_str().into(),
+            outside: f.outside,
         }
     }
 }
@@ -61,6 +66,11 @@ impl HealthCheckStatus {
     }
 }
 
+/// What a write of the Service maps left in them, for the status: the
+/// network namespaces translated, whether the node's own among them, the
+/// uplinks north-south frontends are served on, every frontend.
+pub type Written = (usize, bool, Vec<String>, Vec<FrontendStatus>);
+
 /// Who serves one kind of Service traffic on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -87,6 +97,10 @@ pub struct ServicesStatus {
     /// Whether the node's own sockets are translated (`services.nodeSockets`,
     /// and the node's namespace read at the last write).
     pub node_sockets: bool,
+    /// The uplinks the node device's program serves north-south frontends
+    /// on (`services.northSouthDevices` that exist, at the last write).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub north_south: Vec<String>,
     /// Every frontend in the maps.
     pub frontends: Vec<FrontendStatus>,
     /// The last write of the maps that failed, if the last one did (the
@@ -128,11 +142,12 @@ impl ServicesStatus {
 
     /// A write of the Service maps: `Ok((namespaces, frontends))` what they
     /// hold now, or why the write failed (they keep what they held).
-    pub fn synced(&mut self, written: Result<(usize, bool, Vec<FrontendStatus>), String>) {
+    pub fn synced(&mut self, written: Result<Written, String>) {
         match written {
-            Ok((namespaces, node_sockets, frontends)) => {
+            Ok((namespaces, node_sockets, north_south, frontends)) => {
                 self.namespaces = namespaces;
                 self.node_sockets = node_sockets;
+                self.north_south = north_south;
                 self.frontends = frontends;
                 self.sync_error = None;
             }
@@ -144,6 +159,17 @@ impl ServicesStatus {
     /// list the status, its table and docs/services.md ("Who serves what")
     /// say.
     pub fn who_serves(&self) -> Vec<ServedBy> {
+        let outside = if self.north_south.is_empty() {
+            "kube-proxy".to_string()
+        } else {
+            format!(
+                "xdpcni, at tc on {} for backends on this node on the tc hook \
+                 (another node's backend, ClientIP affinity, a Local externalIP, \
+                 source ranges, a backend whose policies the kernel checks, a flow \
+                 begun before: kube-proxy)",
+                self.north_south.join(", ")
+            )
+        };
         let socket = if self.enabled && self.error.is_none() && self.cgroup.is_some() {
             "xdpcni, at the socket (connect, sendmsg)".to_string()
         } else {
@@ -177,7 +203,11 @@ impl ServicesStatus {
                 },
             ),
             (
-                "NodePort, LoadBalancer, externalIPs from pods and from outside the node",
+                "NodePort, LoadBalancer, externalIPs from outside the node",
+                outside.as_str(),
+            ),
+            (
+                "NodePort, LoadBalancer, externalIPs from this node's pods",
                 "kube-proxy",
             ),
             (
@@ -263,6 +293,7 @@ mod tests {
                 protocol: "TCP".into(),
                 backends: 2,
                 kind: "ClusterIP".into(),
+                outside: false,
             },
             FrontendStatus {
                 service: "ns/web".into(),
@@ -270,6 +301,7 @@ mod tests {
                 protocol: "TCP".into(),
                 backends: 0,
                 kind: "ClusterIP".into(),
+                outside: false,
             },
         ];
         let line = s.summary();
@@ -296,16 +328,24 @@ mod tests {
         assert!(by(&s)[0].starts_with("xdpcni"));
         // Everything but pods' ClusterIP connects stays kube-proxy's (or
         // nobody's, for the labelled Services).
-        assert!(by(&s)[1..7].iter().all(|b| b.starts_with("kube-proxy")));
-        assert!(by(&s)[7].starts_with("nobody"));
-        s.synced(Ok((2, true, vec![])));
+        assert!(by(&s)[1..8].iter().all(|b| b.starts_with("kube-proxy")));
+        assert!(by(&s)[8].starts_with("nobody"));
+        s.synced(Ok((2, true, vec![], vec![])));
         assert!(by(&s)[2].starts_with("xdpcni"));
         assert!(by(&s)[3].starts_with("xdpcni"));
         assert!(by(&s)[4].starts_with("kube-proxy"));
-        // The health check ports: the agent's once it serves them.
+        // North-south: at the uplinks named, once written.
+        s.synced(Ok((2, true, vec!["eth1".into()], vec![])));
+        assert!(
+            by(&s)[4].starts_with("xdpcni, at tc on eth1"),
+            "{:?}",
+            by(&s)
+        );
         assert!(by(&s)[5].starts_with("kube-proxy"));
+        // The health check ports: the agent's once it serves them.
+        assert!(by(&s)[6].starts_with("kube-proxy"));
         s.health_checks = Some(vec![]);
-        assert!(by(&s)[5].starts_with("xdpcni"));
+        assert!(by(&s)[6].starts_with("xdpcni"));
         s.opened(Err("no cgroup v2".into()));
         assert!(by(&s)[2].starts_with("kube-proxy"));
         assert!(by(&s)[0].starts_with("kube-proxy"));

@@ -23,6 +23,17 @@ pub const SVC_AFFINITY: u32 = c_layout::XDPCNI_SVC_AFFINITY;
 /// port, an external or LoadBalancer IP: kube-proxy masquerades a pod's
 /// calls to them, which a pod's translated socket could not give).
 pub const SVC_NODE_ONLY: u32 = c_layout::XDPCNI_SVC_NODE_ONLY;
+/// `svc_value.flags`: an outside frontend under `externalTrafficPolicy:
+/// Local` (the client's address kept, no masquerade).
+pub const SVC_EXT_LOCAL: u32 = c_layout::XDPCNI_SVC_EXT_LOCAL;
+/// The bit of `svc_addr.family` that keys a frontend outside clients reach
+/// (north-south: a node port at a node address, an externalIP, a
+/// LoadBalancer IP), beside the same address for the node's own sockets.
+pub const SVC_OUTSIDE: u8 = c_layout::XDPCNI_SVC_OUTSIDE as u8;
+/// Capacity of `svc_nat` (LRU: two entries per north-south flow).
+pub const MAX_SVC_NAT: u32 = c_layout::XDPCNI_MAX_SVC_NAT;
+/// `svc_nat.flags`: the reply direction's entry.
+pub const NAT_REPLY: u32 = c_layout::XDPCNI_NAT_REPLY;
 /// `svc_netns` values: a pod's namespace.
 pub const SVC_NS_POD: u32 = c_layout::XDPCNI_SVC_NS_POD;
 /// `svc_netns` values: the node's own namespace (its translated calls take
@@ -66,6 +77,24 @@ impl SvcAddr {
             family,
             proto,
         }
+    }
+
+    /// `to` as the node device's program keys a frontend outside clients
+    /// reach ([`SVC_OUTSIDE`]).
+    pub fn outside(to: SocketAddr, proto: u8) -> Self {
+        let mut a = Self::new(to, proto);
+        a.family |= SVC_OUTSIDE;
+        a
+    }
+
+    /// Whether this is an outside frontend's key.
+    pub fn is_outside(&self) -> bool {
+        self.family & SVC_OUTSIDE != 0
+    }
+
+    /// The address (without [`SVC_OUTSIDE`]); `None` for an unknown family.
+    pub fn ip(&self) -> Option<IpAddr> {
+        super::ip_of(self.family & !SVC_OUTSIDE, self.addr)
     }
 }
 
@@ -158,6 +187,48 @@ pub struct SvcRevnatKey {
     pub pad: u32,
 }
 
+/// `struct svc_nat_key`: a north-south flow's packet as it is seen, in one
+/// direction (the client's as it enters the node, the backend's reply as
+/// its pod sends it).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcNatKey {
+    /// Source address (IPv4 in the first 4 bytes).
+    pub saddr: [u8; 16],
+    /// Destination address.
+    pub daddr: [u8; 16],
+    /// Network byte order.
+    pub sport: u16,
+    /// Network byte order.
+    pub dport: u16,
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    pub family: u8,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub proto: u8,
+    /// Zero.
+    pub pad: [u8; 2],
+}
+
+/// `struct svc_nat`: what a packet of that direction is given.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcNat {
+    /// New source address.
+    pub saddr: [u8; 16],
+    /// New destination address.
+    pub daddr: [u8; 16],
+    /// Network byte order.
+    pub sport: u16,
+    /// Network byte order.
+    pub dport: u16,
+    /// The uplink the flow came in by.
+    pub ifindex: u32,
+    /// The backend's id (`svc_backends`).
+    pub backend: u32,
+    /// [`NAT_REPLY`] or 0.
+    pub flags: u32,
+}
+
 // SAFETY: #[repr(C)], only integer fields and arrays of them, no implicit
 // padding (the layout checks below hold the sizes to the fields' sum).
 unsafe impl aya::Pod for SvcAddr {}
@@ -171,6 +242,10 @@ unsafe impl aya::Pod for SvcOwnKey {}
 unsafe impl aya::Pod for SvcRevnatKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcIp {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcNatKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for SvcNat {}
 
 mod layout_checks {
     use super::{c_layout as c, *};
@@ -189,6 +264,26 @@ mod layout_checks {
     const _: () = assert!(offset_of!(SvcValue, flags) == c::OFFSETOF_svc_value_flags);
     const _: () =
         assert!(offset_of!(SvcValue, affinity_timeout) == c::OFFSETOF_svc_value_affinity_timeout);
+
+    const _: () = assert!(size_of::<SvcNatKey>() == c::SIZEOF_svc_nat_key);
+    const _: () = assert!(size_of::<SvcNatKey>() == 16 + 16 + 2 + 2 + 1 + 1 + 2);
+    const _: () = assert!(offset_of!(SvcNatKey, saddr) == c::OFFSETOF_svc_nat_key_saddr);
+    const _: () = assert!(offset_of!(SvcNatKey, daddr) == c::OFFSETOF_svc_nat_key_daddr);
+    const _: () = assert!(offset_of!(SvcNatKey, sport) == c::OFFSETOF_svc_nat_key_sport);
+    const _: () = assert!(offset_of!(SvcNatKey, dport) == c::OFFSETOF_svc_nat_key_dport);
+    const _: () = assert!(offset_of!(SvcNatKey, family) == c::OFFSETOF_svc_nat_key_family);
+    const _: () = assert!(offset_of!(SvcNatKey, proto) == c::OFFSETOF_svc_nat_key_proto);
+    const _: () = assert!(offset_of!(SvcNatKey, pad) == c::OFFSETOF_svc_nat_key_pad);
+
+    const _: () = assert!(size_of::<SvcNat>() == c::SIZEOF_svc_nat);
+    const _: () = assert!(size_of::<SvcNat>() == 16 + 16 + 2 + 2 + 4 + 4 + 4);
+    const _: () = assert!(offset_of!(SvcNat, saddr) == c::OFFSETOF_svc_nat_saddr);
+    const _: () = assert!(offset_of!(SvcNat, daddr) == c::OFFSETOF_svc_nat_daddr);
+    const _: () = assert!(offset_of!(SvcNat, sport) == c::OFFSETOF_svc_nat_sport);
+    const _: () = assert!(offset_of!(SvcNat, dport) == c::OFFSETOF_svc_nat_dport);
+    const _: () = assert!(offset_of!(SvcNat, ifindex) == c::OFFSETOF_svc_nat_ifindex);
+    const _: () = assert!(offset_of!(SvcNat, backend) == c::OFFSETOF_svc_nat_backend);
+    const _: () = assert!(offset_of!(SvcNat, flags) == c::OFFSETOF_svc_nat_flags);
 
     const _: () = assert!(size_of::<SvcSlotKey>() == c::SIZEOF_svc_slot_key);
     const _: () = assert!(offset_of!(SvcSlotKey, id) == c::OFFSETOF_svc_slot_key_id);

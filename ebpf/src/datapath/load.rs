@@ -22,6 +22,32 @@ use super::{
 };
 use crate::{Error, Result, DATAPATH_OBJECT};
 
+/// The Service maps the datapath's programs share with the socket programs
+/// (`lib/svc_maps.h`): pinned in the Service layout's directory, never in
+/// the datapath's, so neither layout's change moves the other's maps.
+pub const SHARED_SVC_MAPS: [&str; 6] = [
+    "services",
+    "svc_slots",
+    "svc_backends",
+    "svc_node_src",
+    "svc_lease",
+    "svc_nat",
+];
+
+/// A loader for a datapath object under `pin_dir`: its maps pinned in (or
+/// reused from) the layout's directory, the Service maps it shares in the
+/// Service layout's (opened where the socket programs' loader pinned
+/// them, or created there first).
+pub fn datapath_loader(pin_dir: &Path) -> EbpfLoader<'static> {
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(layout_dir(pin_dir));
+    let svc = crate::svc::svc_layout_dir(pin_dir);
+    for name in SHARED_SVC_MAPS {
+        loader.map_pin_path(name, svc.join(name));
+    }
+    loader
+}
+
 fn ensure_bpffs(dir: &Path) -> Result<()> {
     let probe = if dir.exists() {
         dir
@@ -67,6 +93,7 @@ impl Datapath {
             super::previous_layout_dir(pin_dir).join("progs"),
             layout.clone(),
             layout.join("progs"),
+            crate::svc::svc_layout_dir(pin_dir),
         ] {
             fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
             // Root's alone, whatever the umask: whoever can add a pin here
@@ -80,8 +107,7 @@ impl Datapath {
         let btf = aya::Btf::from_sys_fs().ok();
         let bound = super::kfunc::bind(object, btf.as_ref())?;
         let ct_kfuncs = u32::from(bound.ct_kfuncs());
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&layout)
+        let mut ebpf = datapath_loader(pin_dir)
             .override_global(super::kfunc::CT_KFUNCS_GLOBAL, &ct_kfuncs, true)
             .load(bound.bytes())
             .map_err(|e| Error::Load(Box::new(e)))?;

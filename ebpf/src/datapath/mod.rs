@@ -51,6 +51,7 @@ use std::path::{Path, PathBuf};
 use aya::programs::{SchedClassifier, Xdp};
 
 pub use links::is_held;
+pub use load::{datapath_loader, SHARED_SVC_MAPS};
 pub use maps::{MapFill, Maps};
 pub use pod::{Collected, NatSync, CPUMAP_QUEUE};
 pub use policy::{PodVerdicts, PolicyMaps, PolicyStats, PolicySynced};

@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: GPL-2.0-only */
+/*
+ * The Service maps two objects share: services.bpf.c (the socket programs,
+ * whose loader pins them in svc-layout-<N>) and the datapath's node device
+ * program (north_south.h), whose loader opens the same pins by path
+ * (ebpf/src/datapath/load.rs), so the datapath's own layout and its
+ * migration are not involved. One definition here: the two objects cannot
+ * disagree on a map's shape.
+ */
+#pragma once
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+#include "xdpcni.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SERVICES);
+	__type(key, struct svc_addr);
+	__type(value, struct svc_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} services SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_BACKENDS);
+	__type(key, struct svc_slot_key);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct svc_addr);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_backends SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SERVICES);
+	__type(key, struct svc_addr);
+	__type(value, struct svc_ip);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_node_src SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_lease SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_NAT);
+	__type(key, struct svc_nat_key);
+	__type(value, struct svc_nat);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_nat SEC(".maps");
+
+/* Whether the writer's lease on the maps still runs. */
+static __always_inline int svc_leased(void)
+{
+	__u32 zero = 0;
+	__u64 *until = bpf_map_lookup_elem(&svc_lease, &zero);
+
+	return until && bpf_ktime_get_ns() < *until;
+}
