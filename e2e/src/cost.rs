@@ -363,6 +363,96 @@ pub fn measure(samples: usize, repeat: u32) -> Result<StageCosts> {
     })
 }
 
+/// What the uplink program costs per packet (BPF_PROG_TEST_RUN, IPv4 UDP
+/// 64-byte frames): the node's own traffic (a frame to a node address and a
+/// port no north-south frontend has: one endpoint lookup, the header words
+/// read in place, one Service lookup) and a north-south flow's packet (a
+/// frontend's, its NAT entry made by the first run: DNAT, SNAT, checksums,
+/// bpf_redirect_peer), with the program's translated instructions.
+#[derive(Debug)]
+pub struct NorthSouthCost {
+    /// ns per packet of the node's own traffic, less a test run's own.
+    pub node_ns: f64,
+    /// ns per packet of a north-south flow, less a test run's own.
+    pub flow_ns: f64,
+    /// A test run's own cost (the stage-0 build's on the same hook), at
+    /// `repeat` runs per call (one per call for the flow's packets).
+    pub base_ns: f64,
+    /// The program's translated instructions.
+    pub insns: u32,
+}
+
+/// Measures [`NorthSouthCost`]: the datapath with two pods, the Service
+/// maps holding one outside frontend (UDP 192.0.2.1:30080 -> pod b:80,
+/// masqueraded to 192.0.2.1) and a lease.
+pub fn north_south(samples: usize, repeat: u32) -> Result<NorthSouthCost> {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use xdpcni_ebpf::{abi::SvcAddr, ServiceEntry, Services};
+    let node = WiredNode::new(2)?;
+    let pins = PinDir::new("xnscost")?;
+    in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
+        let client = Ipv4Addr::new(192, 0, 2, 10);
+        let mut svc = Services::open(pins.path())?;
+        let fe = SvcAddr::outside(SocketAddr::new(IpAddr::V4(fe_ip), 30080), IPPROTO_UDP);
+        svc.set_service(
+            &ServiceEntry {
+                frontend: fe,
+                id: 1,
+                flags: 0,
+                affinity_timeout: 0,
+                backends: vec![(
+                    1,
+                    SvcAddr::new(SocketAddr::new(IpAddr::V4(b.ipv4), 80), IPPROTO_UDP),
+                )],
+            },
+            None,
+        )?;
+        svc.sync_node_src(&std::collections::BTreeMap::from([(fe, IpAddr::V4(fe_ip))]))?;
+        svc.renew_lease(60)?;
+        let payload = [0u8; 64 - 14 - 20 - 8];
+        let frame = |dport: u16| {
+            eth(
+                a.host_mac,
+                [2, 0, 0, 0, 0, 1],
+                ETH_P_IP,
+                &ipv4(client, fe_ip, 64, IPPROTO_UDP, &udp(40000, dport, &payload)),
+            )
+        };
+        let prog = dp
+            .tc_from_node_program()
+            .context("the uplink program is loaded")?;
+        let ingress = a.host_ifindex;
+        let base_build = load_build(&pins, xdpcni_ebpf::STAGE_OBJECTS[0])?;
+        let (_, base_tc) = programs(&base_build)?;
+        let base_ns = median_of(samples, TC_ACT_UNSPEC, || {
+            tc_run(base_tc, ingress, &frame(22), repeat)
+        })?;
+        let node_ns = median_of(samples, TC_ACT_UNSPEC, || {
+            tc_run(prog, ingress, &frame(22), repeat)
+        })?;
+        // A test run's repeats share one skb, which the first translates:
+        // one run per call (the first makes the flow's entries), ten times
+        // the calls, and a test run's own cost measured alike.
+        let once = samples * 10;
+        let base_once = median_of(once, TC_ACT_UNSPEC, || {
+            tc_run(base_tc, ingress, &frame(30080), 1)
+        })?;
+        let flow_ns = median_of(once, TC_ACT_REDIRECT, || {
+            tc_run(prog, ingress, &frame(30080), 1)
+        })?;
+        Ok(NorthSouthCost {
+            node_ns: node_ns - base_ns,
+            flow_ns: flow_ns - base_once,
+            base_ns,
+            insns: xlated_insns(prog.info()?)?,
+        })
+    })
+}
+
 /// One build (stopped after stage `n`; `n == last`: the product) on
 /// every column.
 #[allow(clippy::too_many_arguments)]

@@ -91,6 +91,22 @@ fn budget_every_program_and_stage_within_its_instruction_count() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+/// The uplink program's per-packet cost of north-south Services: the
+/// node's own traffic (what every node pays for the frontend lookup) and
+/// an established north-south flow's packet (NAT and redirect), printed
+/// beside a test run's own cost; the program must take each path (its
+/// action: on to the stack, redirected). Its instructions are in the
+/// budget above (`xdpcni_tc_from_node`).
+#[test]
+fn budget_north_south_per_packet_cost_of_the_uplink_program() {
+    let c = cost::north_south(20, 100).expect("the north-south measurement");
+    eprintln!(
+        "| xdpcni_tc_from_node (BPF_PROG_TEST_RUN, IPv4 UDP 64-byte, less a test run's own) | ns |\n| --- | ---: |\n| the node's own traffic (no frontend; median of 20 x 100 runs, less {:.1}) | {:.1} |\n| a north-south flow's packet (NAT, redirect_peer; median of 200 x 1 run) | {:.1} |\n({} instructions)",
+        c.base_ns, c.node_ns, c.flow_ns, c.insns
+    );
+    assert!(c.flow_ns > c.node_ns, "{c:?}: the flow's packet does more");
+}
+
 /// The rule itself, without the kernel: over fails, at or just under
 /// passes, far under fails (the budget must follow a cut down).
 #[test]

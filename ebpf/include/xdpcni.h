@@ -249,9 +249,9 @@ struct policy_gate {
 	  "translated to a backend on this node (svc_nat), TTL/hop limit decremented, handed to "  \
 	  "its pod's eth0 with bpf_redirect_peer")                                                 \
 	X(NS_REPLY, 30, FORWARD,                                                                   \
-	  "from a pod, a reply of a north-south flow (svc_nat): translated back to the frontend, " \
-	  "TTL/hop limit decremented, sent out of the uplink the flow came in by "                 \
-	  "(bpf_redirect_neigh on tc, a FIB lookup and bpf_redirect on XDP)")
+	  "tc mode, from a pod, a reply of a north-south flow (svc_nat): translated back to the "  \
+	  "frontend, TTL/hop limit decremented, sent out of the uplink the flow came in by with "  \
+	  "bpf_redirect_neigh")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
