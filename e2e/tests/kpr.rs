@@ -1196,4 +1196,21 @@ fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_pro
         }
     }
     assert!(carried > 0);
+    // Two NAT entries per flow the program carried (each call a flow of
+    // its own), in the status and the metrics.
+    let st = status(node).unwrap();
+    let entries = st["services"]["natEntries"].as_u64().unwrap();
+    assert!(
+        entries >= 2 * u64::from(carried),
+        "{entries} entries, {carried} flows"
+    );
+    assert_eq!(
+        st["services"]["natCapacity"],
+        u64::from(xdpcni_ebpf::abi::MAX_SVC_NAT)
+    );
+    let metrics = node.metrics().unwrap();
+    assert_eq!(
+        metrics.get("xdpcni_service_nat_entries").copied(),
+        Some(entries as f64)
+    );
 }

@@ -191,6 +191,8 @@ impl Core {
             if let Ok(Some(st)) = xdpcni_ebpf::ServiceStats::read_pinned(&self.cfg.pin_dir) {
                 services.translated = st.translated;
                 services.no_backend = st.no_backend;
+                services.nat_entries = st.nat_entries;
+                services.nat_capacity = st.nat_capacity;
             }
         }
         services.served_by = services.who_serves();

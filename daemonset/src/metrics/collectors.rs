@@ -60,6 +60,21 @@ impl Collector for ServicesCollector {
         ] {
             ConstCounter::new(n).encode(family.encode_family(&[("result", result)])?)?;
         }
+        for (name, help, v) in [
+            (
+                "xdpcni_service_nat_entries",
+                "Entries in the north-south NAT table (svc_nat, two per flow; an LRU: at its size a new flow evicts the least recently used)",
+                st.nat_entries,
+            ),
+            (
+                "xdpcni_service_nat_capacity",
+                "Size of the north-south NAT table (svc_nat)",
+                st.nat_capacity,
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::from(v)).encode(family)?;
+        }
         Ok(())
     }
 }

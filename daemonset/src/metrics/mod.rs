@@ -419,6 +419,8 @@ mod tests {
                     no_backend: 1,
                     left: 0,
                     expired: 2,
+                    nat_entries: 6,
+                    nat_capacity: 262144,
                 })
             }),
         );
@@ -483,6 +485,11 @@ mod tests {
         );
         assert!(
             text.contains(r#"xdpcni_service_calls_total{result="expired"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("xdpcni_service_nat_entries 6")
+                && text.contains("xdpcni_service_nat_capacity 262144"),
             "{text}"
         );
         assert!(

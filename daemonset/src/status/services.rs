@@ -110,6 +110,10 @@ pub struct ServicesStatus {
     pub translated: u64,
     /// Calls to a frontend with no ready backend, left to kube-proxy.
     pub no_backend: u64,
+    /// Entries in the north-south NAT table, and its size.
+    pub nat_entries: u32,
+    /// Size of the north-south NAT table.
+    pub nat_capacity: u32,
     /// Per kind of Service traffic, who serves it ([`ServicesStatus::who_serves`]).
     pub served_by: Vec<ServedBy>,
     /// The health check node ports the agent answers; `None` when

@@ -2,11 +2,11 @@
 
 use std::path::Path;
 
-use aya::maps::{MapData, PerCpuArray};
+use aya::maps::{HashMap, MapData, PerCpuArray};
 
 use super::svc_layout_dir;
 use crate::{
-    abi::{SVC_EXPIRED, SVC_LEFT, SVC_NO_BACKEND, SVC_TRANSLATED},
+    abi::{SvcNat, SvcNatKey, SVC_EXPIRED, SVC_LEFT, SVC_NO_BACKEND, SVC_TRANSLATED},
     Error, Result,
 };
 
@@ -23,6 +23,11 @@ pub struct ServiceStats {
     pub left: u64,
     /// Left to kube-proxy because the writer's lease had run out.
     pub expired: u64,
+    /// Entries in `svc_nat` (two per north-south flow; an LRU: at its
+    /// size, a new flow evicts the least recently used entry).
+    pub nat_entries: u32,
+    /// Its size (`max_entries`).
+    pub nat_capacity: u32,
 }
 
 impl ServiceStats {
@@ -45,11 +50,34 @@ impl ServiceStats {
                 .map_err(|e| Error::map(format!("reading svc_stats[{i}]"), e))?;
             Ok(v.iter().copied().fold(0u64, u64::wrapping_add))
         };
+        let (nat_entries, nat_capacity) = nat_fill(pin_dir)?;
         Ok(Some(Self {
             translated: row(SVC_TRANSLATED)?,
             no_backend: row(SVC_NO_BACKEND)?,
             left: row(SVC_LEFT)?,
             expired: row(SVC_EXPIRED)?,
+            nat_entries,
+            nat_capacity,
         }))
     }
+}
+
+/// The north-south NAT table's entries and size, (0, 0) where it was
+/// never made (an older agent's Service maps).
+fn nat_fill(pin_dir: &Path) -> Result<(u32, u32)> {
+    let pin = svc_layout_dir(pin_dir).join("svc_nat");
+    if !pin.exists() {
+        return Ok((0, 0));
+    }
+    let data =
+        MapData::from_pin(&pin).map_err(|e| Error::map(format!("opening {}", pin.display()), e))?;
+    let capacity = data
+        .info()
+        .map_err(|e| Error::map("svc_nat info", e))?
+        .max_entries();
+    let nat: HashMap<MapData, SvcNatKey, SvcNat> =
+        HashMap::try_from(aya::maps::Map::LruHashMap(data))
+            .map_err(|e| Error::map("svc_nat", e))?;
+    let entries = nat.keys().filter(|k| k.is_ok()).count();
+    Ok((u32::try_from(entries).unwrap_or(u32::MAX), capacity))
 }
