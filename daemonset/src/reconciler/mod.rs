@@ -200,9 +200,9 @@ pub struct Reconciler {
     /// The Service maps were written whole once: the lease may be renewed.
     services_synced: bool,
     /// Devices the uplink program runs on for the fast path between nodes
-    /// (the routes' pass) and for north-south Services (the Service
-    /// writer's): it runs on their union.
-    remote_uplinks: Vec<u32>,
+    /// (the routes' pass; `None` until it has said) and for north-south
+    /// Services (the Service writer's): it runs on their union.
+    remote_uplinks: Option<Vec<u32>>,
     north_south_uplinks: Vec<u32>,
 }
 
@@ -266,7 +266,7 @@ impl Reconciler {
             reported: HashMap::new(),
             services: None,
             services_synced: false,
-            remote_uplinks: Vec::new(),
+            remote_uplinks: None,
             north_south_uplinks: Vec::new(),
         }
     }

@@ -27,9 +27,18 @@ pub struct RemoteDone {
 impl Reconciler {
     /// The uplink program on the union of the devices the routes' pass and
     /// the Service writer want it on, and on no other: (attached or
-    /// swapped, detached).
+    /// swapped, detached). Until the routes' pass has said which it wants
+    /// (an agent starting), nothing is detached: the links an earlier agent
+    /// left for other nodes' pods stay.
     pub(super) fn sync_uplinks(&mut self) -> Result<(usize, usize), xdpcni_ebpf::Error> {
-        let mut all = self.remote_uplinks.clone();
+        let Some(remote) = &self.remote_uplinks else {
+            let mut attached = 0;
+            for ifindex in self.north_south_uplinks.clone() {
+                attached += usize::from(self.dp.attach_uplink(ifindex)?);
+            }
+            return Ok((attached, 0));
+        };
+        let mut all = remote.clone();
         all.extend(&self.north_south_uplinks);
         all.sort_unstable();
         all.dedup();
@@ -58,7 +67,7 @@ impl Reconciler {
         uplinks: &[u32],
     ) -> Result<RemoteDone, xdpcni_ebpf::Error> {
         let nets = self.dp.sync_remote_nets(want)?;
-        self.remote_uplinks = uplinks.to_vec();
+        self.remote_uplinks = Some(uplinks.to_vec());
         let (attached, detached) = self.sync_uplinks()?;
         let done = RemoteDone {
             nets,

@@ -67,8 +67,11 @@ impl Reconciler {
         self.services_synced = true;
         // The uplink program where north-south frontends come in (after
         // the frontends, so its first packet finds them).
-        self.north_south_uplinks = scope.uplinks.iter().map(|u| u.0).collect();
-        self.sync_uplinks()?;
+        let uplinks: Vec<u32> = scope.uplinks.iter().map(|u| u.0).collect();
+        if !uplinks.is_empty() || !self.north_south_uplinks.is_empty() {
+            self.north_south_uplinks = uplinks;
+            self.sync_uplinks()?;
+        }
         Ok(ServicesSynced {
             writes,
             netns,

@@ -208,8 +208,13 @@ static __always_inline int ns_new_flow(struct __sk_buff *skb, const struct packe
 	if (bpf_map_update_elem(&svc_nat, &rk, &rev, BPF_NOEXIST)) {
 		struct svc_nat *had = bpf_map_lookup_elem(&svc_nat, &rk);
 
-		/* This client's own earlier flow on the same ports may be replaced. */
+		/*
+		 * The same client's earlier flow to the same frontend on the same
+		 * ports (its port used again) may be replaced; another flow's
+		 * replies may not be taken from it.
+		 */
 		if (!had || !same16(had->daddr, rev.daddr) || had->dport != rev.dport ||
+		    !same16(had->saddr, rev.saddr) || had->sport != rev.sport ||
 		    bpf_map_update_elem(&svc_nat, &rk, &rev, BPF_ANY))
 			return XDPCNI_V_PASS_NAT;
 	}
