@@ -77,6 +77,9 @@ SERVICE = [
 for w in ["Service: TCP 1 stream (iperf3)", "Service: UDP 64-byte frames", "Service: TCP RTT p50 (busy-poll)",
           "Service from the node's own socket: TCP RTT p50 (busy-poll)"]:
     ROWS[w] = SERVICE
+for w in ["NodePort from outside: TCP 1 stream (iperf3)", "NodePort from outside: UDP 64-byte frames",
+          "NodePort from outside: TCP RTT p50 (busy-poll)"]:
+    ROWS[w] = ["NodePort, xdpcni at tc on the uplink", "NodePort, kube-proxy 1.20.2 (iptables)"]
 POLICY = ["fast path, policy in the datapath", "kernel path, the same policy", "fast path, no policy"]
 for w in ["NetworkPolicy: TCP 1 stream (iperf3)", "NetworkPolicy: UDP 64-byte frames", "NetworkPolicy: TCP RTT p50 (busy-poll)"]:
     ROWS[w] = POLICY
@@ -104,6 +107,8 @@ TARGETS = {
     "svc_vs_kubeproxy_udp64": ">= 1.15",
     "svc_vs_kubeproxy_rr": ">= 1.15",
     "kpr_host_clusterip_vs_kubeproxy_rr": ">= 1.1",
+    "kpr_nodeport_vs_kubeproxy_udp64": ">= 1.5",
+    "kpr_nodeport_vs_kubeproxy_rr": ">= 1.2",
     "policy_fast_vs_kernel_udp64": ">= 1.2",
     "policy_fast_vs_nopolicy_udp64": ">= 0.95",
     "policy_update_p99_1000_ms": "<= 100",

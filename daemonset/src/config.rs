@@ -434,6 +434,32 @@ mod tests {
     }
 
     #[test]
+    fn read_refuses_services_options_that_need_translate_naming_them() {
+        let path = std::env::temp_dir().join(format!("xdpcni-cfg-{}.json", std::process::id()));
+        for (option, value) in [
+            ("healthCheckNodePorts", serde_json::json!(true)),
+            ("northSouthDevices", serde_json::json!(["eth0"])),
+        ] {
+            let mut services = serde_json::json!({ "translate": false });
+            services[option] = value;
+            let body =
+                serde_json::json!({ "pinDir": "/p", "stateDir": "/s", "services": services });
+            std::fs::write(&path, body.to_string()).unwrap();
+            let err = Config::read(&path).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("services.{option} needs services.translate")),
+                "{err}"
+            );
+            services["translate"] = serde_json::json!(true);
+            let body =
+                serde_json::json!({ "pinDir": "/p", "stateDir": "/s", "services": services });
+            std::fs::write(&path, body.to_string()).unwrap();
+            assert!(Config::read(&path).is_ok(), "{option} with translate");
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn node_defaults_are_validated() {
         let p = cfg("generic", "cpumap", "1").defaults(0b11).unwrap();
         assert_eq!(p.mode.as_str(), "generic");

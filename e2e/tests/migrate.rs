@@ -323,7 +323,8 @@ impl Scene {
 
 /// The previous layout's names are aliases of this layout's maps and
 /// programs, layout 1's names (which the previous release keeps as aliases
-/// of its own) are gone, and nothing else is pinned.
+/// of its own) are gone, and nothing else is pinned (but the Service maps
+/// the datapath shares, in the Service layout).
 fn assert_aliases(node: &UpgradeNode, what: &str) {
     let dir = node.pins.path();
     let layout = layout_dir(dir);
@@ -336,13 +337,23 @@ fn assert_aliases(node: &UpgradeNode, what: &str) {
         v.sort();
         v
     };
+    let svc = xdpcni_ebpf::svc_layout_dir(dir);
     let mut want = vec![
         format!("layout-{}", abi::LAYOUT),
         format!("layout-{PREVIOUS_LAYOUT}"),
         "links".into(),
+        svc.file_name().unwrap().to_string_lossy().into_owned(),
     ];
     want.sort();
     assert_eq!(names(dir), want, "{what}");
+    // The Service maps the datapath shares (made by it where the Service
+    // programs have not made them): those alone.
+    let mut shared: Vec<String> = xdpcni_ebpf::SHARED_SVC_MAPS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    shared.sort();
+    assert_eq!(names(&svc), shared, "{what}: the Service layout");
     let mut want: Vec<String> = PREVIOUS_MAPS.iter().map(|s| s.to_string()).collect();
     want.push("progs".into());
     want.sort();

@@ -420,6 +420,12 @@ fn measure(o: &Opts) -> Result<Measured> {
         eprintln!("bench: Services on a Kubernetes node (ClusterIP, pod IP, kube-proxy's path)...");
         services_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
     }
+    if o.any(&[W_NS_TCP, W_NS_UDP64, W_NS_RR]) {
+        eprintln!(
+            "bench: north-south, a NodePort from outside (the uplink's program, kube-proxy)..."
+        );
+        north_south_bench(reps, o.secs, rounds, &mut push, &mut extra)?;
+    }
     if o.any(&[
         W_NPF_TCP,
         W_NPF_UDP64,

@@ -227,3 +227,158 @@ pub fn services_bench(
     ));
     Ok(())
 }
+
+/// The paths of the north-south rows.
+pub const NS_TC: &str = "NodePort, xdpcni at tc on the uplink";
+pub const NS_KUBEPROXY: &str = "NodePort, kube-proxy 1.20.2 (iptables)";
+
+/// The node ports of the north-south rows, each also the server's port (so
+/// one address and port serves both the bind and the dial).
+const NS_PORTS: [(&str, &str, u16); 3] = [
+    ("iperf", "TCP", 30201),
+    ("sink", "UDP", 30900),
+    ("rr", "TCP", 30700),
+];
+
+/// North-south: a client outside the node calls a NodePort whose backend is
+/// a pod of this node, through two uplinks of one node, side by side in
+/// each repetition: uplink A with the agent's program
+/// (`services.northSouthDevices`), uplink B left to a real kube-proxy
+/// 1.20.2 in iptables mode (its DNAT and masquerade, conntrack both ways).
+/// `externalTrafficPolicy: Cluster`: both masquerade the client. Also the
+/// share of A's packets the program carried (`ns_to_pod`).
+pub fn north_south_bench(
+    reps: usize,
+    secs: u32,
+    rounds: usize,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use xdpcni_e2e::{cluster::KubeNode, oracle, traffic::tcp_rr_via};
+    let (dev_a, dev_b) = (
+        xdpcni_e2e::unique_name("xba"),
+        xdpcni_e2e::unique_name("xbb"),
+    );
+    let config_dev = dev_a.clone();
+    let node = KubeNode::start(move |c| c.services.north_south_devices = vec![config_dev])?;
+    let a = oracle::outside(&node, &dev_a, 0)?;
+    let b = oracle::outside(&node, &dev_b, 1)?;
+    let server = node.add_pod("default", "server", json!({}), json!([]))?;
+    let sip = server.ip(false);
+    let ports: Vec<Value> = NS_PORTS
+        .iter()
+        .map(|(n, p, port)| json!({ "name": n, "protocol": p, "port": port }))
+        .collect();
+    let svc_ports: Vec<Value> = NS_PORTS
+        .iter()
+        .map(|(n, p, port)| {
+            json!({ "name": n, "protocol": p, "port": port, "targetPort": port, "nodePort": port })
+        })
+        .collect();
+    node.client(move |c| async move {
+        use k8s_openapi::api::core::v1::{Endpoints, Service};
+        use kube::{api::PostParams, Api};
+        Api::<Endpoints>::namespaced(c.clone(), "default")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": "nsbench" },
+                    "subsets": [{
+                        "addresses": [{ "ip": sip.to_string(), "nodeName": xdpcni_e2e::cluster::NODE }],
+                        "ports": ports,
+                    }],
+                }))?,
+            )
+            .await?;
+        Api::<Service>::namespaced(c, "default")
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": { "name": "nsbench" },
+                    "spec": { "type": "NodePort", "ports": svc_ports },
+                }))?,
+            )
+            .await?;
+        Ok(())
+    })?;
+    let _proxy = oracle::kube_proxy(&node)?;
+    // kube-proxy's node port rules, and the agent's outside frontends.
+    let start = Instant::now();
+    loop {
+        let (v4, _) = oracle::rules(&node);
+        let fronts = oracle::status(&node)?["services"]["frontends"].clone();
+        let outside = fronts.as_array().map_or(0, |f| {
+            f.iter()
+                .filter(|f| {
+                    f["outside"] == true
+                        && f["backends"] == 1
+                        && f["frontend"]
+                            .as_str()
+                            .is_some_and(|s| s.starts_with(&format!("{}:", a.node[0])))
+                })
+                .count()
+        });
+        if outside == NS_PORTS.len()
+            && NS_PORTS
+                .iter()
+                .all(|(n, ..)| v4.contains(&format!("default/nsbench:{n}")))
+        {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "kube-proxy's rules or the agent's outside frontends not in place"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let paths = [(NS_TC, &a), (NS_KUBEPROXY, &b)];
+    let maps = Maps::open_pinned(node.pin_dir())?;
+    let up = node.net.node.ifindex(&dev_a)?;
+    let carried = |m: &Maps| -> Result<u64> {
+        let c = m.counters(up)?;
+        Ok(c.get(xdpcni_ebpf::abi::Verdict::NsToPod).packets)
+    };
+    let (mut sent_tc, mut carried_tc) = (0u64, 0u64);
+    let dur = Duration::from_secs(u64::from(secs));
+    for rep in 0..reps {
+        for (label, side) in rep_order(&paths, rep).into_iter().copied() {
+            let dial = side.node[0];
+            let c0 = carried(&maps)?;
+            let bind = SocketAddr::new(sip, NS_PORTS[0].2);
+            push(
+                W_NS_TCP,
+                label,
+                rep,
+                iperf_via(&side.netns, &server.netns, bind, dial, secs)?,
+            );
+            let (bind, to) = (
+                SocketAddr::new(sip, NS_PORTS[1].2),
+                SocketAddr::new(dial, NS_PORTS[1].2),
+            );
+            let c1 = carried(&maps)?;
+            let mpps = pps_via(&side.netns, &server.netns, bind, to, 22, dur)? / 1e6;
+            push(W_NS_UDP64, label, rep, mpps);
+            if label == NS_TC {
+                carried_tc += carried(&maps)? - c1;
+                sent_tc += (mpps * 1e6 * dur.as_secs_f64()) as u64;
+            }
+            check_interrupt()?;
+            let (bind, to) = (
+                SocketAddr::new(sip, NS_PORTS[2].2),
+                SocketAddr::new(dial, NS_PORTS[2].2),
+            );
+            let mut rtts = tcp_rr_via(&side.netns, &server.netns, bind, to, rounds, 100)?;
+            push(W_NS_RR, label, rep, percentile(&mut rtts, 0.5));
+            if label == NS_KUBEPROXY {
+                ensure!(
+                    carried(&maps)? == c0,
+                    "the program carried packets of kube-proxy's uplink"
+                );
+            }
+        }
+    }
+    extra.push(format!(
+        "North-south rows: {NS_TC}: {carried_tc} of the UDP flood's packets carried by the program (ns_to_pod) against {sent_tc} received by the server; {NS_KUBEPROXY}: the same Service's node port on another uplink of the same node, kube-proxy's own rules (DNAT, masquerade, conntrack); both masquerade the client (externalTrafficPolicy Cluster)"
+    ));
+    Ok(())
+}

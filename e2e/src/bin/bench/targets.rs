@@ -37,6 +37,9 @@ pub const W_SVC_TCP: &str = "Service: TCP 1 stream (iperf3)";
 pub const W_SVC_UDP64: &str = "Service: UDP 64-byte frames";
 pub const W_SVC_RR: &str = "Service: TCP RTT p50 (busy-poll)";
 pub const W_SVC_HOST_RR: &str = "Service from the node's own socket: TCP RTT p50 (busy-poll)";
+pub const W_NS_TCP: &str = "NodePort from outside: TCP 1 stream (iperf3)";
+pub const W_NS_UDP64: &str = "NodePort from outside: UDP 64-byte frames";
+pub const W_NS_RR: &str = "NodePort from outside: TCP RTT p50 (busy-poll)";
 pub const W_NPF_TCP: &str = "NetworkPolicy: TCP 1 stream (iperf3)";
 pub const W_NPF_UDP64: &str = "NetworkPolicy: UDP 64-byte frames";
 pub const W_NPF_RR: &str = "NetworkPolicy: TCP RTT p50 (busy-poll)";
@@ -102,6 +105,9 @@ pub const WORKLOADS: &[(&str, &str, bool)] = &[
     (W_SVC_UDP64, "Mpps", true),
     (W_SVC_RR, "us", false),
     (W_SVC_HOST_RR, "us", false),
+    (W_NS_TCP, "Gbit/s", true),
+    (W_NS_UDP64, "Mpps", true),
+    (W_NS_RR, "us", false),
     (W_NPF_TCP, "Gbit/s", true),
     (W_NPF_UDP64, "Mpps", true),
     (W_NPF_RR, "us", false),
@@ -335,6 +341,37 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
                     .unwrap_or_default()
             } else {
                 String::new()
+            },
+        });
+    }
+    // Issue 55: north-south, the uplink's program against kube-proxy, one
+    // node, one run (the NodePort of a local backend from outside).
+    for (name, w, p, q, goal) in [
+        (
+            "kpr_nodeport_vs_kubeproxy_udp64",
+            W_NS_UDP64,
+            NS_TC,
+            NS_KUBEPROXY,
+            1.5,
+        ),
+        // Lower is better: kube-proxy's p50 over the program's.
+        (
+            "kpr_nodeport_vs_kubeproxy_rr",
+            W_NS_RR,
+            NS_KUBEPROXY,
+            NS_TC,
+            1.2,
+        ),
+    ] {
+        out.push(Target {
+            name,
+            value: vs(w, p, q),
+            op: Op::AtLeast,
+            goal,
+            what: if w == W_NS_RR {
+                format!("{w}: {q} vs {p} (lower is better)")
+            } else {
+                format!("{w}: {p} vs {q}")
             },
         });
     }
