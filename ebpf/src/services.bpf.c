@@ -173,9 +173,8 @@ static __always_inline struct svc_addr *choose(struct bpf_sock_addr *ctx,
 	struct svc_choice_key ak = {.cookie = bpf_get_netns_cookie(ctx), .id = svc->id};
 	struct svc_choice_key sk = {.cookie = bpf_get_socket_cookie(ctx), .id = svc->id};
 	__u64 now = bpf_ktime_get_ns();
-	struct svc_slot_key slot = {.id = svc->id};
 	struct svc_addr *b = 0;
-	__u32 id = 0, *pid;
+	__u32 id = 0;
 
 	if (svc->flags & XDPCNI_SVC_AFFINITY)
 		b = recorded(&svc_affinity, &ak, (__u64)svc->affinity_timeout * 1000000000ULL, now,
@@ -183,14 +182,7 @@ static __always_inline struct svc_addr *choose(struct bpf_sock_addr *ctx,
 	if (!b && sticky)
 		b = recorded(&svc_sticky, &sk, 0, now, &id);
 	if (!b) {
-		if (!svc->count || svc->count > XDPCNI_SVC_MAX_CHOICES)
-			return 0;
-		slot.index = bpf_get_prandom_u32() % svc->count;
-		pid = bpf_map_lookup_elem(&svc_slots, &slot);
-		if (!pid)
-			return 0;
-		id = *pid;
-		b = bpf_map_lookup_elem(&svc_backends, &id);
+		b = svc_pick(svc, &id);
 		if (!b)
 			return 0;
 	}

@@ -256,24 +256,37 @@ pub fn outside_frontends(frontends: &[Frontend], addrs: &BTreeSet<IpAddr>) -> Ve
         if f.external_local {
             o.backends = f.local.clone();
         }
-        if f.kind != FrontendKind::NodePort {
+        if f.kind == FrontendKind::NodePort {
+            node_port_at(&o, addrs, false, &mut out);
+        } else {
             out.push(o);
-            continue;
-        }
-        for a in addrs.iter().filter(|a| a.is_ipv4() == f.addr.is_ipv4()) {
-            let usable = match a {
-                IpAddr::V4(v4) => !v4.is_loopback(),
-                IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
-            };
-            if usable {
-                let mut at = o.clone();
-                at.addr = std::net::SocketAddr::new(*a, f.addr.port());
-                out.push(at);
-            }
         }
     }
     out.sort();
     out
+}
+
+/// Node port `f` at each address of `addrs` of its family it is served
+/// at: not IPv6 loopback nor link-local (no route to a pod, or a scope
+/// needed), and IPv4 loopback only for the node's own sockets
+/// (`v4_loopback`: no packet from outside carries it).
+fn node_port_at(
+    f: &Frontend,
+    addrs: &BTreeSet<IpAddr>,
+    v4_loopback: bool,
+    out: &mut Vec<Frontend>,
+) {
+    for a in addrs.iter().filter(|a| a.is_ipv4() == f.addr.is_ipv4()) {
+        let usable = match a {
+            IpAddr::V4(v4) => v4_loopback || !v4.is_loopback(),
+            IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
+        };
+        if usable {
+            let mut at = f.clone();
+            at.addr = std::net::SocketAddr::new(*a, f.addr.port());
+            out.push(at);
+        }
+    }
 }
 
 /// The node's part of a [`Scope`] (its namespace cookie with its
@@ -333,20 +346,10 @@ pub fn at_node_addresses(frontends: &[Frontend], addrs: &BTreeSet<IpAddr>) -> Ve
         if f.kind == FrontendKind::ExternalIp && !addrs.contains(&f.addr.ip()) {
             continue;
         }
-        if f.kind != FrontendKind::NodePort {
+        if f.kind == FrontendKind::NodePort {
+            node_port_at(f, addrs, true, &mut out);
+        } else {
             out.push(f.clone());
-            continue;
-        }
-        for a in addrs.iter().filter(|a| a.is_ipv4() == f.addr.is_ipv4()) {
-            let usable = match a {
-                IpAddr::V4(_) => true,
-                IpAddr::V6(v6) => !v6.is_loopback() && (v6.segments()[0] & 0xffc0) != 0xfe80,
-            };
-            if usable {
-                let mut at = f.clone();
-                at.addr = std::net::SocketAddr::new(*a, f.addr.port());
-                out.push(at);
-            }
         }
     }
     out.sort();

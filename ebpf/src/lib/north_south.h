@@ -106,22 +106,6 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct packe
 	return 0;
 }
 
-/* A ready backend of `svc` at random, with its id; NULL when there is none. */
-static __always_inline struct svc_addr *ns_choose(const struct svc_value *svc, __u32 *id)
-{
-	struct svc_slot_key slot = {.id = svc->id};
-	__u32 *pid;
-
-	if (!svc->count || svc->count > XDPCNI_SVC_MAX_CHOICES)
-		return 0;
-	slot.index = bpf_get_prandom_u32() % svc->count;
-	pid = bpf_map_lookup_elem(&svc_slots, &slot);
-	if (!pid)
-		return 0;
-	*id = *pid;
-	return bpf_map_lookup_elem(&svc_backends, pid);
-}
-
 /* Whether conntrack holds this flow (kube-proxy's, then), or cannot say. */
 static __always_inline int ct_has(struct __sk_buff *skb, const struct packet *p)
 {
@@ -170,7 +154,7 @@ static __always_inline int ns_new_flow(struct __sk_buff *skb, const struct packe
 	 */
 	if ((svc->flags & XDPCNI_SVC_EXT_LOCAL) && lookup_remote(&p->src))
 		return XDPCNI_V_PASS_NAT;
-	b = ns_choose(svc, &id);
+	b = svc_pick(svc, &id);
 	if (!b || b->family != p->dst.family)
 		return XDPCNI_V_PASS_NAT;
 	ba.family = b->family;

@@ -70,3 +70,19 @@ static __always_inline int svc_leased(void)
 
 	return until && bpf_ktime_get_ns() < *until;
 }
+
+/* One of `svc`'s ready backends at random, with its id; NULL when there is none. */
+static __always_inline struct svc_addr *svc_pick(const struct svc_value *svc, __u32 *id)
+{
+	struct svc_slot_key slot = {.id = svc->id};
+	__u32 *pid;
+
+	if (!svc->count || svc->count > XDPCNI_SVC_MAX_CHOICES)
+		return 0;
+	slot.index = bpf_get_prandom_u32() % svc->count;
+	pid = bpf_map_lookup_elem(&svc_slots, &slot);
+	if (!pid)
+		return 0;
+	*id = *pid;
+	return bpf_map_lookup_elem(&svc_backends, pid);
+}
