@@ -1221,7 +1221,8 @@ fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_pro
 /// ready one) stays kube-proxy's and on its backend when a backend on this
 /// node becomes ready (conntrack has it: the program leaves it); a flow the
 /// program carries to b1 moves to b2 when b1 is replaced, as kube-proxy's
-/// flush of a removed UDP endpoint's conntrack entries moves B's.
+/// flush of a removed UDP endpoint's conntrack entries moves B's. A node
+/// address added later serves the node ports to outside clients at once.
 #[test]
 fn kpr_north_south_flows_kube_proxy_began_stay_its_own_and_udp_follows_a_replaced_backend() {
     let (dev_a, dev_b) = (
@@ -1297,4 +1298,24 @@ fn kpr_north_south_flows_kube_proxy_began_stay_its_own_and_udp_follows_a_replace
         }
     }
     eprintln!("{}", report.join("\n"));
+    // An address the node gains later serves the node ports to outside
+    // clients at once (the agent follows the kernel's announcements; its
+    // resync is minutes away), and stops with it.
+    let np = xdpcni_e2e::oracle::node_ports(node, "nsswap").unwrap()["dns"];
+    let fe = format!("10.78.1.61:{np}");
+    let n = &node.net.node;
+    n.ip(&["addr", "add", "10.78.1.61/32", "dev", "lo"])
+        .unwrap();
+    wait_for(
+        &format!("the agent's outside {fe}"),
+        Duration::from_secs(5),
+        || has_outside_frontend(node, &fe, 1),
+    )
+    .unwrap();
+    n.ip(&["addr", "del", "10.78.1.61/32", "dev", "lo"])
+        .unwrap();
+    wait_for(&format!("{fe} gone"), Duration::from_secs(5), || {
+        !has_outside_frontend(node, &fe, 1)
+    })
+    .unwrap();
 }

@@ -185,7 +185,10 @@ impl ServiceTask {
         let Some(backends) = self.watch_backends(&shutdown).await else {
             return;
         };
-        if core.config().services.node_sockets {
+        // Node ports are served at every node address, to the node's own
+        // sockets and to outside clients alike: both follow the addresses.
+        let services = &core.config().services;
+        if services.node_sockets || services.north_south() {
             follow_node_addresses(self.changed.clone());
         }
         if core.config().services.health_check_node_ports {
