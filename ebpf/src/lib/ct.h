@@ -150,3 +150,27 @@ static __always_inline int ct_check(void *ctx, const struct packet *p, const str
 	}
 	return o.error == -XDPCNI_ENOENT ? STAGE_OK : XDPCNI_V_PASS_NAT;
 }
+
+/*
+ * Whether conntrack has the packet's flow (begun on the kernel path: the
+ * policy check leaves such a UDP flow to nftables, the uplink's program a
+ * north-south one to kube-proxy), or cannot say (the kfuncs missing, an
+ * error): 1.
+ */
+static __always_inline int ct_has(void *ctx, const struct packet *p, int xdp)
+{
+	struct nf_conn___xdpcni *ct;
+	struct bpf_sock_tuple t;
+	struct ct_opts o;
+	__u32 len;
+
+	if (!xdpcni_ct_kfuncs)
+		return 1;
+	len = ct_tuple(p, &t);
+	ct = ct_lookup(ctx, p, &t, len, &o, xdp);
+	if (ct) {
+		xdpcni_ct_release(ct);
+		return 1;
+	}
+	return o.error != -XDPCNI_ENOENT;
+}

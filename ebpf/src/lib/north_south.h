@@ -106,25 +106,6 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct packe
 	return 0;
 }
 
-/* Whether conntrack holds this flow (kube-proxy's, then), or cannot say. */
-static __always_inline int ct_has(struct __sk_buff *skb, const struct packet *p)
-{
-	struct nf_conn___xdpcni *ct;
-	struct bpf_sock_tuple t;
-	struct ct_opts o;
-	__u32 len;
-
-	if (!xdpcni_ct_kfuncs)
-		return 1;
-	len = ct_tuple(p, &t);
-	ct = ct_lookup(skb, p, &t, len, &o, 0);
-	if (ct) {
-		xdpcni_ct_release(ct);
-		return 1;
-	}
-	return o.error != -XDPCNI_ENOENT;
-}
-
 /*
  * A new flow to frontend `fe` (`svc`): a backend chosen, and the flow's two
  * svc_nat entries made, the reply's first (BPF_NOEXIST: a reply tuple
@@ -144,7 +125,7 @@ static __always_inline int ns_new_flow(struct __sk_buff *skb, const struct packe
 	__u32 id = 0;
 
 	/* Begun before this program saw it: conntrack's (kube-proxy's) to its end. */
-	if (!ct_may_start(p, f) || (p->proto == IPPROTO_UDP && ct_has(skb, p)))
+	if (!ct_may_start(p, f) || (p->proto == IPPROTO_UDP && ct_has(skb, p, 0)))
 		return XDPCNI_V_PASS_NAT;
 	if (!svc_leased() || (svc->flags & XDPCNI_SVC_AFFINITY))
 		return XDPCNI_V_PASS_NAT;

@@ -311,25 +311,6 @@ static __always_inline int pol_in_window(const struct pol_pod *a, const struct p
 	return (a && a->window_until > now) || (b && b->window_until > now);
 }
 
-/* Whether a UDP packet's flow is one conntrack has (begun on the kernel path). */
-static __noinline int pol_conntrack_has(void *ctx, const struct packet *p, int xdp)
-{
-	struct nf_conn___xdpcni *ct;
-	struct bpf_sock_tuple t;
-	struct ct_opts o;
-	__u32 len;
-
-	if (!xdpcni_ct_kfuncs)
-		return 1;
-	len = ct_tuple(p, &t);
-	ct = ct_lookup(ctx, p, &t, len, &o, xdp);
-	if (ct) {
-		xdpcni_ct_release(ct);
-		return 1;
-	}
-	return o.error != -XDPCNI_ENOENT;
-}
-
 /*
  * An ICMP error about a flow between its two ends (p->err_proto, lib/parse.h):
  * delivered when that flow is recorded and allowed under the verdicts in
@@ -408,6 +389,16 @@ static __always_inline void pol_follow(struct pol_flow *fl, int orig, __u8 flags
 		state |= XDPCNI_POL_RST;
 	if (state != fl->state)
 		fl->state = state;
+}
+
+/*
+ * Whether a UDP packet's flow is one conntrack has (begun on the kernel
+ * path): ct_has() in a function of its own, so its stack is not added to
+ * the policy check's.
+ */
+static __noinline int pol_conntrack_has(void *ctx, const struct packet *p, int xdp)
+{
+	return ct_has(ctx, p, xdp);
 }
 
 /*
