@@ -389,6 +389,10 @@ pub fn north_south(samples: usize, repeat: u32) -> Result<NorthSouthCost> {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     use xdpcni_ebpf::{abi::SvcAddr, ServiceEntry, Services};
     let node = WiredNode::new(2)?;
+    // The flow is masqueraded to the source of the kernel's forwarding
+    // route toward its backend: this node forwards, and has an address.
+    node.ns.sysctl("net.ipv4.ip_forward", "1")?;
+    node.ns.ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"])?;
     let pins = PinDir::new("xnscost")?;
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
@@ -411,7 +415,6 @@ pub fn north_south(samples: usize, repeat: u32) -> Result<NorthSouthCost> {
             },
             None,
         )?;
-        svc.sync_node_src(&std::collections::BTreeMap::from([(fe, IpAddr::V4(fe_ip))]))?;
         svc.renew_lease(60)?;
         let payload = [0u8; 64 - 14 - 20 - 8];
         let frame = |dport: u16| {

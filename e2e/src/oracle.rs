@@ -79,8 +79,14 @@ pub struct Remote {
 /// answers, not the routing lookup) and unlimited ICMP errors (each
 /// refusal is seen).
 pub fn remote(node: &KubeNode) -> Result<Remote> {
+    remote_on(node, &crate::unique_name("xr"))
+}
+
+/// [`remote`] behind the node's link `host` (a name the caller chose, e.g.
+/// for the agent's config before the link exists).
+pub fn remote_on(node: &KubeNode, host: &str) -> Result<Remote> {
     let netns = Netns::new("xr")?;
-    let host = crate::unique_name("xr");
+    let host = host.to_string();
     let n = &node.net.node;
     n.add_veth(&host, "eth0", Some(&netns))?;
     n.ip(&["addr", "add", "10.78.1.1/24", "dev", &host])?;

@@ -972,20 +972,23 @@ fn counted(node: &KubeNode, dev: &str, label: &str) -> u64 {
 /// flow to a frontend it leaves to kube-proxy.
 #[test]
 fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_proxy() {
-    let (dev_a, dev_b) = (
+    let (dev_a, dev_b, dev_r) = (
         xdpcni_e2e::netns::unique_name("xua"),
         xdpcni_e2e::netns::unique_name("xub"),
+        xdpcni_e2e::netns::unique_name("xr"),
     );
-    let config_dev = dev_a.clone();
+    let config_devs = vec![dev_a.clone(), dev_r.clone()];
     let f = fixture(move |c| {
-        c.services.north_south_devices = vec![config_dev];
+        c.services.north_south_devices = config_devs;
         c.services.cluster_cidrs = vec![
             "10.78.0.0/16".parse().unwrap(),
             "fd78::/48".parse().unwrap(),
         ];
     });
     let (node, cg, b) = (&f.node, &f.cg, &f.b);
-    let _far = xdpcni_e2e::oracle::remote(node).unwrap();
+    // "Another node" behind a device the program also runs on, so its
+    // replies are caught there: its flows are the program's too.
+    let _far = xdpcni_e2e::oracle::remote_on(node, &dev_r).unwrap();
     let a = xdpcni_e2e::oracle::outside(node, &dev_a, 0).unwrap();
     let bo = xdpcni_e2e::oracle::outside(node, &dev_b, 1).unwrap();
     let remote: [IpAddr; 2] = [REMOTE4.parse().unwrap(), REMOTE6.parse().unwrap()];
@@ -1130,7 +1133,7 @@ fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_pro
         "the status names the uplink"
     );
     let b1_veth = b[0].host.clone();
-    let mut carried = 0;
+    let (mut carried, mut carried_remote) = (0, 0);
     for (name, i, to, tcp, udp, c) in &probes {
         let protos: &[&str] = if udp.is_some() {
             &["tcp", "udp", "udp-connected"]
@@ -1140,21 +1143,24 @@ fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_pro
         for &proto in protos {
             let port = if proto == "tcp" { *tcp } else { udp.unwrap() };
             let n = if c.ready == "both" { 20 } else { 2 };
-            let (in0, rep0) = (
-                counted(node, &dev_a, "ns_to_pod"),
-                counted(node, &b1_veth, "ns_reply"),
-            );
+            let counts = || {
+                [
+                    counted(node, &dev_a, "ns_to_pod"),
+                    counted(node, &b1_veth, "ns_reply"),
+                    counted(node, &dev_a, "ns_to_node"),
+                    counted(node, &dev_r, "ns_reply"),
+                ]
+            };
+            let c0 = counts();
             let ours = probe(cg, a.netns.name(), false, proto, (to[0], port), n).unwrap();
-            let (in1, rep1) = (
-                counted(node, &dev_a, "ns_to_pod"),
-                counted(node, &b1_veth, "ns_reply"),
-            );
+            let c1 = counts();
+            let d: Vec<u64> = c1.iter().zip(c0).map(|(a, b)| a - b).collect();
             let theirs = probe(cg, bo.netns.name(), false, proto, (to[1], port), n).unwrap();
             let what = format!("{name} {}:{port} {proto}", to[0]);
             eprintln!(
-                "{what}: A (program) {ours:?}, B (kube-proxy) {theirs:?}; ns_to_pod +{}, ns_reply +{}",
-                in1 - in0,
-                rep1 - rep0
+                "{what}: A (program) {ours:?}, B (kube-proxy) {theirs:?}; \
+                 ns_to_pod +{}, ns_reply (b1) +{}, ns_to_node +{}, ns_reply (r1) +{}",
+                d[0], d[1], d[2], d[3]
             );
             // Each client's own address shown as CLIENT: the rest must be equal.
             let norm = |seen: &Seen, client: IpAddr| -> Vec<String> {
@@ -1177,24 +1183,39 @@ fn kpr_north_south_node_ports_external_and_balancer_ips_from_outside_as_kube_pro
             if c.local && c.ready == "both" {
                 assert_eq!(kp, ["default/b1 CLIENT"], "{what}: Local keeps the client");
             }
-            // The program carried flows to b1 (and only those): answers
-            // from b1 came back through ns_reply. (Not each: a UDP client
-            // port conntrack still holds from a flow kube-proxy carried
-            // is kube-proxy's flow, to the backend conntrack names.)
-            let from_b1: u32 = ours
-                .iter()
-                .filter(|(k, _)| k.starts_with("default/b1"))
-                .map(|(_, n)| *n)
-                .sum();
-            if from_b1 > 0 {
-                assert!(in1 > in0 && rep1 > rep0, "{what}: not carried");
-                carried += from_b1;
-            } else {
-                assert_eq!((in1, rep1), (in0, rep0), "{what}: carried a flow it leaves");
+            // The program carried the flows to b1 and to r1 (and only
+            // those): answers from b1 came back through ns_reply on its
+            // veth, from r1 through ns_reply on the device toward it.
+            // (Not each: a UDP client port conntrack still holds from a
+            // flow kube-proxy carried is kube-proxy's flow, to the backend
+            // conntrack names.)
+            let from = |who: &str| -> u32 {
+                ours.iter()
+                    .filter(|(k, _)| k.starts_with(who))
+                    .map(|(_, n)| *n)
+                    .sum()
+            };
+            for (who, pair) in [("default/b1", [0, 1]), ("remote/r1", [2, 3])] {
+                if from(who) > 0 {
+                    assert!(
+                        d[pair[0]] > 0 && d[pair[1]] > 0,
+                        "{what}: {who} not carried"
+                    );
+                    carried += from(who);
+                    if who == "remote/r1" {
+                        carried_remote += from(who);
+                    }
+                } else {
+                    assert_eq!(
+                        (d[pair[0]], d[pair[1]]),
+                        (0, 0),
+                        "{what}: carried a flow to {who} it leaves"
+                    );
+                }
             }
         }
     }
-    assert!(carried > 0);
+    assert!(carried > 0 && carried_remote > 0);
     // NAT entries for the flows the program carried (two per flow; a
     // client port used again to the same frontend and backend reuses its
     // flow's), in the status and the metrics.

@@ -251,7 +251,11 @@ struct policy_gate {
 	X(NS_REPLY, 30, FORWARD,                                                                   \
 	  "tc mode, from a pod, a reply of a north-south flow (svc_nat): translated back to the "  \
 	  "frontend, TTL/hop limit decremented, sent out of the uplink the flow came in by with "  \
-	  "bpf_redirect_neigh")
+	  "bpf_redirect_neigh; on an uplink, the same for a reply of another node's backend")      \
+	X(NS_TO_NODE, 31, FORWARD,                                                                 \
+	  "on a node's uplink, for a north-south frontend: translated to a backend on another "    \
+	  "node, masqueraded to this node (svc_nat), TTL/hop limit decremented, sent out of the "  \
+	  "device of the kernel's route to it (bpf_fib_lookup) with bpf_redirect_neigh")
 
 /*
  * Verdicts counted per (host veth, verdict) in the counters map: a per-CPU array
@@ -601,7 +605,11 @@ struct svc_choice {
  * address when the node masquerades the client), each to the addresses
  * and ports its packets are given. Made by a flow's first packet alone (a
  * TCP SYN; a UDP datagram conntrack has no entry for), so flows kube-proxy
- * carried before stay its own.
+ * carried before stay its own. A flow to another node's backend
+ * (XDPCNI_NAT_REMOTE) is masqueraded to the source the kernel's route to it
+ * gives, on a port of its own when the client's is taken (1024-32767, below
+ * the node's ephemeral ports), and its replies are caught on the device
+ * they come back by (one of svc_uplinks).
  */
 struct svc_nat_key {
 	__u8 saddr[16]; /* IPv4: the first 4 bytes, the rest 0 */
@@ -624,7 +632,9 @@ struct svc_nat {
 	__u32 flags; /* XDPCNI_NAT_* */
 };
 
-#define XDPCNI_NAT_REPLY (1U << 0) /* the reply direction's entry */
+#define XDPCNI_NAT_REPLY       (1U << 0) /* the reply direction's entry */
+#define XDPCNI_NAT_REMOTE      (1U << 1) /* the backend is another node's: routed by the FIB */
+#define XDPCNI_MAX_SVC_UPLINKS 64
 
 /*
  * svc_lease (array, one __u64): the bpf_ktime_get_ns() (CLOCK_MONOTONIC)

@@ -53,6 +53,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_own SEC(".maps");
 
+/* The source a node's call to a frontend keeps (the socket programs' alone). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SERVICES);
+	__type(key, struct svc_addr);
+	__type(value, struct svc_ip);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_node_src SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, XDPCNI_MAX_SVC_SOCKETS);

@@ -99,9 +99,7 @@ pub struct Scope {
     pub node: Option<u64>,
     /// Frontend -> the source a node's translated call to it binds to
     /// (see [`kept_source`]); a frontend without one takes the source the
-    /// backend's route gives (kube-proxy masquerades it). For an outside
-    /// frontend under `externalTrafficPolicy: Cluster`: the address the
-    /// uplink's program masquerades its clients to (none: kube-proxy's).
+    /// backend's route gives (kube-proxy masquerades it).
     pub node_src: BTreeMap<SvcAddr, IpAddr>,
     /// The uplinks north-south frontends are served on (ifindex, name;
     /// `services.northSouthDevices` that exist).
@@ -127,7 +125,7 @@ pub fn scope(
         ..Scope::default()
     };
     let outside = if cfg.north_south() {
-        match north_south(records, &frontends, &cfg.north_south_devices) {
+        match north_south(&frontends, &cfg.north_south_devices) {
             Ok(o) => Some(o),
             Err(e) => {
                 warn!(error = %e, "north-south Services stay kube-proxy's");
@@ -160,29 +158,22 @@ pub fn scope(
             }
         }
     };
-    if let Some((fronts, masq, uplinks)) = outside {
+    if let Some((fronts, uplinks)) = outside {
         written.extend(fronts);
-        out.node_src.extend(masq);
         out.uplinks = uplinks;
     }
     (out, written)
 }
 
-/// The frontends outside clients reach, the masquerade address of each
-/// under `Cluster`, the uplinks (ifindex, name).
-type NorthSouth = (Vec<Frontend>, BTreeMap<SvcAddr, IpAddr>, Vec<(u32, String)>);
+/// The frontends outside clients reach, the uplinks (ifindex, name).
+type NorthSouth = (Vec<Frontend>, Vec<(u32, String)>);
 
 /// North-south (`services.northSouthDevices`): the frontends outside
-/// clients reach ([`outside_frontends`], at the node's addresses), the
-/// address each one under `externalTrafficPolicy: Cluster` masquerades its
-/// clients to (the route's source toward its first backend on this node,
-/// as MASQUERADE chooses it), and the uplinks that exist, by ifindex.
-/// This node's pods are those of its CNI records.
-fn north_south(
-    records: &[Record],
-    frontends: &[Frontend],
-    devices: &[String],
-) -> Result<NorthSouth, String> {
+/// clients reach ([`outside_frontends`], at the node's addresses) and the
+/// uplinks that exist, by ifindex. (The address a flow is masqueraded to
+/// is the uplink program's to find, per flow: the source of the kernel's
+/// route to its backend, as MASQUERADE chooses it.)
+fn north_south(frontends: &[Frontend], devices: &[String]) -> Result<NorthSouth, String> {
     let mut nl = Netlink::new().map_err(|e| format!("netlink: {e}"))?;
     let mut uplinks = Vec::new();
     for name in devices {
@@ -200,38 +191,8 @@ fn north_south(
         .into_iter()
         .map(|a| a.1)
         .collect();
-    let local: BTreeSet<IpAddr> = records
-        .iter()
-        .filter(|r| !r.deleting)
-        .flat_map(|r| r.ips.iter().copied())
-        .collect();
     let fronts = outside_frontends(frontends, &addrs);
-    let mut masq = BTreeMap::new();
-    let mut routed: BTreeMap<IpAddr, Option<IpAddr>> = BTreeMap::new();
-    for f in fronts.iter().filter(|f| !f.external_local) {
-        let Some(b) = f
-            .backends
-            .iter()
-            .map(|b| b.ip())
-            .find(|b| local.contains(b))
-        else {
-            continue;
-        };
-        let from = match routed.get(&b) {
-            Some(s) => *s,
-            None => {
-                let s = nl
-                    .route_source(b)
-                    .map_err(|e| format!("the node's source toward {b}: {e}"))?;
-                routed.insert(b, s);
-                s
-            }
-        };
-        if let Some(from) = from {
-            masq.insert(SvcAddr::outside(f.addr, f.proto.number()), from);
-        }
-    }
-    Ok((fronts, masq, uplinks))
+    Ok((fronts, uplinks))
 }
 
 /// The frontends clients outside the node reach, as kube-proxy serves

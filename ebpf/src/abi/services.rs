@@ -34,6 +34,9 @@ pub const SVC_OUTSIDE: u8 = c_layout::XDPCNI_SVC_OUTSIDE as u8;
 pub const MAX_SVC_NAT: u32 = c_layout::XDPCNI_MAX_SVC_NAT;
 /// `svc_nat.flags`: the reply direction's entry.
 pub const NAT_REPLY: u32 = c_layout::XDPCNI_NAT_REPLY;
+/// `svc_nat.flags`: a flow to another node's backend (masqueraded, routed
+/// by the kernel's FIB, its replies caught on an uplink).
+pub const NAT_REMOTE: u32 = c_layout::XDPCNI_NAT_REMOTE;
 /// `svc_netns` values: a pod's namespace.
 pub const SVC_NS_POD: u32 = c_layout::XDPCNI_SVC_NS_POD;
 /// `svc_netns` values: the node's own namespace (its translated calls take
@@ -225,7 +228,7 @@ pub struct SvcNat {
     pub ifindex: u32,
     /// The backend's id (`svc_backends`).
     pub backend: u32,
-    /// [`NAT_REPLY`] or 0.
+    /// [`NAT_REPLY`], [`NAT_REMOTE`].
     pub flags: u32,
 }
 

@@ -29,9 +29,9 @@ pub const SHARED_SVC_MAPS: [&str; 6] = [
     "services",
     "svc_slots",
     "svc_backends",
-    "svc_node_src",
     "svc_lease",
     "svc_nat",
+    "svc_uplinks",
 ];
 
 /// A loader for a datapath object under `pin_dir`: its maps pinned in (or

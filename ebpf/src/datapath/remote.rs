@@ -11,7 +11,7 @@ use std::{collections::BTreeMap, fs, net::IpAddr, os::fd::AsFd};
 use aya::{
     maps::{
         lpm_trie::{Key, LpmTrie},
-        Map, MapData, MapError,
+        HashMap, Map, MapData, MapError,
     },
     programs::{tc::TcAttachOptions, LinkOrder, TcAttachType},
     Ebpf,
@@ -40,9 +40,12 @@ pub struct RemoteSynced {
     pub removed: usize,
 }
 
-/// The `remote_nets` map of a datapath.
+/// The `remote_nets` map of a datapath, and the Service layout's
+/// `svc_uplinks` (the devices the uplink program runs on) it keeps true.
 pub struct RemoteMaps {
     nets: LpmTrie<MapData, RemoteKey, RemoteNet>,
+    /// `None` where only the pins were opened.
+    uplinks: Option<HashMap<MapData, u32, u32>>,
 }
 
 fn map_err(op: String) -> impl FnOnce(MapError) -> Error {
@@ -60,8 +63,13 @@ impl RemoteMaps {
             kind: "map",
             name: "remote_nets",
         })?;
+        let uplinks = ebpf.take_map("svc_uplinks").ok_or(Error::Missing {
+            kind: "map",
+            name: "svc_uplinks",
+        })?;
         Ok(Self {
             nets: LpmTrie::try_from(map).map_err(map_err("map remote_nets".into()))?,
+            uplinks: Some(HashMap::try_from(uplinks).map_err(map_err("map svc_uplinks".into()))?),
         })
     }
 
@@ -73,7 +81,26 @@ impl RemoteMaps {
         Ok(Self {
             nets: LpmTrie::try_from(Map::LpmTrie(data))
                 .map_err(map_err("map remote_nets".into()))?,
+            uplinks: None,
         })
+    }
+
+    /// Marks `ifindex` as running the uplink program (`up`) or not, in
+    /// `svc_uplinks`: a north-south flow to another node's backend is made
+    /// only where its replies come back by a marked device.
+    fn mark_uplink(&mut self, ifindex: u32, up: bool) -> Result<()> {
+        let Some(m) = self.uplinks.as_mut() else {
+            return Ok(());
+        };
+        if up {
+            m.insert(ifindex, 1, 0)
+                .map_err(map_err(format!("marking uplink {ifindex} in svc_uplinks")))
+        } else {
+            removed(m.remove(&ifindex), || {
+                format!("unmarking uplink {ifindex} in svc_uplinks")
+            })
+            .map(|_| ())
+        }
     }
 
     /// Every entry.
@@ -166,6 +193,13 @@ impl Datapath {
     /// a live link runs this build's program after it. Whether anything
     /// changed.
     pub fn attach_uplink(&mut self, ifindex: u32) -> Result<bool> {
+        let changed = self.attach_uplink_program(ifindex)?;
+        // After the program: a flow it may make has its replies caught.
+        self.remote()?.mark_uplink(ifindex, true)?;
+        Ok(changed)
+    }
+
+    fn attach_uplink_program(&mut self, ifindex: u32) -> Result<bool> {
         // Its counters of its own, before its first packet.
         self.maps.claim_slot(ifindex)?;
         let pin = link_pin(&self.pin_dir, ifindex, LinkKind::Uplink);
@@ -211,6 +245,8 @@ impl Datapath {
     /// Detaches the uplink program from `ifindex`, and frees its counter
     /// slot; whether it was there.
     pub fn detach_uplink(&mut self, ifindex: u32) -> Result<bool> {
+        // Before the program goes: no new flow counts on it.
+        self.remote()?.mark_uplink(ifindex, false)?;
         let was = unpin_link(&link_pin(&self.pin_dir, ifindex, LinkKind::Uplink))?;
         self.maps.remove_counters(ifindex)?;
         Ok(was)

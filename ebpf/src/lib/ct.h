@@ -155,9 +155,12 @@ static __always_inline int ct_check(void *ctx, const struct packet *p, const str
  * Whether conntrack has the packet's flow (begun on the kernel path: the
  * policy check leaves such a UDP flow to nftables, the uplink's program a
  * north-south one to kube-proxy), or cannot say (the kfuncs missing, an
- * error): 1.
+ * error): 1. A function of its own, so its stack (the tuple, the options)
+ * is not added to its callers' (the verifier's 512 bytes are for the
+ * deepest chain of calls); unused where an entry file that does not call
+ * it is compiled on its own.
  */
-static __always_inline int ct_has(void *ctx, const struct packet *p, int xdp)
+static __noinline __attribute__((unused)) int ct_has(void *ctx, const struct packet *p, int xdp)
 {
 	struct nf_conn___xdpcni *ct;
 	struct bpf_sock_tuple t;

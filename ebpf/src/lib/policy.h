@@ -392,16 +392,6 @@ static __always_inline void pol_follow(struct pol_flow *fl, int orig, __u8 flags
 }
 
 /*
- * Whether a UDP packet's flow is one conntrack has (begun on the kernel
- * path): ct_has() in a function of its own, so its stack is not added to
- * the policy check's.
- */
-static __noinline int pol_conntrack_has(void *ctx, const struct packet *p, int xdp)
-{
-	return ct_has(ctx, p, xdp);
-}
-
-/*
  * Whether a packet with no record may begin a flow the fast path checks: a
  * TCP SYN, an ICMP echo request, a UDP packet whose flow conntrack does not
  * have (begun on the kernel path: it stays there). Else the kernel's rules.
@@ -415,7 +405,7 @@ static __always_inline int pol_may_begin(void *ctx, const struct packet *p, __u8
 		return 0;
 	if (p->proto == IPPROTO_ICMPV6_ && p->l4_info != ICMPV6_ECHO_REQUEST_)
 		return 0;
-	if (p->proto == IPPROTO_UDP && pol_conntrack_has(ctx, p, xdp))
+	if (p->proto == IPPROTO_UDP && ct_has(ctx, p, xdp))
 		return 0;
 	return 1;
 }

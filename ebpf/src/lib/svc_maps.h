@@ -39,14 +39,6 @@ struct {
 } svc_backends SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, XDPCNI_MAX_SERVICES);
-	__type(key, struct svc_addr);
-	__type(value, struct svc_ip);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} svc_node_src SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -61,6 +53,20 @@ struct {
 	__type(value, struct svc_nat);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_nat SEC(".maps");
+
+/*
+ * The devices the node device's program runs on (ifindex -> 1), written by
+ * the datapath as it attaches and detaches it: a flow to another node's
+ * backend is made only where the route to it leaves by one of them, so
+ * the backend's replies meet the program that translates them back.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_UPLINKS);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_uplinks SEC(".maps");
 
 /* Whether the writer's lease on the maps still runs. */
 static __always_inline int svc_leased(void)
