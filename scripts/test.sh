@@ -51,7 +51,7 @@ import json
 body = json.load(open("target/chart-agent.json"))
 assert body["routing"] == {"mode": "vxlan", "fastPath": True, "vni": 1, "port": 4789, "txChecksumOffload": True}, body["routing"]
 # Services translated, at the node's cgroup mounted where the agent looks.
-assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": [], "healthCheckNodePorts": False, "northSouthDevices": []}, body["services"]
+assert body["services"] == {"translate": True, "cgroup": "/host/cgroup", "nodeSockets": False, "clusterCIDRs": [], "healthCheckNodePorts": False, "northSouthDevices": [], "natCapacity": 262144}, body["services"]
 assert "mtu" not in body, body
 mtu = json.load(open("target/chart-cni/net.d/10-xdpcni.conflist"))["plugins"][0]["mtu"]
 assert mtu == 1450, f"pod MTU under vxlan with no underlay known: {mtu}"
@@ -59,7 +59,8 @@ PY
 # A proxy name reaches the agent's config, which reads it.
 HOME=$helm_home "$helm" template xdpcni charts/xdpcni --namespace kube-system --set services.proxyName=xdpcni \
 	--set services.nodeSockets=true --set 'services.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}' \
-	--set services.healthCheckNodePorts=true --set 'services.northSouthDevices={eth0,bond0}' |
+	--set services.healthCheckNodePorts=true --set 'services.northSouthDevices={eth0,bond0}' \
+	--set services.natCapacity=65536 |
 	python3 -c '
 import json, re, sys
 body = json.loads(re.search(r"agent\.json: \|\n((?:    .*\n)+)", sys.stdin.read()).group(1))
@@ -68,6 +69,7 @@ assert body["services"]["nodeSockets"] is True, body["services"]
 assert body["services"]["clusterCIDRs"] == ["10.244.0.0/16", "fd00:10:244::/56"], body["services"]
 assert body["services"]["healthCheckNodePorts"] is True, body["services"]
 assert body["services"]["northSouthDevices"] == ["eth0", "bond0"], body["services"]
+assert body["services"]["natCapacity"] == 65536, body["services"]
 body["stateDir"], body["pinDir"] = "target/chart-cni/state", "target/chart-cni/pins"
 json.dump(body, open("target/chart-agent-named.json", "w"))'
 target/debug/xdpcni uninstall target/chart-cni/state
@@ -114,6 +116,7 @@ services.nodeSockets=maybe /services/nodeSockets
 services.clusterCIDRs[0]=10.244.0.0 /services/clusterCIDRs/0
 services.healthCheckNodePorts=maybe /services/healthCheckNodePorts
 services.northSouthDevices[0]=eth0/1 /services/northSouthDevices/0
+services.natCapacity=100 /services/natCapacity
 BAD
 for value in datapath.mtu=70000 routing.vxlan.vni=0 routing.vxlan.vni=16777216 routing.vxlan.port=0 datapath.headroom=2048 agent.metricsPort=0 agent.intervalMs=1 update.maxUnavailable=0; do
 	if HOME=$helm_home "$helm" template x charts/xdpcni --set "$value" >/dev/null 2>&1; then

@@ -192,6 +192,15 @@ pub struct ServicesConfig {
     /// none: kube-proxy serves them).
     #[serde(default, rename = "northSouthDevices")]
     pub north_south_devices: Vec<String>,
+    /// Entries of the north-south NAT table (`svc_nat`, an LRU: two per
+    /// flow), applied when the table is made (a node's first agent, or
+    /// after `xdpcni-agent uninstall`): a table made already keeps its size.
+    #[serde(default = "default_nat_capacity")]
+    pub nat_capacity: u32,
+}
+
+fn default_nat_capacity() -> u32 {
+    xdpcni_ebpf::abi::MAX_SVC_NAT
 }
 
 impl ServicesConfig {
@@ -217,6 +226,7 @@ impl Default for ServicesConfig {
             cluster_cidrs: Vec::new(),
             health_check_node_ports: false,
             north_south_devices: Vec::new(),
+            nat_capacity: default_nat_capacity(),
         }
     }
 }
@@ -340,6 +350,17 @@ impl Config {
                 path.display()
             );
         }
+        if !(xdpcni_ebpf::MIN_SVC_NAT..=xdpcni_ebpf::MAX_SVC_NAT_CAPACITY)
+            .contains(&cfg.services.nat_capacity)
+        {
+            bail!(
+                "{}: services.natCapacity {} is outside {}..={}",
+                path.display(),
+                cfg.services.nat_capacity,
+                xdpcni_ebpf::MIN_SVC_NAT,
+                xdpcni_ebpf::MAX_SVC_NAT_CAPACITY
+            );
+        }
         if cfg.services.north_south() && !cfg.services.translate {
             bail!(
                 "{}: services.northSouthDevices needs services.translate (the Service watch and maps the uplink program reads)",
@@ -455,6 +476,34 @@ mod tests {
                 serde_json::json!({ "pinDir": "/p", "stateDir": "/s", "services": services });
             std::fs::write(&path, body.to_string()).unwrap();
             assert!(Config::read(&path).is_ok(), "{option} with translate");
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn read_refuses_a_nat_capacity_out_of_range_naming_the_range() {
+        let path = std::env::temp_dir().join(format!("xdpcni-nat-{}.json", std::process::id()));
+        for (capacity, ok) in [
+            (16u32, false),
+            (1024, true),
+            (1 << 24, true),
+            ((1 << 24) + 1, false),
+        ] {
+            let body = serde_json::json!({
+                "pinDir": "/p", "stateDir": "/s", "services": { "natCapacity": capacity }
+            });
+            std::fs::write(&path, body.to_string()).unwrap();
+            match Config::read(&path) {
+                Ok(c) => {
+                    assert!(ok, "{capacity} taken");
+                    assert_eq!(c.services.nat_capacity, capacity);
+                }
+                Err(e) => {
+                    assert!(!ok, "{capacity}: {e}");
+                    assert!(e.to_string().contains("services.natCapacity"), "{e}");
+                    assert!(e.to_string().contains("1024..=16777216"), "{e}");
+                }
+            }
         }
         std::fs::remove_file(&path).unwrap();
     }

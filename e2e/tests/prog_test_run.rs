@@ -1131,3 +1131,82 @@ fn policy_flow_cache_a_new_generation_reaches_a_cached_flow_within_its_tick() {
         Ok(())
     });
 }
+
+/// The north-south NAT table is made at the size asked for, before the
+/// objects that use it (a table made already keeps its size), and an LRU
+/// past its size evicts: 1,500 UDP flows from outside to a node port
+/// (3,000 entries) through a 1,024-entry table, every one translated and
+/// handed to the backend's pod, 3,000 entries made, what the table no
+/// longer holds counted as evicted.
+#[test]
+fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
+    use std::net::SocketAddr;
+    use xdpcni_ebpf::{abi::SvcAddr, make_nat_table, ServiceEntry, ServiceStats, Services};
+    let node = WiredNode::new(2).expect("building the node");
+    // Masqueraded to the source of the forwarding route toward the backend.
+    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    node.ns
+        .ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"])
+        .unwrap();
+    let pins = PinDir::new("xnat").expect("pin dir");
+    assert_eq!(make_nat_table(pins.path(), 1024).unwrap(), 1024);
+    assert_eq!(
+        make_nat_table(pins.path(), 4096).unwrap(),
+        1024,
+        "a table made already keeps its size"
+    );
+    assert!(make_nat_table(&pins.path().join("other"), 16).is_err());
+    in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
+        let mut svc = Services::open(pins.path())?;
+        svc.set_service(
+            &ServiceEntry {
+                frontend: SvcAddr::outside(SocketAddr::new(IpAddr::V4(fe_ip), 30080), IPPROTO_UDP),
+                id: 1,
+                flags: 0,
+                affinity_timeout: 0,
+                backends: vec![(
+                    1,
+                    SvcAddr::new(SocketAddr::new(IpAddr::V4(b.ipv4), 80), IPPROTO_UDP),
+                )],
+            },
+            None,
+        )?;
+        svc.renew_lease(60)?;
+        let prog = dp.tc_from_node_program().expect("the uplink program");
+        let flows: u16 = 1500;
+        for port in 0..flows {
+            let frame = eth(
+                a.host_mac,
+                [2, 0, 0, 0, 0, 1],
+                ETH_P_IP,
+                &ipv4(
+                    Ipv4Addr::new(203, 0, 113, 10),
+                    fe_ip,
+                    64,
+                    IPPROTO_UDP,
+                    &udp(20000 + port, 30080, &[0; 18]),
+                ),
+            );
+            let r = tc_run(prog, a.host_ifindex, &frame, 1)?;
+            assert_eq!(r.action, TC_ACT_REDIRECT, "flow {port}");
+        }
+        let st = ServiceStats::read_pinned(pins.path())?.expect("the Service maps");
+        assert_eq!(st.nat_capacity, 1024, "{st:?}");
+        assert_eq!(st.nat_made, 2 * u64::from(flows), "{st:?}");
+        assert!(st.nat_entries <= 1024, "{st:?}");
+        assert_eq!(
+            st.nat_evictions,
+            2 * u64::from(flows) - u64::from(st.nat_entries),
+            "{st:?}"
+        );
+        assert!(st.nat_evictions >= 2 * u64::from(flows) - 1024, "{st:?}");
+        assert_eq!(st.nat_no_tuple, 0, "{st:?}");
+        drop(svc);
+        Ok(())
+    })
+    .expect("test body");
+}

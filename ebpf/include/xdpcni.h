@@ -632,6 +632,16 @@ struct svc_nat {
 	__u32 flags; /* XDPCNI_NAT_* */
 };
 
+/*
+ * svc_nat_stats rows (per-CPU, summed by the agent): svc_nat entries the
+ * programs made (keys new to the table; the programs remove none of their
+ * own, so the table's evictions are those made less those in it), and new
+ * flows left to kube-proxy because no reply tuple was free.
+ */
+#define XDPCNI_NAT_MADE	    0
+#define XDPCNI_NAT_NO_TUPLE 1
+#define XDPCNI_NAT_STATS    8 /* rows: room for more without a new map */
+
 #define XDPCNI_NAT_REPLY       (1U << 0) /* the reply direction's entry */
 #define XDPCNI_NAT_REMOTE      (1U << 1) /* the backend is another node's: routed by the FIB */
 #define XDPCNI_MAX_SVC_UPLINKS 64

@@ -1,7 +1,8 @@
-//! The two bpf(2) calls aya 0.14 does not expose: reading which ifindex an XDP
+//! The bpf(2) calls aya 0.14 does not expose: reading which ifindex an XDP
 //! or tcx link is attached to (0 once its device is gone), to tell a live
-//! pinned link from a defunct one, and detaching a pinned link at once; and
-//! the one name lookup of a device by ifindex that every binary uses.
+//! pinned link from a defunct one, detaching a pinned link at once, making
+//! a pinned map of a size chosen at run time before any object is loaded;
+//! and the one name lookup of a device by ifindex that every binary uses.
 
 use std::{
     ffi::CString,
@@ -165,13 +166,17 @@ const BPF_OBJ_PIN: libc::c_long = 6;
 /// Pins the object pinned at `from` at `to` as well (BPF_OBJ_PIN of a
 /// descriptor of it): one map or program, two names.
 pub fn pin_again(from: &Path, to: &Path) -> io::Result<()> {
-    let fd = open_pin(from)?;
+    pin_fd(&open_pin(from)?, to)
+}
+
+/// Pins the object of descriptor `fd` at `to` (BPF_OBJ_PIN).
+fn pin_fd(fd: &OwnedFd, to: &Path) -> io::Result<()> {
     let cpath = CString::new(to.as_os_str().as_bytes())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // struct { u64 pathname; u32 bpf_fd; u32 file_flags; }
     let mut attr = [0u8; ATTR_SIZE];
     attr[..8].copy_from_slice(&(cpath.as_ptr() as u64).to_ne_bytes());
-    attr[8..12].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&fd) as u32).to_ne_bytes());
+    attr[8..12].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(fd) as u32).to_ne_bytes());
     bpf(BPF_OBJ_PIN, &mut attr)?;
     Ok(())
 }
@@ -223,6 +228,40 @@ pub fn map_update_batch(
     attr[36..40].copy_from_slice(&(std::os::fd::AsRawFd::as_raw_fd(&map) as u32).to_ne_bytes());
     bpf(BPF_MAP_UPDATE_BATCH, &mut attr)?;
     Ok(())
+}
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+
+/// The shape of a map [`create_pinned_map`] makes.
+#[derive(Clone, Copy, Debug)]
+pub struct MapShape {
+    /// `BPF_MAP_TYPE_*`.
+    pub map_type: u32,
+    /// Key bytes.
+    pub key_size: u32,
+    /// Value bytes.
+    pub value_size: u32,
+    /// Entries.
+    pub max_entries: u32,
+}
+
+/// Makes a map of `shape` named `name` (at most 15 bytes) and pins it at
+/// `path`, where a loader's object finds it by name and reuses it: how a
+/// size chosen by the operator reaches a map the objects define.
+pub fn create_pinned_map(path: &Path, name: &str, shape: MapShape) -> io::Result<()> {
+    // struct { u32 map_type, key_size, value_size, max_entries, map_flags,
+    // inner_map_fd, numa_node; char map_name[16]; ... }
+    let mut attr = [0u8; ATTR_SIZE];
+    attr[..4].copy_from_slice(&shape.map_type.to_ne_bytes());
+    attr[4..8].copy_from_slice(&shape.key_size.to_ne_bytes());
+    attr[8..12].copy_from_slice(&shape.value_size.to_ne_bytes());
+    attr[12..16].copy_from_slice(&shape.max_entries.to_ne_bytes());
+    let n = name.len().min(15);
+    attr[28..28 + n].copy_from_slice(&name.as_bytes()[..n]);
+    let raw = bpf(BPF_MAP_CREATE, &mut attr)?;
+    let raw = i32::try_from(raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    // SAFETY: BPF_MAP_CREATE returned a new file descriptor that nothing else owns.
+    pin_fd(&unsafe { OwnedFd::from_raw_fd(raw) }, path)
 }
 
 /// The name of the device with `ifindex` in the calling thread's network

@@ -193,6 +193,7 @@ impl Core {
                 services.no_backend = st.no_backend;
                 services.nat_entries = st.nat_entries;
                 services.nat_capacity = st.nat_capacity;
+                services.nat_evictions = st.nat_evictions;
             }
         }
         services.served_by = services.who_serves();

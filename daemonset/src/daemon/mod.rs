@@ -158,6 +158,17 @@ impl Core {
         let records_dir = cfg.state_dir.clone();
         let online = online_cpus();
         let defaults = cfg.defaults(online)?;
+        // The north-south NAT table at its configured size, before either
+        // object that uses it is loaded (both reuse its pin).
+        let nat = xdpcni_ebpf::make_nat_table(&cfg.pin_dir, cfg.services.nat_capacity)
+            .context("making the north-south NAT table (services.natCapacity)")?;
+        if nat != cfg.services.nat_capacity {
+            warn!(
+                configured = cfg.services.nat_capacity,
+                size = nat,
+                "the north-south NAT table was made with another size and keeps it (and its flows): services.natCapacity applies once it is made again (after xdpcni-agent uninstall)"
+            );
+        }
         let (reconciler, opened) =
             Reconciler::open(&cfg.pin_dir, defaults, online, cfg.state_dir.clone())
                 .with_context(|| format!("opening the datapath at {}", cfg.pin_dir.display()))?;

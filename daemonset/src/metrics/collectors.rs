@@ -23,6 +23,9 @@ pub type ServiceStatsSource = Box<dyn Fn() -> Option<xdpcni_ebpf::ServiceStats> 
 pub struct ServicesCollector {
     pub(super) source: ServiceStatsSource,
     pub(super) book: Arc<Book>,
+    /// The highest NAT eviction count read (`ServiceStats::nat_evictions`
+    /// may read lower for a moment; a counter never goes down).
+    pub(super) nat_evictions: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for ServicesCollector {
@@ -74,6 +77,25 @@ impl Collector for ServicesCollector {
         ] {
             let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::from(v)).encode(family)?;
+        }
+        let evicted = self
+            .nat_evictions
+            .fetch_max(st.nat_evictions, std::sync::atomic::Ordering::Relaxed)
+            .max(st.nat_evictions);
+        for (name, help, v) in [
+            (
+                "xdpcni_service_nat_evictions",
+                "Entries the north-south NAT table (svc_nat) evicted to make room: a flow whose entry went is left to the kernel's path (kube-proxy) from its next packet",
+                evicted,
+            ),
+            (
+                "xdpcni_service_nat_no_tuple",
+                "New north-south flows left to kube-proxy because no reply tuple (masquerade port) was free",
+                st.nat_no_tuple,
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(v).encode(family)?;
         }
         Ok(())
     }

@@ -291,6 +291,7 @@ impl Metrics {
         r.register_collector(Box::new(ServicesCollector {
             source: service_source,
             book,
+            nat_evictions: std::sync::atomic::AtomicU64::new(0),
         }));
         Self {
             registry: r,
@@ -421,6 +422,9 @@ mod tests {
                     expired: 2,
                     nat_entries: 6,
                     nat_capacity: 262144,
+                    nat_made: 10,
+                    nat_evictions: 4,
+                    nat_no_tuple: 1,
                 })
             }),
         );
@@ -489,7 +493,9 @@ mod tests {
         );
         assert!(
             text.contains("xdpcni_service_nat_entries 6")
-                && text.contains("xdpcni_service_nat_capacity 262144"),
+                && text.contains("xdpcni_service_nat_capacity 262144")
+                && text.contains("xdpcni_service_nat_evictions_total 4")
+                && text.contains("xdpcni_service_nat_no_tuple_total 1"),
             "{text}"
         );
         assert!(

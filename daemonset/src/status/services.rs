@@ -114,6 +114,8 @@ pub struct ServicesStatus {
     pub nat_entries: u32,
     /// Size of the north-south NAT table.
     pub nat_capacity: u32,
+    /// Entries it evicted to make room.
+    pub nat_evictions: u64,
     /// Per kind of Service traffic, who serves it ([`ServicesStatus::who_serves`]).
     pub served_by: Vec<ServedBy>,
     /// The health check node ports the agent answers; `None` when
@@ -256,9 +258,17 @@ impl ServicesStatus {
             .as_ref()
             .map(|e| format!("; the last write failed: {e}"))
             .unwrap_or_default();
+        let nat = if self.north_south.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; north-south NAT table {}/{} entries, {} evicted",
+                self.nat_entries, self.nat_capacity, self.nat_evictions
+            )
+        };
         format!(
             "{} frontends of {} Services translated at the socket ({} with ready backends) \
-             for {} network namespaces{}, on {cgroup}; {} calls translated, {} with no ready backend{failed}",
+             for {} network namespaces{}, on {cgroup}; {} calls translated, {} with no ready backend{nat}{failed}",
             self.frontends.len(),
             services.len(),
             ready,

@@ -32,6 +32,12 @@ pub const SVC_EXT_LOCAL: u32 = c_layout::XDPCNI_SVC_EXT_LOCAL;
 pub const SVC_OUTSIDE: u8 = c_layout::XDPCNI_SVC_OUTSIDE as u8;
 /// Capacity of `svc_nat` (LRU: two entries per north-south flow).
 pub const MAX_SVC_NAT: u32 = c_layout::XDPCNI_MAX_SVC_NAT;
+/// `svc_nat_stats` rows: entries the programs made in `svc_nat`.
+pub const NAT_MADE: u32 = c_layout::XDPCNI_NAT_MADE;
+/// `svc_nat_stats` rows: new flows left to kube-proxy, no reply tuple free.
+pub const NAT_NO_TUPLE: u32 = c_layout::XDPCNI_NAT_NO_TUPLE;
+/// `svc_nat_stats` rows in all.
+pub const NAT_STATS: u32 = c_layout::XDPCNI_NAT_STATS;
 /// `svc_nat.flags`: the reply direction's entry.
 pub const NAT_REPLY: u32 = c_layout::XDPCNI_NAT_REPLY;
 /// `svc_nat.flags`: a flow to another node's backend (masqueraded, routed

@@ -25,12 +25,13 @@ use crate::{Error, Result, DATAPATH_OBJECT};
 /// The Service maps the datapath's programs share with the socket programs
 /// (`lib/svc_maps.h`): pinned in the Service layout's directory, never in
 /// the datapath's, so neither layout's change moves the other's maps.
-pub const SHARED_SVC_MAPS: [&str; 6] = [
+pub const SHARED_SVC_MAPS: [&str; 7] = [
     "services",
     "svc_slots",
     "svc_backends",
     "svc_lease",
     "svc_nat",
+    "svc_nat_stats",
     "svc_uplinks",
 ];
 

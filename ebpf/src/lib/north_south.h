@@ -213,7 +213,7 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 	struct svc_nat_key *rk;
 	struct svc_addr *b;
 	struct addr ba = {};
-	__u32 id = 0, via, i;
+	__u32 id = 0, via, i, made;
 	int local, masq = !(svc->flags & XDPCNI_SVC_EXT_LOCAL);
 
 	if (!s)
@@ -274,6 +274,7 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 	rev->ifindex = out->ifindex;
 	rev->backend = id;
 	rev->flags = XDPCNI_NAT_REPLY | out->flags;
+	made = 1;
 	for (i = 0; i < XDPCNI_NAT_PORT_TRIES; i++) {
 		if (i) {
 			/* Taken: another port, as MASQUERADE's random-fully would. */
@@ -294,15 +295,23 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 		 */
 		if (had && same16(had->daddr, rev->daddr) && had->dport == rev->dport &&
 		    same16(had->saddr, rev->saddr) && had->sport == rev->sport &&
-		    !bpf_map_update_elem(&svc_nat, rk, rev, BPF_ANY))
+		    !bpf_map_update_elem(&svc_nat, rk, rev, BPF_ANY)) {
+			made = 0;
 			break;
+		}
 	}
-	if (i == XDPCNI_NAT_PORT_TRIES)
+	if (i == XDPCNI_NAT_PORT_TRIES) {
+		nat_count(XDPCNI_NAT_NO_TUPLE, 1);
 		return XDPCNI_V_PASS_NAT;
+	}
+	/* A forward entry replaced (its backend went) is no new key. */
+	if (!bpf_map_lookup_elem(&svc_nat, k))
+		made++;
 	if (bpf_map_update_elem(&svc_nat, k, out, BPF_ANY)) {
 		bpf_map_delete_elem(&svc_nat, rk);
 		return XDPCNI_V_PASS_NAT;
 	}
+	nat_count(XDPCNI_NAT_MADE, made);
 	return STAGE_OK;
 }
 

@@ -54,6 +54,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } svc_nat SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, XDPCNI_NAT_STATS);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_nat_stats SEC(".maps");
+
+/* Adds `n` to row `row` of svc_nat_stats. */
+static __always_inline void nat_count(__u32 row, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&svc_nat_stats, &row);
+
+	if (v)
+		*v += n;
+}
+
 /*
  * The devices the node device's program runs on (ifindex -> 1), written by
  * the datapath as it attaches and detaches it: a flow to another node's

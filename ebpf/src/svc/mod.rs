@@ -13,7 +13,7 @@ mod scope;
 mod stats;
 
 pub use cgroup::cgroup2_root;
-pub use stats::ServiceStats;
+pub use stats::{make_nat_table, ServiceStats, MAX_SVC_NAT_CAPACITY, MIN_SVC_NAT};
 
 pub use plan::{plan, Ids, Op, Want};
 
@@ -103,6 +103,13 @@ pub struct ServiceEntry {
     pub backends: Vec<(u32, SvcAddr)>,
 }
 
+/// The Service layout's directory `dir` made, root's alone.
+pub(crate) fn make_layout_dir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| Error::io("creating", dir, e))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::io("restricting", dir, e))
+}
+
 /// The loaded programs and their pinned maps.
 pub struct Services {
     ebpf: Ebpf,
@@ -113,9 +120,7 @@ impl Services {
     /// `svc-layout-<N>` under `pin_dir`.
     pub fn open(pin_dir: &Path) -> Result<Self> {
         let dir = svc_layout_dir(pin_dir);
-        fs::create_dir_all(&dir).map_err(|e| Error::io("creating", &dir, e))?;
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
-            .map_err(|e| Error::io("restricting", &dir, e))?;
+        make_layout_dir(&dir)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&dir)
             .load(SERVICES_OBJECT)
