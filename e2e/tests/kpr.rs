@@ -1340,3 +1340,157 @@ fn kpr_north_south_flows_kube_proxy_began_stay_its_own_and_udp_follows_a_replace
     })
     .unwrap();
 }
+
+/// Waits until kube-proxy's rules for Service `name` DNAT to exactly the
+/// addresses of `all` that `ready` holds (port 80).
+fn wait_kube_proxy_backends(node: &KubeNode, name: &str, all: &[IpAddr], ready: &[IpAddr]) {
+    wait_for(
+        &format!("kube-proxy's backends of {name}"),
+        Duration::from_secs(60),
+        || {
+            let (v4, v6) = rules(node);
+            all.iter().all(|ip| {
+                let (text, to) = if ip.is_ipv6() {
+                    (&v6, format!("[{ip}]:80"))
+                } else {
+                    (&v4, format!("{ip}:80"))
+                };
+                let has = text
+                    .lines()
+                    .any(|l| l.contains(&format!("default/{name}:")) && l.contains(&to));
+                has == ready.contains(ip)
+            })
+        },
+    )
+    .unwrap();
+}
+
+/// The backend of each answer in `seen` (its key's first word).
+fn answered_by(seen: &Seen) -> std::collections::BTreeSet<String> {
+    seen.keys()
+        .map(|k| k.split(' ').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// North-south ClientIP affinity (`sessionAffinity: ClientIP`), through the
+/// program's uplink (A, "another node" behind a device it runs on too) and
+/// kube-proxy's (B) at once, a node port over b1, b2 and r1, TCP and UDP
+/// (each its own frontend), IPv4 and IPv6: every new flow of one client
+/// reaches one backend on each side; with that backend no longer ready,
+/// every one reaches one other backend; once the affinity's timeout has
+/// run out between flows, the choice is made again (over ten rounds more
+/// than one backend on each side). The program carried A's flows.
+#[test]
+fn kpr_north_south_client_ip_affinity_as_kube_proxy() {
+    let (dev_a, dev_b, dev_r) = (
+        xdpcni_e2e::netns::unique_name("xua"),
+        xdpcni_e2e::netns::unique_name("xub"),
+        xdpcni_e2e::netns::unique_name("xr"),
+    );
+    let config_devs = vec![dev_a.clone(), dev_r.clone()];
+    let f = fixture(move |c| c.services.north_south_devices = config_devs);
+    let (node, cg, b) = (&f.node, &f.cg, &f.b);
+    let _far = xdpcni_e2e::oracle::remote_on(node, &dev_r).unwrap();
+    let a = xdpcni_e2e::oracle::outside(node, &dev_a, 0).unwrap();
+    let bo = xdpcni_e2e::oracle::outside(node, &dev_b, 1).unwrap();
+    let remote: [IpAddr; 2] = [REMOTE4.parse().unwrap(), REMOTE6.parse().unwrap()];
+    let timeout = 2;
+    let carried = || counted(node, &dev_a, "ns_to_pod") + counted(node, &dev_a, "ns_to_node");
+    for (v6, family) in [(false, "IPv4"), (true, "IPv6")] {
+        let i = usize::from(v6);
+        let all = vec![b[0].ip(v6), b[1].ip(v6), remote[i]];
+        let name = format!("nsaff-{}", &family[2..]);
+        let mut sh = shape(&name, json!({}), family, all.clone());
+        sh.spec = json!({
+            "type": "NodePort",
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": { "clientIP": { "timeoutSeconds": timeout } },
+        });
+        create(node, &sh).unwrap();
+        wait_rules(node, &[&sh]).unwrap();
+        let nps = xdpcni_e2e::oracle::node_ports(node, &name).unwrap();
+        for port in [nps["http"], nps["dns"]] {
+            let fe = std::net::SocketAddr::new(a.node[i], port).to_string();
+            wait_for(&format!("{name}: {fe}"), Duration::from_secs(30), || {
+                has_outside_frontend(node, &fe, 3)
+            })
+            .unwrap();
+        }
+        for (proto, port) in [("tcp", nps["http"]), ("udp", nps["dns"])] {
+            let what = format!("{name} {proto}");
+            let c0 = carried();
+            let ours = probe(cg, a.netns.name(), false, proto, (a.node[i], port), 20).unwrap();
+            let theirs = probe(cg, bo.netns.name(), false, proto, (bo.node[i], port), 20).unwrap();
+            eprintln!("{what}: A (program) {ours:?}, B (kube-proxy) {theirs:?}");
+            let (mine, kp) = (answered_by(&ours), answered_by(&theirs));
+            assert_eq!((mine.len(), kp.len()), (1, 1), "{what}: one backend each");
+            assert!(carried() - c0 >= 20, "{what}: not carried");
+            // The chosen backend no longer ready: each side's next flows
+            // all reach one other backend.
+            let gone: Vec<String> = mine.iter().chain(&kp).cloned().collect();
+            let ready: Vec<IpAddr> = all
+                .iter()
+                .copied()
+                .filter(|ip| {
+                    let who = if *ip == remote[i] {
+                        "remote/r1".to_string()
+                    } else if *ip == b[0].ip(v6) {
+                        "default/b1".to_string()
+                    } else {
+                        "default/b2".to_string()
+                    };
+                    !gone.contains(&who)
+                })
+                .collect();
+            set_ready(node, &name, &ready).unwrap();
+            let want = u64::try_from(ready.len()).unwrap();
+            let fe = std::net::SocketAddr::new(a.node[i], port).to_string();
+            wait_for(&format!("{what}: {fe}"), Duration::from_secs(30), || {
+                has_outside_frontend(node, &fe, want)
+            })
+            .unwrap();
+            wait_kube_proxy_backends(node, &name, &all, &ready);
+            let ours = probe(cg, a.netns.name(), false, proto, (a.node[i], port), 10).unwrap();
+            let theirs = probe(cg, bo.netns.name(), false, proto, (bo.node[i], port), 10).unwrap();
+            eprintln!(
+                "{what} after {gone:?} went: A (program) {ours:?}, B (kube-proxy) {theirs:?}"
+            );
+            for (side, seen) in [("A", &ours), ("B", &theirs)] {
+                let by = answered_by(seen);
+                assert_eq!(by.len(), 1, "{what} {side}: one backend: {seen:?}");
+                assert!(
+                    by.iter().all(|w| !gone.contains(w) && w != "error"),
+                    "{what} {side}: {seen:?}"
+                );
+            }
+            set_ready(node, &name, &all).unwrap();
+            let fe = std::net::SocketAddr::new(a.node[i], port).to_string();
+            wait_for(
+                &format!("{what}: {fe} again"),
+                Duration::from_secs(30),
+                || has_outside_frontend(node, &fe, 3),
+            )
+            .unwrap();
+            wait_kube_proxy_backends(node, &name, &all, &all);
+        }
+    }
+    // The timeout: one TCP flow per side every timeout + 0.5 s; the choice
+    // is made again each time (the three backends: ten rounds on one of
+    // them alone would be chance once in 20,000 runs per side).
+    let port = xdpcni_e2e::oracle::node_ports(node, "nsaff-v4").unwrap()["http"];
+    let (mut mine, mut kp) = (
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(timeout * 1000 + 500));
+        mine.extend(answered_by(
+            &probe(cg, a.netns.name(), false, "tcp", (a.node[0], port), 1).unwrap(),
+        ));
+        kp.extend(answered_by(
+            &probe(cg, bo.netns.name(), false, "tcp", (bo.node[0], port), 1).unwrap(),
+        ));
+    }
+    eprintln!("after each timeout: A (program) {mine:?}, B (kube-proxy) {kp:?}");
+    assert!(mine.len() > 1 && kp.len() > 1, "{mine:?} {kp:?}");
+}

@@ -133,6 +133,11 @@ int main(void)
 	OFF(svc_choice_key, cookie);
 	OFF(svc_choice_key, id);
 	OFF(svc_choice_key, pad);
+	SIZE(svc_client_key);
+	OFF(svc_client_key, addr);
+	OFF(svc_client_key, id);
+	OFF(svc_client_key, family);
+	OFF(svc_client_key, pad);
 	SIZE(svc_choice);
 	OFF(svc_choice, last_ns);
 	OFF(svc_choice, backend);

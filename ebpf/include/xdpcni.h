@@ -582,6 +582,19 @@ struct svc_choice_key {
 	__u32 pad;
 };
 
+/*
+ * svc_client_affinity (LRU, the uplink's program): ClientIP affinity of a
+ * north-south frontend, by the outside client's address (value: struct
+ * svc_choice). Per frontend (kube-proxy shares one client's affinity among
+ * every frontend of a Service port: docs/services.md).
+ */
+struct svc_client_key {
+	__u8 addr[16]; /* IPv4: the first 4 bytes, the rest 0 */
+	__u32 id;      /* frontend id */
+	__u8 family;   /* XDPCNI_FAMILY_* */
+	__u8 pad[3];
+};
+
 struct svc_choice {
 	__u64 last_ns; /* bpf_ktime_get_ns() of its last use (affinity) */
 	__u32 backend; /* backend id */

@@ -321,4 +321,7 @@ mod layout_checks {
     // clears them): their sizes still must not drift unseen.
     const _: () = assert!(c::SIZEOF_svc_choice_key == 16);
     const _: () = assert!(c::SIZEOF_svc_choice == 16);
+    const _: () = assert!(c::SIZEOF_svc_client_key == 16 + 4 + 1 + 3);
+    const _: () = assert!(c::OFFSETOF_svc_client_key_id == 16);
+    const _: () = assert!(c::OFFSETOF_svc_client_key_family == 20);
 }

@@ -121,6 +121,7 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct packe
  * each load has its own.
  */
 struct ns_scratch {
+	struct svc_client_key ak;
 	struct svc_nat_key rk;
 	struct svc_nat rev;
 	struct svc_nat fwd;
@@ -196,6 +197,52 @@ static __noinline __attribute__((unused)) __u32 ns_route(struct __sk_buff *skb,
 }
 
 /*
+ * The backend of a new flow from `client` to frontend `svc`, with its id:
+ * under ClientIP affinity the client's last one while it serves and its
+ * affinity has not run out (kube-proxy's `recent` match, refreshed by each
+ * new flow), else one of the ready backends at random. NULL when there is
+ * none. `ak` is the affinity's key, for ns_affinity_record().
+ */
+static __always_inline struct svc_addr *ns_choose(const struct svc_value *svc,
+						  const struct addr *client,
+						  struct svc_client_key *ak, __u32 *id)
+{
+	struct svc_choice *c;
+	struct svc_addr *b;
+	__u64 now;
+
+	if (!(svc->flags & XDPCNI_SVC_AFFINITY))
+		return svc_pick(svc, id);
+	__builtin_memset(ak, 0, sizeof(*ak));
+	__builtin_memcpy(ak->addr, client->addr, 16);
+	ak->id = svc->id;
+	ak->family = client->family;
+	c = bpf_map_lookup_elem(&svc_client_affinity, ak);
+	now = bpf_ktime_get_ns();
+	if (c && (!svc->affinity_timeout ||
+		  now - c->last_ns <= (__u64)svc->affinity_timeout * 1000000000ULL)) {
+		b = bpf_map_lookup_elem(&svc_backends, &c->backend);
+		if (b) {
+			*id = c->backend;
+			return b;
+		}
+	}
+	return svc_pick(svc, id);
+}
+
+/* The client's affinity to backend `id` from now (a flow to it was made). */
+static __always_inline void ns_affinity_record(const struct svc_value *svc,
+					       const struct svc_client_key *ak, __u32 id)
+{
+	struct svc_choice c = {.backend = id};
+
+	if (!(svc->flags & XDPCNI_SVC_AFFINITY))
+		return;
+	c.last_ns = bpf_ktime_get_ns();
+	bpf_map_update_elem(&svc_client_affinity, ak, &c, BPF_ANY);
+}
+
+/*
  * A new flow to frontend `svc` (its first packet: the caller checked
  * ct_may_start()), `k` its forward key: a backend chosen, and the flow's
  * two svc_nat entries made, the reply's first (BPF_NOEXIST: a reply tuple
@@ -224,7 +271,7 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 	/* Begun before this program saw it: conntrack's (kube-proxy's) to its end. */
 	if (p->proto == IPPROTO_UDP && ct_has(skb, p, 0))
 		return XDPCNI_V_PASS_NAT;
-	if (!svc_leased() || (svc->flags & XDPCNI_SVC_AFFINITY))
+	if (!svc_leased())
 		return XDPCNI_V_PASS_NAT;
 	/*
 	 * Under Local, kube-proxy sends a client in the cluster's pod ranges
@@ -232,7 +279,7 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 	 */
 	if (!masq && lookup_remote(&p->src))
 		return XDPCNI_V_PASS_NAT;
-	b = svc_pick(svc, &id);
+	b = ns_choose(svc, &p->src, &s->ak, &id);
 	if (!b || b->family != p->dst.family)
 		return XDPCNI_V_PASS_NAT;
 	ba.family = b->family;
@@ -312,6 +359,7 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 		return XDPCNI_V_PASS_NAT;
 	}
 	nat_count(XDPCNI_NAT_MADE, made);
+	ns_affinity_record(svc, &s->ak, id);
 	return STAGE_OK;
 }
 

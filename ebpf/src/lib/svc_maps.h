@@ -55,6 +55,14 @@ struct {
 } svc_nat SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, XDPCNI_MAX_SVC_AFFINITY);
+	__type(key, struct svc_client_key);
+	__type(value, struct svc_choice);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_client_affinity SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, XDPCNI_NAT_STATS);
 	__type(key, __u32);
