@@ -1494,3 +1494,144 @@ fn kpr_north_south_client_ip_affinity_as_kube_proxy() {
     eprintln!("after each timeout: A (program) {mine:?}, B (kube-proxy) {kp:?}");
     assert!(mine.len() > 1 && kp.len() > 1, "{mine:?} {kp:?}");
 }
+
+/// North-south to LoadBalancer IPs with `loadBalancerSourceRanges`,
+/// through the program's uplink (A) and kube-proxy's (B) at once, IPv4 and
+/// IPv6: ranges holding both clients serve both alike (the backend, its
+/// source); ranges holding neither leave both to the kernel alike
+/// (kube-proxy's firewall chain does not translate the packet, and its
+/// drop mark is met only on the way into the node: here the node routes
+/// it nowhere and answers unreachable), the program counting `pass_nat`
+/// and carrying nothing; ranges holding only A's client serve A alone.
+/// The node port of the same Service is not filtered (kube-proxy 1.20
+/// filters the balancer IP alone).
+#[test]
+fn kpr_north_south_load_balancer_source_ranges_as_kube_proxy() {
+    let (dev_a, dev_b) = (
+        xdpcni_e2e::netns::unique_name("xua"),
+        xdpcni_e2e::netns::unique_name("xub"),
+    );
+    let config_dev = dev_a.clone();
+    let f = fixture(move |c| c.services.north_south_devices = vec![config_dev]);
+    let (node, cg, b) = (&f.node, &f.cg, &f.b);
+    let a = xdpcni_e2e::oracle::outside(node, &dev_a, 0).unwrap();
+    let bo = xdpcni_e2e::oracle::outside(node, &dev_b, 1).unwrap();
+    // (name, ranges of each family, LB IPs, A served, B served)
+    let cases = [
+        (
+            "nsrboth",
+            [
+                vec!["192.0.2.0/24", "198.18.1.0/24"],
+                vec!["2001:db8::/64", "2001:db8:1::/64"],
+            ],
+            ["198.51.100.20", "2001:db8:99::20"],
+            true,
+            true,
+        ),
+        (
+            "nsrnone",
+            [vec!["203.0.113.0/24"], vec!["2001:db8:77::/64"]],
+            ["198.51.100.21", "2001:db8:99::21"],
+            false,
+            false,
+        ),
+        (
+            "nsronly",
+            [vec!["192.0.2.10/32"], vec!["2001:db8::10/128"]],
+            ["198.51.100.22", "2001:db8:99::22"],
+            true,
+            false,
+        ),
+    ];
+    for (v6, family) in [(false, "IPv4"), (true, "IPv6")] {
+        let i = usize::from(v6);
+        for (name, ranges, ips, a_ok, b_ok) in &cases {
+            let name = format!("{name}-{}", &family[2..]);
+            let mut sh = shape(&name, json!({}), family, vec![b[0].ip(v6)]);
+            sh.spec = json!({
+                "type": "LoadBalancer",
+                "ports": tcp_only(),
+                "loadBalancerSourceRanges": ranges[i],
+            });
+            create(node, &sh).unwrap();
+            let lb: IpAddr = ips[i].parse().unwrap();
+            xdpcni_e2e::oracle::set_balancer(node, &name, &[lb]).unwrap();
+            wait_rules(node, &[&sh]).unwrap();
+            let fe = std::net::SocketAddr::new(lb, 8080).to_string();
+            wait_for(&format!("{name}: {fe}"), Duration::from_secs(30), || {
+                has_outside_frontend(node, &fe, 1)
+            })
+            .unwrap();
+            // kube-proxy's firewall chain for it is in place.
+            wait_for(
+                &format!("{name}: kube-proxy's firewall"),
+                Duration::from_secs(60),
+                || {
+                    let (r4, r6) = rules(node);
+                    let r = if v6 { r6 } else { r4 };
+                    r.lines().any(|l| {
+                        l.contains("KUBE-FW-") && l.contains(&format!("default/{name}:http"))
+                    })
+                },
+            )
+            .unwrap();
+            let n = if *a_ok || *b_ok { 10 } else { 2 };
+            let d0 = counted(node, &dev_a, "pass_nat");
+            let ours = probe(cg, a.netns.name(), false, "tcp", (lb, 8080), n).unwrap();
+            let d1 = counted(node, &dev_a, "pass_nat");
+            let theirs = probe(cg, bo.netns.name(), false, "tcp", (lb, 8080), n).unwrap();
+            let what = format!("{name} {lb}");
+            eprintln!(
+                "{what}: A (program) {ours:?}, B (kube-proxy) {theirs:?}, pass_nat +{}",
+                d1 - d0
+            );
+            let norm = |seen: &Seen, client: IpAddr| -> Vec<String> {
+                seen.keys()
+                    .map(|k| k.replace(&client.to_string(), "CLIENT"))
+                    .collect()
+            };
+            for (side, seen, client, want) in [
+                ("A", &ours, a.client[i], *a_ok),
+                ("B", &theirs, bo.client[i], *b_ok),
+            ] {
+                let got = norm(seen, client);
+                assert_eq!(got.len(), 1, "{what} {side}: {seen:?}");
+                assert_eq!(
+                    got[0].starts_with("default/b1 "),
+                    want,
+                    "{what} {side}: {seen:?}"
+                );
+            }
+            if a_ok == b_ok {
+                assert_eq!(
+                    norm(&ours, a.client[i]),
+                    norm(&theirs, bo.client[i]),
+                    "{what}"
+                );
+            }
+            if *a_ok {
+                assert_eq!(d1, d0, "{what}: the program left an allowed client");
+            } else {
+                assert!(
+                    d1 > d0,
+                    "{what}: the program did not leave it to the kernel"
+                );
+            }
+            // The node port of the same Service serves both: ranges are the
+            // balancer IP's alone.
+            let np = xdpcni_e2e::oracle::node_ports(node, &name).unwrap()["http"];
+            for (side, ns, to, client) in [
+                ("A", a.netns.name(), a.node[i], a.client[i]),
+                ("B", bo.netns.name(), bo.node[i], bo.client[i]),
+            ] {
+                let seen = probe(cg, ns, false, "tcp", (to, np), 2).unwrap();
+                let got = norm(&seen, client);
+                assert_eq!(got.len(), 1, "{what} node port {side}: {seen:?}");
+                assert!(
+                    got[0].starts_with("default/b1"),
+                    "{what} node port {side}: {seen:?}"
+                );
+            }
+        }
+    }
+}

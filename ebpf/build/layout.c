@@ -133,6 +133,12 @@ int main(void)
 	OFF(svc_choice_key, cookie);
 	OFF(svc_choice_key, id);
 	OFF(svc_choice_key, pad);
+	SIZE(svc_range_key);
+	OFF(svc_range_key, prefixlen);
+	OFF(svc_range_key, fe);
+	OFF(svc_range_key, src);
+	VAL(XDPCNI_RANGE_FIXED_BITS);
+	VAL(XDPCNI_MAX_SVC_RANGES);
 	SIZE(svc_client_key);
 	OFF(svc_client_key, addr);
 	OFF(svc_client_key, id);

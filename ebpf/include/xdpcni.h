@@ -193,7 +193,8 @@ struct policy_gate {
 	  "PTB")                                                                                   \
 	X(PASS_NAT, 10, KERNEL,                                                                    \
 	  "a flow conntrack NAT'd (asked for flows whose source or destination is in nat_ports), " \
-	  "or one conntrack could not be asked about: the kernel translates it")                   \
+	  "or one conntrack could not be asked about: the kernel translates it; on an uplink, a "  \
+	  "north-south flow left to kube-proxy's rules (docs/services.md)")                        \
 	X(PASS_L4, 11, KERNEL,                                                                     \
 	  "IPv4 fragments, IPv6 extension headers, protocols other than TCP/UDP/ICMP echo, ICMP "  \
 	  "errors (but one end's about a flow the policy check recorded)")                         \
@@ -581,6 +582,22 @@ struct svc_choice_key {
 	__u32 id;     /* service id */
 	__u32 pad;
 };
+
+/*
+ * svc_source_ranges (LPM trie, the uplink's program): a LoadBalancer IP's
+ * loadBalancerSourceRanges, as outside frontend (fixed bits) + source
+ * prefix. The frontend alone (prefixlen XDPCNI_RANGE_FIXED_BITS) maps to 0,
+ * each range to 1: a new flow's source that only the frontend's entry
+ * matches is refused; a frontend with no entry has no ranges.
+ */
+struct svc_range_key {
+	__u32 prefixlen;
+	struct svc_addr fe; /* an outside frontend (XDPCNI_SVC_OUTSIDE) */
+	__u8 src[16];	    /* IPv4: the first 4 bytes */
+};
+
+#define XDPCNI_RANGE_FIXED_BITS (8 * sizeof(struct svc_addr))
+#define XDPCNI_MAX_SVC_RANGES	16384
 
 /*
  * svc_client_affinity (LRU, the uplink's program): ClientIP affinity of a

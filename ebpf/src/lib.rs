@@ -30,8 +30,9 @@ pub use error::{Error, Result};
 pub use migrate::Pinned;
 pub use svc::{
     cgroup2_root, make_nat_table, monotonic_ns, plan as plan_services, svc_layout_dir,
-    Ids as ServiceIds, Op as ServiceOp, ServiceEntry, ServiceStats, Services, Want as ServiceWant,
-    MAX_SVC_NAT_CAPACITY, MIN_SVC_NAT, SERVICES_OBJECT, SOCK_PROGRAMS, SVC_LEASE_SECS,
+    Ids as ServiceIds, Op as ServiceOp, ServiceEntry, ServiceStats, Services, SourceRanges,
+    Want as ServiceWant, MAX_SVC_NAT_CAPACITY, MIN_SVC_NAT, SERVICES_OBJECT, SOCK_PROGRAMS,
+    SVC_LEASE_SECS,
 };
 pub use sys::{ifname, LinkState};
 

@@ -61,7 +61,10 @@ impl Reconciler {
         };
         s.sync_node_src(&scope.node_src)?;
         let netns = s.sync_netns(&scope.netns, scope.node)?;
+        // A LoadBalancer IP's ranges before it, the stale ones after.
+        s.add_source_ranges(&scope.source_ranges)?;
         let (writes, gone) = s.sync_gone(&want)?;
+        s.prune_source_ranges(&scope.source_ranges)?;
         // The maps are what the API says: the programs may translate on.
         s.renew_lease(SVC_LEASE_SECS)?;
         self.services_synced = true;

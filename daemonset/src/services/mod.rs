@@ -104,6 +104,8 @@ pub struct Scope {
     /// The uplinks north-south frontends are served on (ifindex, name;
     /// `services.northSouthDevices` that exist).
     pub uplinks: Vec<(u32, String)>,
+    /// The outside frontends with source ranges, and their ranges.
+    pub source_ranges: xdpcni_ebpf::SourceRanges,
 }
 
 /// The agent's own network namespace: the node's (it runs in the host's).
@@ -159,10 +161,29 @@ pub fn scope(
         }
     };
     if let Some((fronts, uplinks)) = outside {
+        out.source_ranges = source_ranges(&fronts);
         written.extend(fronts);
         out.uplinks = uplinks;
     }
     (out, written)
+}
+
+/// The source ranges of `outside` frontends that have them, keyed as the
+/// uplink's program looks them up.
+fn source_ranges(outside: &[Frontend]) -> xdpcni_ebpf::SourceRanges {
+    outside
+        .iter()
+        .filter(|f| !f.source_ranges.is_empty())
+        .map(|f| {
+            (
+                SvcAddr::outside(f.addr, f.proto.number()),
+                f.source_ranges
+                    .iter()
+                    .map(|n| (n.network(), n.prefix_len()))
+                    .collect(),
+            )
+        })
+        .collect()
 }
 
 /// The frontends outside clients reach, the uplinks (ifindex, name).
@@ -291,6 +312,7 @@ fn node_scope(
         node: Some(cookie),
         node_src: src,
         uplinks: Vec::new(),
+        source_ranges: BTreeMap::new(),
     };
     Ok((scope, written))
 }
@@ -305,6 +327,11 @@ pub fn at_node_addresses(frontends: &[Frontend], addrs: &BTreeSet<IpAddr>) -> Ve
     let mut out = Vec::new();
     for f in frontends {
         if f.kind == FrontendKind::ExternalIp && !addrs.contains(&f.addr.ip()) {
+            continue;
+        }
+        // Source ranges: kube-proxy's own rule for the node's calls (its
+        // firewall chain's exception for the node's address) stays its.
+        if !f.source_ranges.is_empty() {
             continue;
         }
         if f.kind == FrontendKind::NodePort {
@@ -438,6 +465,7 @@ mod tests {
             kind,
             external_local: false,
             outside: false,
+            source_ranges: Vec::new(),
         };
         let addrs: BTreeSet<IpAddr> = ["10.0.0.5", "127.0.0.1", "fd00::5", "::1", "fe80::1"]
             .iter()
@@ -492,6 +520,7 @@ mod tests {
             kind,
             external_local: local,
             outside: false,
+            source_ranges: Vec::new(),
         };
         let addrs: BTreeSet<IpAddr> = ["10.0.0.5", "127.0.0.1", "fd00::5", "::1", "fe80::1"]
             .iter()
@@ -557,6 +586,7 @@ mod tests {
             kind: FrontendKind::ClusterIp,
             external_local: false,
             outside: false,
+            source_ranges: Vec::new(),
         };
         let w = wants(&[f]);
         let (fe, want) = w.iter().next().unwrap();

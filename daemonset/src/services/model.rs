@@ -10,6 +10,7 @@
 //! backend list: the programs leave its connects to the kernel path, where
 //! kube-proxy refuses or drops them as it always did.
 
+use ipnet::IpNet;
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
@@ -117,6 +118,11 @@ pub struct Frontend {
     /// For clients outside the node (north-south, at the uplink's program:
     /// `services::outside_frontends`), not for sockets.
     pub outside: bool,
+    /// A LoadBalancer IP's `loadBalancerSourceRanges` (network addresses):
+    /// outside clients from elsewhere are refused, as kube-proxy's
+    /// firewall chain refuses them; the node's own calls to such an IP stay
+    /// kube-proxy's.
+    pub source_ranges: Vec<IpNet>,
 }
 
 impl Frontend {
@@ -298,14 +304,17 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
         .flatten()
         .filter_map(|i| i.parse().ok())
         .collect();
-    // A LoadBalancer with source ranges is kube-proxy's (its firewall
-    // chain), and so is one whose Service is not of that type any more.
-    let balancers: Vec<IpAddr> = if spec.type_.as_deref() == Some("LoadBalancer")
-        && spec
-            .load_balancer_source_ranges
-            .as_ref()
-            .is_none_or(|r| r.is_empty())
-    {
+    // A balancer IP whose Service is not of that type any more is not
+    // served; its source ranges as kube-proxy reads them (trimmed, the
+    // host bits cleared; the API server refuses a range that is no CIDR).
+    let source_ranges: Vec<IpNet> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .filter_map(|r| r.trim().parse::<IpNet>().ok())
+        .map(|n| n.trunc())
+        .collect();
+    let balancers: Vec<IpAddr> = if spec.type_.as_deref() == Some("LoadBalancer") {
         svc.status
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
@@ -372,6 +381,11 @@ pub fn frontends(svc: &Service, groups: &[Group], node: &str) -> Vec<Frontend> {
                 kind,
                 external_local,
                 outside: false,
+                source_ranges: if kind == FrontendKind::LoadBalancer {
+                    source_ranges.clone()
+                } else {
+                    Vec::new()
+                },
             })
         };
         for ip in &ips {
@@ -617,9 +631,21 @@ mod tests {
             find(&f, "192.0.2.7:80", L4Proto::Tcp).node_masquerade(),
             NodeMasquerade::Always
         );
-        lb.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["10.0.0.0/8".into()]);
+        lb.spec.as_mut().unwrap().load_balancer_source_ranges =
+            Some(vec![" 10.1.2.3/8".into(), "2001:db8::/32".into()]);
         let f = frontends(&lb, &groups_from_slices(&slices()), "n2");
-        assert!(f.iter().all(|x| x.kind != FrontendKind::LoadBalancer));
+        let ranges: Vec<IpNet> = vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "2001:db8::/32".parse().unwrap(),
+        ];
+        assert_eq!(
+            find(&f, "198.51.100.9:80", L4Proto::Tcp).source_ranges,
+            ranges
+        );
+        assert!(f
+            .iter()
+            .filter(|x| x.kind != FrontendKind::LoadBalancer)
+            .all(|x| x.source_ranges.is_empty()));
         // A ClusterIP Service has no node port even if one is left in it.
         let f = frontends(
             &web(json!({"ports": [{"name": "http", "port": 80, "nodePort": 30080}]})),

@@ -171,8 +171,9 @@ impl ServicesStatus {
             format!(
                 "xdpcni, at tc on {} for backends on this node on the tc hook and \
                  on other nodes whose route leaves by one of those devices \
-                 (another route, a Local externalIP, source ranges, a backend \
-                 whose policies the kernel checks, a flow begun before: kube-proxy)",
+                 with loadBalancerSourceRanges applied (another route, a Local \
+                 externalIP, a source outside the ranges, a backend whose policies \
+                 the kernel checks, a flow begun before: kube-proxy)",
                 self.north_south.join(", ")
             )
         };

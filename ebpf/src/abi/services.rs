@@ -159,6 +159,25 @@ impl SvcOwnKey {
     }
 }
 
+/// The data of `struct svc_range_key` (`svc_source_ranges`, an LPM trie:
+/// aya's `Key` puts the prefix length before it): an outside frontend, then
+/// a source address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SvcRangeKey {
+    /// The frontend (an outside one: a LoadBalancer IP).
+    pub fe: SvcAddr,
+    /// The range's network address (IPv4 in the first 4 bytes), zero for
+    /// the frontend's own entry.
+    pub src: [u8; 16],
+}
+
+/// The bits of a [`SvcRangeKey`] its frontend takes: the prefix length of
+/// the frontend's own entry.
+pub const RANGE_FIXED_BITS: u32 = c_layout::XDPCNI_RANGE_FIXED_BITS;
+/// Capacity of `svc_source_ranges`.
+pub const MAX_SVC_RANGES: u32 = c_layout::XDPCNI_MAX_SVC_RANGES;
+
 /// `struct svc_ip`: an address without a port (`svc_node_src`'s values:
 /// the source a node's socket binds to).
 #[repr(C)]
@@ -252,6 +271,8 @@ unsafe impl aya::Pod for SvcRevnatKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcIp {}
 // SAFETY: as above.
+unsafe impl aya::Pod for SvcRangeKey {}
+// SAFETY: as above.
 unsafe impl aya::Pod for SvcNatKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for SvcNat {}
@@ -316,6 +337,13 @@ mod layout_checks {
     const _: () = assert!(offset_of!(SvcRevnatKey, cookie) == c::OFFSETOF_svc_revnat_key_cookie);
     const _: () = assert!(offset_of!(SvcRevnatKey, to) == c::OFFSETOF_svc_revnat_key_to);
     const _: () = assert!(offset_of!(SvcRevnatKey, pad) == c::OFFSETOF_svc_revnat_key_pad);
+
+    const _: () =
+        assert!(size_of::<aya::maps::lpm_trie::Key<SvcRangeKey>>() == c::SIZEOF_svc_range_key);
+    const _: () = assert!(size_of::<SvcRangeKey>() == c::SIZEOF_svc_addr + 16);
+    const _: () = assert!(4 + offset_of!(SvcRangeKey, fe) == c::OFFSETOF_svc_range_key_fe);
+    const _: () = assert!(4 + offset_of!(SvcRangeKey, src) == c::OFFSETOF_svc_range_key_src);
+    const _: () = assert!(c::XDPCNI_RANGE_FIXED_BITS as usize == 8 * c::SIZEOF_svc_addr);
 
     // The choice records are the programs' own (userspace only counts and
     // clears them): their sizes still must not drift unseen.

@@ -25,7 +25,7 @@ use crate::{Error, Result, DATAPATH_OBJECT};
 /// The Service maps the datapath's programs share with the socket programs
 /// (`lib/svc_maps.h`): pinned in the Service layout's directory, never in
 /// the datapath's, so neither layout's change moves the other's maps.
-pub const SHARED_SVC_MAPS: [&str; 8] = [
+pub const SHARED_SVC_MAPS: [&str; 9] = [
     "services",
     "svc_slots",
     "svc_backends",
@@ -34,6 +34,7 @@ pub const SHARED_SVC_MAPS: [&str; 8] = [
     "svc_nat_stats",
     "svc_uplinks",
     "svc_client_affinity",
+    "svc_source_ranges",
 ];
 
 /// A loader for a datapath object under `pin_dir`: its maps pinned in (or

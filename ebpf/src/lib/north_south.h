@@ -121,6 +121,7 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct packe
  * each load has its own.
  */
 struct ns_scratch {
+	struct svc_range_key range;
 	struct svc_client_key ak;
 	struct svc_nat_key rk;
 	struct svc_nat rev;
@@ -194,6 +195,26 @@ static __noinline __attribute__((unused)) __u32 ns_route(struct __sk_buff *skb,
 			__builtin_memcpy(src, &fib->ipv4_src, 4);
 	}
 	return fib->ifindex;
+}
+
+/*
+ * Whether a new flow from `p`'s source may reach its outside frontend: a
+ * LoadBalancer IP with loadBalancerSourceRanges only from within them
+ * (svc_source_ranges; a frontend with no entry has none).
+ */
+static __always_inline int ns_source_allowed(const struct packet *p, struct svc_range_key *k)
+{
+	__u32 *allow;
+
+	__builtin_memset(k, 0, sizeof(*k));
+	k->prefixlen = XDPCNI_RANGE_FIXED_BITS + (p->src.family == XDPCNI_FAMILY_IPV4 ? 32 : 128);
+	__builtin_memcpy(k->fe.addr, p->dst.addr, 16);
+	k->fe.port = p->dport;
+	k->fe.family = p->dst.family | XDPCNI_SVC_OUTSIDE;
+	k->fe.proto = p->proto;
+	__builtin_memcpy(k->src, p->src.addr, 16);
+	allow = bpf_map_lookup_elem(&svc_source_ranges, k);
+	return !allow || *allow;
 }
 
 /*
@@ -272,6 +293,13 @@ static __noinline __attribute__((unused)) int ns_new_flow(struct __sk_buff *skb,
 	if (p->proto == IPPROTO_UDP && ct_has(skb, p, 0))
 		return XDPCNI_V_PASS_NAT;
 	if (!svc_leased())
+		return XDPCNI_V_PASS_NAT;
+	/*
+	 * Outside a LoadBalancer's source ranges: kube-proxy's firewall chain
+	 * does not translate it (and marks it for a drop that only a packet
+	 * for the node itself meets): the kernel's path, as with kube-proxy.
+	 */
+	if (!ns_source_allowed(p, &s->range))
 		return XDPCNI_V_PASS_NAT;
 	/*
 	 * Under Local, kube-proxy sends a client in the cluster's pod ranges

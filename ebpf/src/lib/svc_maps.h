@@ -55,6 +55,15 @@ struct {
 } svc_nat SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, XDPCNI_MAX_SVC_RANGES);
+	__type(key, struct svc_range_key);
+	__type(value, __u32);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} svc_source_ranges SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, XDPCNI_MAX_SVC_AFFINITY);
 	__type(key, struct svc_client_key);

@@ -13,6 +13,7 @@ mod scope;
 mod stats;
 
 pub use cgroup::cgroup2_root;
+pub use scope::SourceRanges;
 pub use stats::{make_nat_table, ServiceStats, MAX_SVC_NAT_CAPACITY, MIN_SVC_NAT};
 
 pub use plan::{plan, Ids, Op, Want};
@@ -490,14 +491,14 @@ fn gone_udp(
     out
 }
 
-fn map<'a, K: aya::Pod, V: aya::Pod>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<HashMap<&'a mut MapData, K, V>> {
+fn map<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<T>
+where
+    T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+{
     let m = ebpf
         .map_mut(name)
         .ok_or(Error::Missing { kind: "map", name })?;
-    HashMap::try_from(m).map_err(|e| Error::map(format!("opening {name}"), e))
+    T::try_from(m).map_err(|e| Error::map(format!("opening {name}"), e))
 }
 
 /// A lookup's value, `None` if the key is absent.
@@ -512,12 +513,12 @@ fn found<V>(
     }
 }
 
-fn map_ref<'a, K: aya::Pod, V: aya::Pod>(
-    ebpf: &'a Ebpf,
-    name: &'static str,
-) -> Result<HashMap<&'a MapData, K, V>> {
+fn map_ref<'a, T>(ebpf: &'a Ebpf, name: &'static str) -> Result<T>
+where
+    T: TryFrom<&'a aya::maps::Map, Error = aya::maps::MapError>,
+{
     let m = ebpf.map(name).ok_or(Error::Missing { kind: "map", name })?;
-    HashMap::try_from(m).map_err(|e| Error::map(format!("opening {name}"), e))
+    T::try_from(m).map_err(|e| Error::map(format!("opening {name}"), e))
 }
 
 fn full_or(e: aya::maps::MapError, map: &'static str, capacity: u32, op: String) -> Error {

@@ -1,20 +1,24 @@
 //! Which sockets are translated: the network namespaces of `svc_netns`
 //! (the node's pods, and the node itself under `nodeSockets`), their own
 //! addresses in `svc_own`, and the source a node's call keeps
-//! (`svc_node_src`).
+//! (`svc_node_src`); and which outside clients a LoadBalancer IP serves
+//! (`svc_source_ranges`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{
+    lpm_trie::{Key, LpmTrie},
+    HashMap, MapData,
+};
 
 use super::{full_or, map, map_ref, Services};
 use crate::{
     abi::{
-        SvcAddr, SvcIp, SvcOwnKey, MAX_SERVICES, MAX_SVC_NETNS, MAX_SVC_OWN, SVC_NS_NODE,
-        SVC_NS_POD,
+        family_addr, SvcAddr, SvcIp, SvcOwnKey, SvcRangeKey, MAX_SERVICES, MAX_SVC_NETNS,
+        MAX_SVC_OWN, MAX_SVC_RANGES, RANGE_FIXED_BITS, SVC_NS_NODE, SVC_NS_POD,
     },
     datapath::maps::removed,
     Result,
@@ -126,4 +130,90 @@ impl Services {
         let mut m: HashMap<&mut MapData, u64, u32> = map(&mut self.ebpf, "svc_netns")?;
         removed(m.remove(&cookie), || format!("removing netns {cookie}"))
     }
+
+    /// Adds to `svc_source_ranges` what `want` holds and it lacks (before
+    /// the frontends are written: a LoadBalancer IP never appears without
+    /// its ranges). How many entries were written.
+    pub fn add_source_ranges(&mut self, want: &SourceRanges) -> Result<usize> {
+        let have = self.source_range_entries()?;
+        let mut m: LpmTrie<&mut MapData, SvcRangeKey, u32> =
+            map(&mut self.ebpf, "svc_source_ranges")?;
+        let mut n = 0;
+        for (k, allow) in range_entries(want) {
+            if have.get(&k) != Some(&allow) {
+                let key = Key::new(k.0, k.1);
+                m.insert(&key, allow, 0).map_err(|e| {
+                    full_or(
+                        e,
+                        "svc_source_ranges",
+                        MAX_SVC_RANGES,
+                        format!("adding {:?}/{}", k.1.fe, k.0),
+                    )
+                })?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Removes from `svc_source_ranges` what `want` does not hold (after
+    /// the frontends are written). How many entries went.
+    pub fn prune_source_ranges(&mut self, want: &SourceRanges) -> Result<usize> {
+        let keep: BTreeMap<(u32, SvcRangeKey), u32> = range_entries(want).collect();
+        let have = self.source_range_entries()?;
+        let mut m: LpmTrie<&mut MapData, SvcRangeKey, u32> =
+            map(&mut self.ebpf, "svc_source_ranges")?;
+        let mut n = 0;
+        for k in have.keys().filter(|k| !keep.contains_key(*k)) {
+            if removed(m.remove(&Key::new(k.0, k.1)), || {
+                format!("removing {:?}/{}", k.1.fe, k.0)
+            })? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn source_range_entries(&self) -> Result<BTreeMap<(u32, SvcRangeKey), u32>> {
+        let m: LpmTrie<&MapData, SvcRangeKey, u32> = map_ref(&self.ebpf, "svc_source_ranges")?;
+        Ok(m.iter()
+            .filter_map(|kv| kv.ok())
+            .map(|(k, v)| ((k.prefix_len(), k.data()), v))
+            .collect())
+    }
+}
+
+/// Outside frontend (a LoadBalancer IP) -> its `loadBalancerSourceRanges`
+/// (network address, prefix length), none empty.
+pub type SourceRanges = BTreeMap<SvcAddr, Vec<(IpAddr, u8)>>;
+
+/// The trie's entries for `want`: each frontend's own (prefix
+/// [`RANGE_FIXED_BITS`], refused: 0), and each range of the frontend's
+/// family (its prefix after the frontend's, allowed: 1).
+fn range_entries(want: &SourceRanges) -> impl Iterator<Item = ((u32, SvcRangeKey), u32)> + '_ {
+    want.iter().flat_map(|(fe, ranges)| {
+        let own = (
+            (
+                RANGE_FIXED_BITS,
+                SvcRangeKey {
+                    fe: *fe,
+                    src: [0; 16],
+                },
+            ),
+            0,
+        );
+        let v4 = fe.ip().is_some_and(|ip| ip.is_ipv4());
+        std::iter::once(own).chain(ranges.iter().filter(move |(ip, _)| ip.is_ipv4() == v4).map(
+            |(ip, len)| {
+                let (_, src) = family_addr(*ip);
+                (
+                    (
+                        RANGE_FIXED_BITS + u32::from(*len),
+                        SvcRangeKey { fe: *fe, src },
+                    ),
+                    1,
+                )
+            },
+        ))
+    })
 }
