@@ -79,7 +79,9 @@ for w in ["Service: TCP 1 stream (iperf3)", "Service: UDP 64-byte frames", "Serv
     ROWS[w] = SERVICE
 for w in ["NodePort from outside: TCP 1 stream (iperf3)", "NodePort from outside: UDP 64-byte frames",
           "NodePort from outside: TCP RTT p50 (busy-poll)"]:
-    ROWS[w] = ["NodePort, xdpcni at tc on the uplink", "NodePort, kube-proxy 1.20.2 (iptables)"]
+    ROWS[w] = ["NodePort, xdpcni at tc on the uplink", "NodePort, kube-proxy 1.20.2 (iptables)",
+               "NodePort to another node's backend, xdpcni at tc on the uplink",
+               "NodePort to another node's backend, kube-proxy 1.20.2"]
 POLICY = ["fast path, policy in the datapath", "kernel path, the same policy", "fast path, no policy"]
 for w in ["NetworkPolicy: TCP 1 stream (iperf3)", "NetworkPolicy: UDP 64-byte frames", "NetworkPolicy: TCP RTT p50 (busy-poll)"]:
     ROWS[w] = POLICY
@@ -109,6 +111,8 @@ TARGETS = {
     "kpr_host_clusterip_vs_kubeproxy_rr": ">= 1.1",
     "kpr_nodeport_vs_kubeproxy_udp64": ">= 1.5",
     "kpr_nodeport_vs_kubeproxy_rr": ">= 1.2",
+    "kpr_nodeport_remote_vs_kubeproxy_udp64": ">= 1.5",
+    "kpr_nodeport_remote_vs_kubeproxy_rr": ">= 1.2",
     "policy_fast_vs_kernel_udp64": ">= 1.2",
     "policy_fast_vs_nopolicy_udp64": ">= 0.95",
     "policy_update_p99_1000_ms": "<= 100",

@@ -71,7 +71,14 @@ conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeo
 /// linked to the node, routed both ways.
 pub struct Remote {
     _server: NodeProcess,
-    _netns: Netns,
+    netns: Netns,
+}
+
+impl Remote {
+    /// Its namespace (a benchmark's servers run there too).
+    pub fn netns(&self) -> &Netns {
+        &self.netns
+    }
 }
 
 /// Makes [`Remote`], and gives the node a default route through it (a
@@ -117,7 +124,7 @@ pub fn remote_on(node: &KubeNode, host: &str) -> Result<Remote> {
     )?;
     Ok(Remote {
         _server: server,
-        _netns: netns,
+        netns,
     })
 }
 

@@ -12,6 +12,8 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use xdpcni_e2e::cluster::KubeNode;
+use xdpcni_ebpf::abi::Verdict;
 
 /// The paths of the Service rows.
 pub const SVC_CLUSTERIP: &str = "ClusterIP, translated at the socket";
@@ -231,50 +233,34 @@ pub fn services_bench(
 /// The paths of the north-south rows.
 pub const NS_TC: &str = "NodePort, xdpcni at tc on the uplink";
 pub const NS_KUBEPROXY: &str = "NodePort, kube-proxy 1.20.2 (iptables)";
+/// The same, the backend on another node.
+pub const NS_TC_REMOTE: &str = "NodePort to another node's backend, xdpcni at tc on the uplink";
+pub const NS_KUBEPROXY_REMOTE: &str = "NodePort to another node's backend, kube-proxy 1.20.2";
 
 /// The node ports of the north-south rows, each also the server's port (so
-/// one address and port serves both the bind and the dial).
+/// one address and port serves both the bind and the dial); the remote
+/// backend's Service has each plus one.
 const NS_PORTS: [(&str, &str, u16); 3] = [
     ("iperf", "TCP", 30201),
     ("sink", "UDP", 30900),
     ("rr", "TCP", 30700),
 ];
 
-/// North-south: a client outside the node calls a NodePort whose backend is
-/// a pod of this node, through two uplinks of one node, side by side in
-/// each repetition: uplink A with the agent's program
-/// (`services.northSouthDevices`), uplink B left to a real kube-proxy
-/// 1.20.2 in iptables mode (its DNAT and masquerade, conntrack both ways).
-/// `externalTrafficPolicy: Cluster`: both masquerade the client. Also the
-/// share of A's packets the program carried (`ns_to_pod`).
-pub fn north_south_bench(
-    reps: usize,
-    secs: u32,
-    rounds: usize,
-    push: &mut dyn FnMut(&str, &str, usize, f64),
-    extra: &mut Vec<String>,
-) -> Result<()> {
-    use xdpcni_e2e::{cluster::KubeNode, oracle, traffic::tcp_rr_via};
-    let (dev_a, dev_b) = (
-        xdpcni_e2e::unique_name("xba"),
-        xdpcni_e2e::unique_name("xbb"),
-    );
-    let config_dev = dev_a.clone();
-    let node = KubeNode::start(move |c| c.services.north_south_devices = vec![config_dev])?;
-    let a = oracle::outside(&node, &dev_a, 0)?;
-    let b = oracle::outside(&node, &dev_b, 1)?;
-    let server = node.add_pod("default", "server", json!({}), json!([]))?;
-    let sip = server.ip(false);
+/// Creates Service `name` (NodePort, each of [`NS_PORTS`] plus `offset`
+/// as port, target and node port) with one ready backend `ip` on `node_name`.
+fn ns_service(node: &KubeNode, name: &str, ip: IpAddr, node_name: &str, offset: u16) -> Result<()> {
     let ports: Vec<Value> = NS_PORTS
         .iter()
-        .map(|(n, p, port)| json!({ "name": n, "protocol": p, "port": port }))
+        .map(|(n, p, port)| json!({ "name": n, "protocol": p, "port": port + offset }))
         .collect();
     let svc_ports: Vec<Value> = NS_PORTS
         .iter()
         .map(|(n, p, port)| {
+            let port = port + offset;
             json!({ "name": n, "protocol": p, "port": port, "targetPort": port, "nodePort": port })
         })
         .collect();
+    let (name, node_name) = (name.to_string(), node_name.to_string());
     node.client(move |c| async move {
         use k8s_openapi::api::core::v1::{Endpoints, Service};
         use kube::{api::PostParams, Api};
@@ -282,9 +268,9 @@ pub fn north_south_bench(
             .create(
                 &PostParams::default(),
                 &serde_json::from_value(json!({
-                    "metadata": { "name": "nsbench" },
+                    "metadata": { "name": name },
                     "subsets": [{
-                        "addresses": [{ "ip": sip.to_string(), "nodeName": xdpcni_e2e::cluster::NODE }],
+                        "addresses": [{ "ip": ip.to_string(), "nodeName": node_name }],
                         "ports": ports,
                     }],
                 }))?,
@@ -294,13 +280,46 @@ pub fn north_south_bench(
             .create(
                 &PostParams::default(),
                 &serde_json::from_value(json!({
-                    "metadata": { "name": "nsbench" },
+                    "metadata": { "name": name },
                     "spec": { "type": "NodePort", "ports": svc_ports },
                 }))?,
             )
             .await?;
         Ok(())
-    })?;
+    })
+}
+
+/// North-south: a client outside the node calls a NodePort whose backend is
+/// a pod of this node, or "another node's" (a namespace behind a third
+/// device of the node, the program on it too), through two uplinks of one
+/// node, side by side in each repetition: uplink A with the agent's program
+/// (`services.northSouthDevices`), uplink B left to a real kube-proxy
+/// 1.20.2 in iptables mode (its DNAT and masquerade, conntrack both ways).
+/// `externalTrafficPolicy: Cluster`: both masquerade the client. Also the
+/// share of A's packets the program carried (`ns_to_pod`, `ns_to_node`).
+pub fn north_south_bench(
+    reps: usize,
+    secs: u32,
+    rounds: usize,
+    push: &mut dyn FnMut(&str, &str, usize, f64),
+    extra: &mut Vec<String>,
+) -> Result<()> {
+    use xdpcni_e2e::{oracle, traffic::tcp_rr_via};
+    let (dev_a, dev_b, dev_r) = (
+        xdpcni_e2e::unique_name("xba"),
+        xdpcni_e2e::unique_name("xbb"),
+        xdpcni_e2e::unique_name("xbr"),
+    );
+    let config_devs = vec![dev_a.clone(), dev_r.clone()];
+    let node = KubeNode::start(move |c| c.services.north_south_devices = config_devs)?;
+    let a = oracle::outside(&node, &dev_a, 0)?;
+    let b = oracle::outside(&node, &dev_b, 1)?;
+    let far = oracle::remote_on(&node, &dev_r)?;
+    let server = node.add_pod("default", "server", json!({}), json!([]))?;
+    let sip = server.ip(false);
+    let rip: IpAddr = oracle::REMOTE4.parse()?;
+    ns_service(&node, "nsbench", sip, xdpcni_e2e::cluster::NODE, 0)?;
+    ns_service(&node, "nsbench-r", rip, "node-b", 1)?;
     let _proxy = oracle::kube_proxy(&node)?;
     // kube-proxy's node port rules, and the agent's outside frontends.
     let start = Instant::now();
@@ -318,10 +337,11 @@ pub fn north_south_bench(
                 })
                 .count()
         });
-        if outside == NS_PORTS.len()
-            && NS_PORTS
-                .iter()
-                .all(|(n, ..)| v4.contains(&format!("default/nsbench:{n}")))
+        if outside == 2 * NS_PORTS.len()
+            && NS_PORTS.iter().all(|(n, ..)| {
+                v4.contains(&format!("default/nsbench:{n}"))
+                    && v4.contains(&format!("default/nsbench-r:{n}"))
+            })
         {
             break;
         }
@@ -331,45 +351,64 @@ pub fn north_south_bench(
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let paths = [(NS_TC, &a), (NS_KUBEPROXY, &b)];
+    // (label, client side, server's namespace and address, port offset, the
+    // program's verdict for it)
+    type Path<'a> = (
+        &'a str,
+        &'a oracle::Outside,
+        &'a Netns,
+        IpAddr,
+        u16,
+        Option<Verdict>,
+    );
+    let paths: [Path; 4] = [
+        (NS_TC, &a, &server.netns, sip, 0, Some(Verdict::NsToPod)),
+        (NS_KUBEPROXY, &b, &server.netns, sip, 0, None),
+        (
+            NS_TC_REMOTE,
+            &a,
+            far.netns(),
+            rip,
+            1,
+            Some(Verdict::NsToNode),
+        ),
+        (NS_KUBEPROXY_REMOTE, &b, far.netns(), rip, 1, None),
+    ];
     let maps = Maps::open_pinned(node.pin_dir())?;
     let up = node.net.node.ifindex(&dev_a)?;
     let carried = |m: &Maps| -> Result<u64> {
         let c = m.counters(up)?;
-        Ok(c.get(xdpcni_ebpf::abi::Verdict::NsToPod).packets)
+        Ok(c.get(Verdict::NsToPod).packets + c.get(Verdict::NsToNode).packets)
     };
-    let (mut sent_tc, mut carried_tc) = (0u64, 0u64);
+    let mut flood: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     let dur = Duration::from_secs(u64::from(secs));
     for rep in 0..reps {
-        for (label, side) in rep_order(&paths, rep).into_iter().copied() {
+        for (label, side, srv, ip, off, verdict) in rep_order(&paths, rep).into_iter().copied() {
             let dial = side.node[0];
+            let port = |i: usize| NS_PORTS[i].2 + off;
             let c0 = carried(&maps)?;
-            let bind = SocketAddr::new(sip, NS_PORTS[0].2);
+            let bind = SocketAddr::new(ip, port(0));
             push(
                 W_NS_TCP,
                 label,
                 rep,
-                iperf_via(&side.netns, &server.netns, bind, dial, secs)?,
+                iperf_via(&side.netns, srv, bind, dial, secs)?,
             );
-            let (bind, to) = (
-                SocketAddr::new(sip, NS_PORTS[1].2),
-                SocketAddr::new(dial, NS_PORTS[1].2),
-            );
-            let c1 = carried(&maps)?;
-            let mpps = pps_via(&side.netns, &server.netns, bind, to, 22, dur)? / 1e6;
+            let (bind, to) = (SocketAddr::new(ip, port(1)), SocketAddr::new(dial, port(1)));
+            let c1 = maps.counters(up)?;
+            let mpps = pps_via(&side.netns, srv, bind, to, 22, dur)? / 1e6;
             push(W_NS_UDP64, label, rep, mpps);
-            if label == NS_TC {
-                carried_tc += carried(&maps)? - c1;
-                sent_tc += (mpps * 1e6 * dur.as_secs_f64()) as u64;
+            if let Some(v) = verdict {
+                let got = maps.counters(up)?.get(v).packets - c1.get(v).packets;
+                let e = flood.entry(label).or_default();
+                e.0 += got;
+                e.1 += (mpps * 1e6 * dur.as_secs_f64()) as u64;
             }
             check_interrupt()?;
-            let (bind, to) = (
-                SocketAddr::new(sip, NS_PORTS[2].2),
-                SocketAddr::new(dial, NS_PORTS[2].2),
-            );
-            let mut rtts = tcp_rr_via(&side.netns, &server.netns, bind, to, rounds, 100)?;
+            let (bind, to) = (SocketAddr::new(ip, port(2)), SocketAddr::new(dial, port(2)));
+            let mut rtts = tcp_rr_via(&side.netns, srv, bind, to, rounds, 100)?;
             push(W_NS_RR, label, rep, percentile(&mut rtts, 0.5));
-            if label == NS_KUBEPROXY {
+            if verdict.is_none() {
                 ensure!(
                     carried(&maps)? == c0,
                     "the program carried packets of kube-proxy's uplink"
@@ -377,8 +416,13 @@ pub fn north_south_bench(
             }
         }
     }
+    let shares: Vec<String> = flood
+        .iter()
+        .map(|(l, (got, sent))| format!("{l}: {got} of the UDP flood's packets carried by the program against {sent} received by the server"))
+        .collect();
     extra.push(format!(
-        "North-south rows: {NS_TC}: {carried_tc} of the UDP flood's packets carried by the program (ns_to_pod) against {sent_tc} received by the server; {NS_KUBEPROXY}: the same Service's node port on another uplink of the same node, kube-proxy's own rules (DNAT, masquerade, conntrack); both masquerade the client (externalTrafficPolicy Cluster)"
+        "North-south rows: {}; kube-proxy's: the same Services' node ports on another uplink of the same node, kube-proxy's own rules (DNAT, masquerade, conntrack); both masquerade the client (externalTrafficPolicy Cluster); another node's backend is a namespace behind a third device of the node (one forwarding hop more than a local pod, no second node's stack)",
+        shares.join("; ")
     ));
     Ok(())
 }

@@ -362,6 +362,21 @@ pub fn targets(m: &BTreeMap<(String, String), f64>) -> Vec<Target> {
             NS_TC,
             1.2,
         ),
+        // The same goals for another node's backend (SNAT, the route to it).
+        (
+            "kpr_nodeport_remote_vs_kubeproxy_udp64",
+            W_NS_UDP64,
+            NS_TC_REMOTE,
+            NS_KUBEPROXY_REMOTE,
+            1.5,
+        ),
+        (
+            "kpr_nodeport_remote_vs_kubeproxy_rr",
+            W_NS_RR,
+            NS_KUBEPROXY_REMOTE,
+            NS_TC_REMOTE,
+            1.2,
+        ),
     ] {
         out.push(Target {
             name,
