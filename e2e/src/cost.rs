@@ -382,12 +382,39 @@ pub struct NorthSouthCost {
     pub insns: u32,
 }
 
+/// The Service maps under `pin_dir` with one outside frontend, UDP
+/// `fe`:30080 -> `backend`:80 (`externalTrafficPolicy: Cluster`), and a
+/// lease of a minute: what the uplink's program serves in a test run.
+pub fn outside_udp_frontend(
+    pin_dir: &std::path::Path,
+    fe: std::net::Ipv4Addr,
+    backend: std::net::Ipv4Addr,
+) -> Result<xdpcni_ebpf::Services> {
+    use std::net::{IpAddr, SocketAddr};
+    use xdpcni_ebpf::{abi::SvcAddr, ServiceEntry, Services};
+    let mut svc = Services::open(pin_dir)?;
+    svc.set_service(
+        &ServiceEntry {
+            frontend: SvcAddr::outside(SocketAddr::new(IpAddr::V4(fe), 30080), IPPROTO_UDP),
+            id: 1,
+            flags: 0,
+            affinity_timeout: 0,
+            backends: vec![(
+                1,
+                SvcAddr::new(SocketAddr::new(IpAddr::V4(backend), 80), IPPROTO_UDP),
+            )],
+        },
+        None,
+    )?;
+    svc.renew_lease(60)?;
+    Ok(svc)
+}
+
 /// Measures [`NorthSouthCost`]: the datapath with two pods, the Service
 /// maps holding one outside frontend (UDP 192.0.2.1:30080 -> pod b:80,
 /// masqueraded to 192.0.2.1) and a lease.
 pub fn north_south(samples: usize, repeat: u32) -> Result<NorthSouthCost> {
-    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-    use xdpcni_ebpf::{abi::SvcAddr, ServiceEntry, Services};
+    use std::net::Ipv4Addr;
     let node = WiredNode::new(2)?;
     // The flow is masqueraded to the source of the kernel's forwarding
     // route toward its backend: this node forwards, and has an address.
@@ -400,22 +427,7 @@ pub fn north_south(samples: usize, repeat: u32) -> Result<NorthSouthCost> {
         let (a, b) = (&node.pods[0], &node.pods[1]);
         let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
         let client = Ipv4Addr::new(192, 0, 2, 10);
-        let mut svc = Services::open(pins.path())?;
-        let fe = SvcAddr::outside(SocketAddr::new(IpAddr::V4(fe_ip), 30080), IPPROTO_UDP);
-        svc.set_service(
-            &ServiceEntry {
-                frontend: fe,
-                id: 1,
-                flags: 0,
-                affinity_timeout: 0,
-                backends: vec![(
-                    1,
-                    SvcAddr::new(SocketAddr::new(IpAddr::V4(b.ipv4), 80), IPPROTO_UDP),
-                )],
-            },
-            None,
-        )?;
-        svc.renew_lease(60)?;
+        let _svc = outside_udp_frontend(pins.path(), fe_ip, b.ipv4)?;
         let payload = [0u8; 64 - 14 - 20 - 8];
         let frame = |dport: u16| {
             eth(

@@ -1140,8 +1140,7 @@ fn policy_flow_cache_a_new_generation_reaches_a_cached_flow_within_its_tick() {
 /// longer holds counted as evicted.
 #[test]
 fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
-    use std::net::SocketAddr;
-    use xdpcni_ebpf::{abi::SvcAddr, make_nat_table, ServiceEntry, ServiceStats, Services};
+    use xdpcni_ebpf::{make_nat_table, ServiceStats};
     let node = WiredNode::new(2).expect("building the node");
     // Masqueraded to the source of the forwarding route toward the backend.
     node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
@@ -1161,21 +1160,7 @@ fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
         node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         let (a, b) = (&node.pods[0], &node.pods[1]);
         let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
-        let mut svc = Services::open(pins.path())?;
-        svc.set_service(
-            &ServiceEntry {
-                frontend: SvcAddr::outside(SocketAddr::new(IpAddr::V4(fe_ip), 30080), IPPROTO_UDP),
-                id: 1,
-                flags: 0,
-                affinity_timeout: 0,
-                backends: vec![(
-                    1,
-                    SvcAddr::new(SocketAddr::new(IpAddr::V4(b.ipv4), 80), IPPROTO_UDP),
-                )],
-            },
-            None,
-        )?;
-        svc.renew_lease(60)?;
+        let svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), fe_ip, b.ipv4)?;
         let prog = dp.tc_from_node_program().expect("the uplink program");
         let flows: u16 = 1500;
         for port in 0..flows {
