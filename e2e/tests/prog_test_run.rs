@@ -1195,3 +1195,66 @@ fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
     })
     .expect("test body");
 }
+
+/// What the uplink's program is not sure of goes to the kernel untouched
+/// (kube-proxy's rules decide it): an IPv4 fragment for a north-south
+/// frontend (first and later ones: no ports to key a flow by), a TTL-1
+/// datagram (the kernel answers time exceeded after kube-proxy's DNAT),
+/// while the same datagram whole and with TTL 64 is translated.
+#[test]
+fn north_south_fragments_and_ttl_one_go_to_the_kernel_untouched() {
+    let node = WiredNode::new(2).expect("building the node");
+    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    node.ns
+        .ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"])
+        .unwrap();
+    let pins = PinDir::new("xnsfrag").expect("pin dir");
+    in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
+        let (a, b) = (&node.pods[0], &node.pods[1]);
+        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
+        let _svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), fe_ip, b.ipv4)?;
+        let prog = dp.tc_from_node_program().expect("the uplink program");
+        let client = Ipv4Addr::new(203, 0, 113, 10);
+        let frame = |ttl: u8, flags_frag: u16, sport: u16| {
+            eth(
+                a.host_mac,
+                [2, 0, 0, 0, 0, 1],
+                ETH_P_IP,
+                &packet::ipv4_full(
+                    client,
+                    fe_ip,
+                    ttl,
+                    IPPROTO_UDP,
+                    flags_frag,
+                    &[],
+                    &udp(sport, 30080, &[0; 18]),
+                ),
+            )
+        };
+        let slot = |v: Verdict| -> u64 {
+            Maps::open_pinned(pins.path())
+                .unwrap()
+                .counters(a.host_ifindex)
+                .unwrap()
+                .get(v)
+                .packets
+        };
+        for (what, f, v) in [
+            ("first fragment", frame(64, 0x2000, 40001), Verdict::PassL4),
+            ("later fragment", frame(64, 0x0010, 40002), Verdict::PassL4),
+            ("TTL 1", frame(1, 0, 40003), Verdict::PassTtl),
+        ] {
+            let before = slot(v);
+            let r = tc_run(prog, a.host_ifindex, &f, 1)?;
+            assert_eq!(r.action, TC_ACT_UNSPEC, "{what}");
+            assert_eq!(r.frame, f, "{what}: untouched");
+            assert_eq!(slot(v), before + 1, "{what}: counted as {v:?}");
+        }
+        let r = tc_run(prog, a.host_ifindex, &frame(64, 0, 40004), 1)?;
+        assert_eq!(r.action, TC_ACT_REDIRECT, "the whole datagram");
+        Ok(())
+    })
+    .expect("test body");
+}

@@ -225,7 +225,11 @@ impl ServicesStatus {
                     "kube-proxy"
                 },
             ),
-            ("SCTP; IPv4-mapped addresses on IPv6 sockets", "kube-proxy"),
+            (
+                "SCTP; from outside, IP fragments and IPv6 extension headers; \
+                 IPv4-mapped addresses on IPv6 sockets",
+                "kube-proxy",
+            ),
             (
                 "Services labelled service-proxy-name (another proxy's) or headless",
                 "nobody, as with kube-proxy",
