@@ -1258,3 +1258,112 @@ fn north_south_fragments_and_ttl_one_go_to_the_kernel_untouched() {
     })
     .expect("test body");
 }
+
+/// A north-south flow to another node's backend is made only where the
+/// route to the backend leaves by a device the uplink program runs on
+/// (`svc_uplinks`, kept by attach_uplink / detach_uplink), for the
+/// backend's replies come back by it: with the route's device bare the
+/// flow is left to kube-proxy (`pass_nat`); with the program attached
+/// there it is masqueraded to the route's source, TTL decremented and
+/// sent (`ns_to_node`); detached again, a new flow and the made one's next
+/// packet are left to the kernel.
+#[test]
+fn north_south_remote_backend_only_where_the_route_device_runs_the_program() {
+    let node = WiredNode::new(2).expect("building the node");
+    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    // The device toward "another node": a veth pair of the node's own.
+    let (dev, peer) = (
+        xdpcni_e2e::netns::unique_name("xdm"),
+        xdpcni_e2e::netns::unique_name("xdp"),
+    );
+    for args in [
+        vec!["link", "add", &dev, "type", "veth", "peer", "name", &peer],
+        vec!["addr", "add", "10.79.0.1/24", "dev", &dev],
+        vec!["link", "set", &dev, "up"],
+        vec!["link", "set", &peer, "up"],
+        vec![
+            "route",
+            "add",
+            "10.78.1.0/24",
+            "via",
+            "10.79.0.2",
+            "dev",
+            &dev,
+        ],
+    ] {
+        node.ns.ip(&args).unwrap();
+    }
+    let pins = PinDir::new("xnsrem").expect("pin dir");
+    in_netns(&node.ns, || {
+        let mut dp = Datapath::open(pins.path())?;
+        node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
+        let a = &node.pods[0];
+        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
+        let backend = Ipv4Addr::new(10, 78, 1, 10);
+        let _svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), fe_ip, backend)?;
+        let via = node.ns.ifindex(&dev)?;
+        let client = Ipv4Addr::new(203, 0, 113, 10);
+        let frame = |sport: u16| {
+            eth(
+                a.host_mac,
+                [2, 0, 0, 0, 0, 1],
+                ETH_P_IP,
+                &ipv4(client, fe_ip, 64, IPPROTO_UDP, &udp(sport, 30080, &[0; 18])),
+            )
+        };
+        let counted = |v: Verdict| -> u64 {
+            Maps::open_pinned(pins.path())
+                .unwrap()
+                .counters(a.host_ifindex)
+                .unwrap()
+                .get(v)
+                .packets
+        };
+        fn prog(dp: &Datapath) -> &aya::programs::SchedClassifier {
+            dp.tc_from_node_program().expect("the uplink program")
+        }
+        // The route's device without the program: kube-proxy's.
+        let before = counted(Verdict::PassNat);
+        let r = tc_run(prog(&dp), a.host_ifindex, &frame(40001), 1)?;
+        assert_eq!(
+            (r.action, counted(Verdict::PassNat)),
+            (TC_ACT_UNSPEC, before + 1)
+        );
+        assert_eq!(r.frame, frame(40001), "left untouched");
+        // With it: masqueraded to the route's source, sent by the route.
+        assert!(dp.attach_uplink(via)?);
+        let before = counted(Verdict::NsToNode);
+        let r = tc_run(prog(&dp), a.host_ifindex, &frame(40002), 1)?;
+        assert_eq!(
+            (r.action, counted(Verdict::NsToNode)),
+            (TC_ACT_REDIRECT, before + 1)
+        );
+        let ip = &r.frame[14..34];
+        assert_eq!(
+            &ip[12..16],
+            &[10, 79, 0, 1],
+            "masqueraded to the route's source"
+        );
+        assert_eq!(&ip[16..20], &backend.octets(), "to the backend");
+        assert_eq!(ip[8], 63, "TTL decremented");
+        assert_eq!(packet::checksum(ip), 0, "IPv4 header checksum");
+        assert_eq!(
+            &r.frame[36..38],
+            &80u16.to_be_bytes(),
+            "to the backend's port"
+        );
+        // Detached: neither a new flow nor the made one's next packet.
+        assert!(dp.detach_uplink(via)?);
+        for sport in [40003, 40002] {
+            let before = counted(Verdict::PassNat);
+            let r = tc_run(prog(&dp), a.host_ifindex, &frame(sport), 1)?;
+            assert_eq!(
+                (r.action, counted(Verdict::PassNat)),
+                (TC_ACT_UNSPEC, before + 1),
+                "port {sport}"
+            );
+        }
+        Ok(())
+    })
+    .expect("test body");
+}
