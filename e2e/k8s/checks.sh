@@ -475,6 +475,61 @@ c_udp_backend_replaced() {
 # A flow the kernel DNATs (an administrator's rule here; kube-proxy's are
 # alike) keeps the kernel path both ways: the backend's replies pass for
 # un-DNAT, and the client sees the address it dialed.
+# --- north-south: a NodePort from outside at the uplink (docs/services.md) ---
+uplink_counter() {
+	metrics | awk -v key="xdpcni_uplink_packets_total{interface=\"$1\",verdict=\"$2\"}" '
+		index($0, key) == 1 { s += $NF } END { print s + 0 }'
+}
+set_north_south() { # the uplink's name, or none
+	local v=(--set "services.northSouthDevices={$1}")
+	[ -n "$1" ] || v=(--set-json 'services.northSouthDevices=[]')
+	helm_ upgrade xdpcni "$REPO/charts/xdpcni" --namespace kube-system --reuse-values "${v[@]}" >/dev/null || return 1
+	kc rollout status -n kube-system ds/xdpcni-agent --timeout=120s >/dev/null
+}
+outside_greet() { ip netns exec "$OUT_NS" "$REPO/target/release/podtool" greet 198.18.0.1 "$1" "$2"; }
+# An outside client (a namespace of its own behind a new link of the node,
+# xdpcni-up0) calls a NodePort of the web pods with the chart's
+# services.northSouthDevices naming that link: every connect answered, the
+# uplink's program carrying them (ns_to_pod on the link, ns_reply on the
+# backends), the status naming the link; then the value is emptied again.
+c_north_south() {
+	local np a b t0 t1 r0 r1 out who
+	OUT_NS=xdpcni-out-$$
+	trap 'ip netns del "$OUT_NS" 2>/dev/null; in_node ip link del xdpcni-up0 2>/dev/null; kc delete svc -n "$NS" web-np --ignore-not-found >/dev/null 2>&1' EXIT
+	ip netns add "$OUT_NS" || fail "ip netns add $OUT_NS"
+	in_node ip link add xdpcni-up0 type veth peer name eth0 netns "$OUT_NS" || fail "the uplink's veth"
+	in_node ip addr add 198.18.0.1/24 dev xdpcni-up0 && in_node ip link set xdpcni-up0 up || fail "the uplink's address"
+	ip -n "$OUT_NS" addr add 198.18.0.10/24 dev eth0 && ip -n "$OUT_NS" link set eth0 up &&
+		ip -n "$OUT_NS" route add default via 198.18.0.1 || fail "the outside client's address"
+	kc apply -f - >/dev/null <<YAML || fail "the NodePort Service"
+apiVersion: v1
+kind: Service
+metadata: {name: web-np, namespace: $NS}
+spec:
+  type: NodePort
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+YAML
+	np=$(kc get svc -n "$NS" web-np -o jsonpath='{.spec.ports[0].nodePort}')
+	wait_for 60 outside_greet "$np" 1 || fail "kube-proxy's NodePort $np from outside: $(outside_greet "$np" 1 2>&1)"
+	set_north_south xdpcni-up0 || fail "helm upgrade with services.northSouthDevices={xdpcni-up0}"
+	read -r a b <<<"$(pods_of web)"
+	# The agent serves the node port at the link's address once it wrote it.
+	served() { [ "$(uplink_counter xdpcni-up0 ns_to_pod)" -gt 0 ] || { outside_greet "$np" 1 >/dev/null && false; }; }
+	wait_for 60 served || fail "no ns_to_pod on xdpcni-up0 after 60 s of connects to $np; the agent: $(status_of -o json 2>&1 | grep -o '"northSouth":[^]]*]'); the link: $(metrics | grep -c 'interface="xdpcni-up0"') metric rows"
+	t0=$(uplink_counter xdpcni-up0 ns_to_pod)
+	r0=$(($(counter "$a" ns_reply) + $(counter "$b" ns_reply)))
+	out=$(outside_greet "$np" 20) || fail "20 connects from outside to 198.18.0.1:$np: $out"
+	t1=$(uplink_counter xdpcni-up0 ns_to_pod)
+	r1=$(($(counter "$a" ns_reply) + $(counter "$b" ns_reply)))
+	[ $((t1 - t0)) -ge 60 ] || fail "ns_to_pod on xdpcni-up0 +$((t1 - t0)) for 20 connects"
+	[ $((r1 - r0)) -ge 40 ] || fail "ns_reply on the backends +$((r1 - r0)) for 20 connects"
+	who=$(status_of -o json 2>&1 | grep -c "at tc on xdpcni-up0")
+	[ "$who" -ge 1 ] || fail "the status does not name the uplink"
+	set_north_south "" || fail "helm upgrade emptying services.northSouthDevices"
+	out2=$(outside_greet "$np" 5) || fail "after emptying the value, kube-proxy's node port: $out2"
+	echo "20/20 connects from outside to NodePort $np at the uplink ($(echo "$out" | tr '\n' ' ')), ns_to_pod +$((t1 - t0)), ns_reply +$((r1 - r0)), the status names the uplink; kube-proxy's again once the value is emptied"
+}
 c_dnat() {
 	local c a bip out n0 n1 rc=0 vip=198.51.100.80
 	read -r a _ <<<"$(pods_of web)"
@@ -978,6 +1033,7 @@ check "the socket's translation and kube-proxy agree: the same backends from a p
 check "Services labelled service-proxy-name or headless: served by neither kube-proxy nor the translation" c_service_labels
 check "the cluster DNS: Services by name (short, namespaced, full) to their cluster IP, connects by name translated, a headless Service to its pods" c_cluster_dns
 check "a connected UDP socket whose only backend is replaced reaches the new one, from a pod (closed once, translated) and from the node (kube-proxy)" c_udp_backend_replaced
+check "a NodePort from outside served at the uplink by services.northSouthDevices (helm upgrade), the status naming it, kube-proxy's again without it" c_north_south
 check "a flow DNAT'd by an iptables rule takes the kernel path both ways" c_dnat
 check "a hostPort pod through portmap, reached on the node address" c_hostport
 check "a NetworkPolicy is enforced, through the Service too; kubelet probes pass" c_netpol

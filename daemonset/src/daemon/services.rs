@@ -75,7 +75,7 @@ impl Core {
             }
         };
         let (namespaces, node_sockets) = (scope.netns.len(), scope.node.is_some());
-        let north_south: Vec<String> = scope.uplinks.iter().map(|u| u.1.clone()).collect();
+        let north_south = scope.uplinks.clone();
         // What the status will show once they are written.
         let shown: Vec<FrontendStatus> = frontends.iter().map(FrontendStatus::of).collect();
         let result = answered(

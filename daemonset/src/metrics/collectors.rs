@@ -183,25 +183,33 @@ impl PodsCollector {
             MetricType::Gauge,
         )?;
         ConstGauge::new(i64::try_from(x.destinations).unwrap_or(i64::MAX)).encode(family)?;
-        let counters: Vec<_> = x
+        // The uplink program's devices: toward other nodes, and those
+        // north-south Services come in by (one row each).
+        let mut uplinks: Vec<(u32, String)> = x
             .uplinks
             .iter()
-            .map(|u| self.maps.counters(u.ifindex))
+            .map(|u| (u.ifindex, u.interface.clone()))
             .collect();
+        for u in self.book.services().north_south_uplinks {
+            if !uplinks.iter().any(|have| have.0 == u.0) {
+                uplinks.push(u);
+            }
+        }
+        let counters: Vec<_> = uplinks.iter().map(|u| self.maps.counters(u.0)).collect();
         for bytes in [false, true] {
             let what = if bytes { "bytes" } else { "packets" };
             let name = format!("xdpcni_uplink_{what}");
             let mut family = encoder.encode_descriptor(
                 &name,
-                &format!("{} that came in on a device the fast path between nodes receives on, by its program's verdict: from_node_peer (delivered to a pod), everything else left to the kernel (the node's own traffic as pass_no_endpoint)", if bytes { "Bytes" } else { "Packets" }),
+                &format!("{} that came in on a device the uplink program runs on (the fast path between nodes receives on it, or north-south Services come in by it), by its verdict: from_node_peer (delivered to a pod), ns_to_pod, ns_to_node, ns_reply (north-south), everything else left to the kernel (the node's own traffic as pass_no_endpoint)", if bytes { "Bytes" } else { "Packets" }),
                 None,
                 MetricType::Counter,
             )?;
-            for (u, c) in x.uplinks.iter().zip(&counters) {
+            for (u, c) in uplinks.iter().zip(&counters) {
                 for &verdict in Verdict::ALL {
                     let s = c.get(verdict);
                     let labels = [
-                        ("interface", Escaped(&u.interface)),
+                        ("interface", Escaped(&u.1)),
                         ("verdict", Escaped(verdict.label())),
                     ];
                     let value = if bytes { s.bytes } else { s.packets };

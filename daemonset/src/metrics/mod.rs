@@ -429,6 +429,11 @@ mod tests {
             }),
         );
         book.set_pod(pod(WhyCode::NodeDefault));
+        // An uplink north-south Services come in by (and eth0 again:
+        // one row for a device both use).
+        book.update_services(|s| {
+            s.north_south_uplinks = vec![(5, "up1".into()), (2, "eth0".into())];
+        });
         book.set_cross_node(crate::status::CrossNodeStatus {
             on: true,
             off: None,
@@ -474,7 +479,14 @@ mod tests {
                 && text.contains("\nxdpcni_cross_node_destinations 3\n")
                 && text.contains(
                     r#"xdpcni_uplink_packets_total{interface="eth0",verdict="from_node_peer"} 0"#
-                ),
+                )
+                && text.contains(
+                    r#"xdpcni_uplink_packets_total{interface="up1",verdict="ns_to_pod"} 0"#
+                )
+                && text
+                    .matches(r#"xdpcni_uplink_packets_total{interface="eth0",verdict="ns_to_pod"}"#)
+                    .count()
+                    == 1,
             "{text}"
         );
         // The Service programs' counters, and the frontends from the book.

@@ -69,7 +69,7 @@ impl HealthCheckStatus {
 /// What a write of the Service maps left in them, for the status: the
 /// network namespaces translated, whether the node's own among them, the
 /// uplinks north-south frontends are served on, every frontend.
-pub type Written = (usize, bool, Vec<String>, Vec<FrontendStatus>);
+pub type Written = (usize, bool, Vec<(u32, String)>, Vec<FrontendStatus>);
 
 /// Who serves one kind of Service traffic on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +101,9 @@ pub struct ServicesStatus {
     /// on (`services.northSouthDevices` that exist, at the last write).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub north_south: Vec<String>,
+    /// The same uplinks with their ifindexes (for their counters).
+    #[serde(skip)]
+    pub north_south_uplinks: Vec<(u32, String)>,
     /// Every frontend in the maps.
     pub frontends: Vec<FrontendStatus>,
     /// The last write of the maps that failed, if the last one did (the
@@ -153,7 +156,8 @@ impl ServicesStatus {
             Ok((namespaces, node_sockets, north_south, frontends)) => {
                 self.namespaces = namespaces;
                 self.node_sockets = node_sockets;
-                self.north_south = north_south;
+                self.north_south = north_south.iter().map(|u| u.1.clone()).collect();
+                self.north_south_uplinks = north_south;
                 self.frontends = frontends;
                 self.sync_error = None;
             }
@@ -354,7 +358,7 @@ mod tests {
         assert!(by(&s)[3].starts_with("xdpcni"));
         assert!(by(&s)[4].starts_with("kube-proxy"));
         // North-south: at the uplinks named, once written.
-        s.synced(Ok((2, true, vec!["eth1".into()], vec![])));
+        s.synced(Ok((2, true, vec![(7, "eth1".into())], vec![])));
         assert!(
             by(&s)[4].starts_with("xdpcni, at tc on eth1"),
             "{:?}",
