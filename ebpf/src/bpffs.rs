@@ -68,3 +68,17 @@ pub fn mount_bpffs(path: &Path) -> Result<bool> {
     }
     Ok(true)
 }
+
+/// `Ok` when `dir` (or, not made yet, its parent) is on a bpffs: where
+/// anything is pinned, checked before anything is made there.
+pub(crate) fn ensure_bpffs(dir: &Path) -> Result<()> {
+    let probe = if dir.exists() {
+        dir
+    } else {
+        dir.parent().unwrap_or(dir)
+    };
+    if !is_bpffs(probe)? {
+        return Err(Error::NotBpffs(probe.to_path_buf()));
+    }
+    Ok(())
+}

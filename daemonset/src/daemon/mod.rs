@@ -161,7 +161,12 @@ impl Core {
         // The north-south NAT table at its configured size, before either
         // object that uses it is loaded (both reuse its pin).
         let nat = xdpcni_ebpf::make_nat_table(&cfg.pin_dir, cfg.services.nat_capacity)
-            .context("making the north-south NAT table (services.natCapacity)")?;
+            .with_context(|| {
+                format!(
+                    "making the north-south NAT table (services.natCapacity) under {}",
+                    cfg.pin_dir.display()
+                )
+            })?;
         if nat != cfg.services.nat_capacity {
             warn!(
                 configured = cfg.services.nat_capacity,

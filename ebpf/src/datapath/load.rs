@@ -51,18 +51,6 @@ pub fn datapath_loader(pin_dir: &Path) -> EbpfLoader<'static> {
     loader
 }
 
-fn ensure_bpffs(dir: &Path) -> Result<()> {
-    let probe = if dir.exists() {
-        dir
-    } else {
-        dir.parent().unwrap_or(dir)
-    };
-    if !crate::bpffs::is_bpffs(probe)? {
-        return Err(Error::NotBpffs(probe.to_path_buf()));
-    }
-    Ok(())
-}
-
 impl Datapath {
     /// Loads the datapath into `pin_dir`, or takes over the one pinned there.
     ///
@@ -86,7 +74,7 @@ impl Datapath {
     /// `migrate:swapped`, `migrate:complete`, `migrate:removed`): the
     /// agent's crash points.
     pub fn open_with(pin_dir: &Path, object: &[u8], step: &mut dyn FnMut(&str)) -> Result<Self> {
-        ensure_bpffs(pin_dir)?;
+        crate::bpffs::ensure_bpffs(pin_dir)?;
         let layout = layout_dir(pin_dir);
         for dir in [
             pin_dir.to_path_buf(),
@@ -105,7 +93,7 @@ impl Datapath {
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
                 .map_err(|e| Error::io("restricting", &dir, e))?;
         }
-        ensure_bpffs(pin_dir)?;
+        crate::bpffs::ensure_bpffs(pin_dir)?;
         // The conntrack kfuncs bound to this kernel's ids (kfunc.rs).
         let btf = aya::Btf::from_sys_fs().ok();
         let bound = super::kfunc::bind(object, btf.as_ref())?;

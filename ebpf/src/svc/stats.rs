@@ -93,6 +93,7 @@ const LRU_HASH: u32 = 9;
 /// size (its flows with it): its size is returned, for the caller to say
 /// when it is not `capacity`.
 pub fn make_nat_table(pin_dir: &Path, capacity: u32) -> Result<u32> {
+    crate::bpffs::ensure_bpffs(pin_dir)?;
     let dir = svc_layout_dir(pin_dir);
     let pin = dir.join("svc_nat");
     if pin.exists() {
