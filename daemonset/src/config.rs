@@ -188,8 +188,9 @@ pub struct ServicesConfig {
     pub health_check_node_ports: bool,
     /// The node's uplinks, by name, on which the node device's program
     /// serves north-south Services (node ports, externalIPs, LoadBalancer
-    /// IPs) to outside clients in BPF, for backends on this node (default
-    /// none: kube-proxy serves them).
+    /// IPs) to outside clients in BPF, for backends on this node and on
+    /// other nodes whose route leaves by one of them (default none:
+    /// kube-proxy serves them).
     #[serde(default, rename = "northSouthDevices")]
     pub north_south_devices: Vec<String>,
     /// Entries of the north-south NAT table (`svc_nat`, an LRU: two per

@@ -15,11 +15,12 @@
  * translates it), before it writes anything: a flow it did not see begin
  * (TCP without SYN, UDP conntrack has), a backend on another node whose
  * route leaves by a device without this program, one whose
- * NetworkPolicies the kernel checks, ClientIP affinity, no ready
- * backend (kube-proxy's rules refuse it as they refuse it), the lease run
- * out, under externalTrafficPolicy Local a client in another node's pod
- * CIDR. Only pods on the tc hook are chosen (the agent writes no other), so
- * every reply meets ns_reply().
+ * NetworkPolicies the kernel checks, a source outside a LoadBalancer
+ * IP's loadBalancerSourceRanges, no ready backend (kube-proxy's rules
+ * refuse it as they refuse it), the lease run out, no free reply tuple,
+ * under externalTrafficPolicy Local a client in another node's pod CIDR.
+ * Only pods on the tc hook are chosen (the agent writes no other), so every
+ * reply meets ns_reply().
  */
 #pragma once
 
