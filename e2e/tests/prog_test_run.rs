@@ -1132,6 +1132,49 @@ fn policy_flow_cache_a_new_generation_reaches_a_cached_flow_within_its_tick() {
     });
 }
 
+/// The north-south frontend the uplink tests call (`cost::outside_udp_frontend`).
+const NS_FE: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
+
+/// A node of two pods that forwards and owns [`NS_FE`]: a flow to it is
+/// masqueraded to the source of the forwarding route toward its backend.
+fn forwarding_node() -> WiredNode {
+    let node = WiredNode::new(2).expect("building the node");
+    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    node.ns
+        .ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"])
+        .unwrap();
+    node
+}
+
+/// An outside client's UDP datagram to [`NS_FE`]:30080 from port `sport`,
+/// as it comes in on `dev`'s host side.
+fn outside_frame(dev: &Pod, ttl: u8, flags_frag: u16, sport: u16) -> Vec<u8> {
+    eth(
+        dev.host_mac,
+        [2, 0, 0, 0, 0, 1],
+        ETH_P_IP,
+        &packet::ipv4_full(
+            Ipv4Addr::new(203, 0, 113, 10),
+            NS_FE,
+            ttl,
+            IPPROTO_UDP,
+            flags_frag,
+            &[],
+            &udp(sport, 30080, &[0; 18]),
+        ),
+    )
+}
+
+/// Packets of verdict `v` counted on `dev`'s host veth.
+fn counted_on(pins: &PinDir, dev: &Pod, v: Verdict) -> u64 {
+    Maps::open_pinned(pins.path())
+        .unwrap()
+        .counters(dev.host_ifindex)
+        .unwrap()
+        .get(v)
+        .packets
+}
+
 /// The north-south NAT table is made at the size asked for, before the
 /// objects that use it (a table made already keeps its size), and an LRU
 /// past its size evicts: 1,500 UDP flows from outside to a node port
@@ -1141,12 +1184,7 @@ fn policy_flow_cache_a_new_generation_reaches_a_cached_flow_within_its_tick() {
 #[test]
 fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
     use xdpcni_ebpf::{make_nat_table, ServiceStats};
-    let node = WiredNode::new(2).expect("building the node");
-    // Masqueraded to the source of the forwarding route toward the backend.
-    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    node.ns
-        .ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"])
-        .unwrap();
+    let node = forwarding_node();
     let pins = PinDir::new("xnat").expect("pin dir");
     assert_eq!(make_nat_table(pins.path(), 1024).unwrap(), 1024);
     assert_eq!(
@@ -1159,23 +1197,11 @@ fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
         let mut dp = Datapath::open(pins.path())?;
         node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         let (a, b) = (&node.pods[0], &node.pods[1]);
-        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
-        let svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), fe_ip, b.ipv4)?;
+        let svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), NS_FE, b.ipv4)?;
         let prog = dp.tc_from_node_program().expect("the uplink program");
         let flows: u16 = 1500;
         for port in 0..flows {
-            let frame = eth(
-                a.host_mac,
-                [2, 0, 0, 0, 0, 1],
-                ETH_P_IP,
-                &ipv4(
-                    Ipv4Addr::new(203, 0, 113, 10),
-                    fe_ip,
-                    64,
-                    IPPROTO_UDP,
-                    &udp(20000 + port, 30080, &[0; 18]),
-                ),
-            );
+            let frame = outside_frame(a, 64, 0, 20000 + port);
             let r = tc_run(prog, a.host_ifindex, &frame, 1)?;
             assert_eq!(r.action, TC_ACT_REDIRECT, "flow {port}");
         }
@@ -1203,44 +1229,16 @@ fn north_south_nat_table_at_its_chosen_size_evicts_past_it_and_counts_it() {
 /// while the same datagram whole and with TTL 64 is translated.
 #[test]
 fn north_south_fragments_and_ttl_one_go_to_the_kernel_untouched() {
-    let node = WiredNode::new(2).expect("building the node");
-    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    node.ns
-        .ip(&["addr", "add", "192.0.2.1/32", "dev", "lo"])
-        .unwrap();
+    let node = forwarding_node();
     let pins = PinDir::new("xnsfrag").expect("pin dir");
     in_netns(&node.ns, || {
         let mut dp = Datapath::open(pins.path())?;
         node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         let (a, b) = (&node.pods[0], &node.pods[1]);
-        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
-        let _svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), fe_ip, b.ipv4)?;
+        let _svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), NS_FE, b.ipv4)?;
         let prog = dp.tc_from_node_program().expect("the uplink program");
-        let client = Ipv4Addr::new(203, 0, 113, 10);
-        let frame = |ttl: u8, flags_frag: u16, sport: u16| {
-            eth(
-                a.host_mac,
-                [2, 0, 0, 0, 0, 1],
-                ETH_P_IP,
-                &packet::ipv4_full(
-                    client,
-                    fe_ip,
-                    ttl,
-                    IPPROTO_UDP,
-                    flags_frag,
-                    &[],
-                    &udp(sport, 30080, &[0; 18]),
-                ),
-            )
-        };
-        let slot = |v: Verdict| -> u64 {
-            Maps::open_pinned(pins.path())
-                .unwrap()
-                .counters(a.host_ifindex)
-                .unwrap()
-                .get(v)
-                .packets
-        };
+        let frame = |ttl: u8, flags_frag: u16, sport: u16| outside_frame(a, ttl, flags_frag, sport);
+        let slot = |v: Verdict| counted_on(&pins, a, v);
         for (what, f, v) in [
             ("first fragment", frame(64, 0x2000, 40001), Verdict::PassL4),
             ("later fragment", frame(64, 0x0010, 40002), Verdict::PassL4),
@@ -1269,8 +1267,7 @@ fn north_south_fragments_and_ttl_one_go_to_the_kernel_untouched() {
 /// packet are left to the kernel.
 #[test]
 fn north_south_remote_backend_only_where_the_route_device_runs_the_program() {
-    let node = WiredNode::new(2).expect("building the node");
-    node.ns.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    let node = forwarding_node();
     // The device toward "another node": a veth pair of the node's own.
     let (dev, peer) = (
         xdpcni_e2e::netns::unique_name("xdm"),
@@ -1298,27 +1295,11 @@ fn north_south_remote_backend_only_where_the_route_device_runs_the_program() {
         let mut dp = Datapath::open(pins.path())?;
         node.register_all(dp.raw_maps(), RedirectPolicy::Devmap, 0)?;
         let a = &node.pods[0];
-        let fe_ip = Ipv4Addr::new(192, 0, 2, 1);
         let backend = Ipv4Addr::new(10, 78, 1, 10);
-        let _svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), fe_ip, backend)?;
+        let _svc = xdpcni_e2e::cost::outside_udp_frontend(pins.path(), NS_FE, backend)?;
         let via = node.ns.ifindex(&dev)?;
-        let client = Ipv4Addr::new(203, 0, 113, 10);
-        let frame = |sport: u16| {
-            eth(
-                a.host_mac,
-                [2, 0, 0, 0, 0, 1],
-                ETH_P_IP,
-                &ipv4(client, fe_ip, 64, IPPROTO_UDP, &udp(sport, 30080, &[0; 18])),
-            )
-        };
-        let counted = |v: Verdict| -> u64 {
-            Maps::open_pinned(pins.path())
-                .unwrap()
-                .counters(a.host_ifindex)
-                .unwrap()
-                .get(v)
-                .packets
-        };
+        let frame = |sport: u16| outside_frame(a, 64, 0, sport);
+        let counted = |v: Verdict| counted_on(&pins, a, v);
         fn prog(dp: &Datapath) -> &aya::programs::SchedClassifier {
             dp.tc_from_node_program().expect("the uplink program")
         }
